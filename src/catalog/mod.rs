@@ -1,0 +1,137 @@
+//! What is for sale: products identified by a [`Sku`], with prices in cents. Stock levels
+//! live in [`crate::inventory`]; this module only joins them in for display.
+
+pub mod db;
+mod seed;
+
+pub use seed::{DEMO_CATALOGUE, seed_demo};
+
+use serde::Serialize;
+
+/// A stock-keeping unit: 2–32 characters of `A–Z`, `0–9` and `-`, starting with a letter or
+/// digit. Parsing upper-cases, so `/products/kb-alpine-75` finds `KB-ALPINE-75`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(transparent)]
+pub struct Sku(String);
+
+/// Why a SKU was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{0:?} is not a valid SKU: use 2 to 32 letters, digits or dashes, starting with a letter or digit")]
+pub struct InvalidSku(pub String);
+
+impl Sku {
+    pub fn parse(raw: &str) -> Result<Self, InvalidSku> {
+        let s = raw.trim().to_ascii_uppercase();
+        let valid = (2..=32).contains(&s.len())
+            && s.bytes()
+                .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'-')
+            && !s.starts_with('-');
+        if valid {
+            Ok(Self(s))
+        } else {
+            Err(InvalidSku(raw.chars().take(64).collect()))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for Sku {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// How many units below which the storefront says "only N left".
+pub const LOW_STOCK: i32 = 5;
+
+/// A product as the storefront lists it.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct ProductView {
+    pub sku: String,
+    pub name: String,
+    pub description: String,
+    pub price_cents: i64,
+    /// `on_hand − reserved`: what a shopper can still buy.
+    pub available: i32,
+}
+
+impl ProductView {
+    pub fn price(&self) -> String {
+        format_cents(self.price_cents)
+    }
+
+    pub fn sold_out(&self) -> bool {
+        self.available <= 0
+    }
+
+    pub fn low(&self) -> bool {
+        self.available > 0 && self.available <= LOW_STOCK
+    }
+
+    /// The badge text: "In stock", "Only 3 left", "Sold out".
+    pub fn badge(&self) -> String {
+        if self.sold_out() {
+            "Sold out".into()
+        } else if self.low() {
+            format!("Only {} left", self.available)
+        } else {
+            "In stock".into()
+        }
+    }
+}
+
+/// `129900` → `"$1,299.00"`.
+pub fn format_cents(cents: i64) -> String {
+    let sign = if cents < 0 { "-" } else { "" };
+    let cents = cents.unsigned_abs();
+    let dollars = (cents / 100).to_string();
+    let mut grouped = String::new();
+    for (i, c) in dollars.chars().enumerate() {
+        if i > 0 && (dollars.len() - i) % 3 == 0 {
+            grouped.push(',');
+        }
+        grouped.push(c);
+    }
+    format!("{sign}${grouped}.{:02}", cents % 100)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skus_are_normalised_and_checked() {
+        assert_eq!(Sku::parse(" kb-alpine-75 ").unwrap().as_str(), "KB-ALPINE-75");
+        for bad in ["", "A", "-AB", "AB CD", "ÄB", "a/b", &"X".repeat(33), "AB'--"] {
+            assert!(Sku::parse(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn prices_read_like_prices() {
+        assert_eq!(format_cents(0), "$0.00");
+        assert_eq!(format_cents(5), "$0.05");
+        assert_eq!(format_cents(129_900), "$1,299.00");
+        assert_eq!(format_cents(123_456_789), "$1,234,567.89");
+        assert_eq!(format_cents(-250), "-$2.50");
+    }
+
+    #[test]
+    fn badges_follow_availability() {
+        let mut p = ProductView {
+            sku: "A1".into(),
+            name: "n".into(),
+            description: String::new(),
+            price_cents: 1,
+            available: 0,
+        };
+        assert_eq!(p.badge(), "Sold out");
+        p.available = 3;
+        assert_eq!(p.badge(), "Only 3 left");
+        p.available = 6;
+        assert_eq!(p.badge(), "In stock");
+    }
+}

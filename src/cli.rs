@@ -1,0 +1,194 @@
+//! The `stockade` command line. `main.rs` parses [`Cli`] and calls [`Cli::run`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use clap::{Args, Parser, Subcommand};
+
+use crate::catalog;
+use crate::config::{OrderStrategy, Settings};
+use crate::local::{LocalOptions, LocalServices};
+use crate::startup::{Application, MIGRATOR, connect_database};
+use crate::telemetry;
+
+/// Stockade: inventory and checkout reservations that never oversell.
+#[derive(Debug, Parser)]
+#[command(name = "stockade", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the storefront. Without DATABASE_URL and REDIS_URL, starts its own PostgreSQL
+    /// and Redis under the data folder (local mode).
+    Serve(ServeArgs),
+    /// Apply the database migrations to DATABASE_URL.
+    Migrate,
+    /// Add the demo catalogue to DATABASE_URL (existing products are kept).
+    Seed,
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// Address and port to listen on (overrides STOCKADE_LISTEN).
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Local mode's data folder (overrides STOCKADE_DATA_DIR).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Order strategy (overrides STOCKADE_ORDER_STRATEGY).
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(["redis-lock", "pg-atomic", "naive-unsafe"]))]
+    strategy: Option<String>,
+    /// Allow the naive-unsafe strategy, which oversells on purpose.
+    #[arg(long)]
+    allow_unsafe: bool,
+}
+
+impl Cli {
+    pub fn run(self) -> ExitCode {
+        let settings = match Settings::from_env() {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("stockade: configuration error: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        telemetry::init(settings.log_format, &settings.log_filter);
+        let runtime = match tokio::runtime::Runtime::new() {
+            Ok(rt) => rt,
+            Err(e) => {
+                eprintln!("stockade: cannot start the async runtime: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let result = runtime.block_on(async {
+            match self.command {
+                Command::Serve(args) => serve(settings, args).await,
+                Command::Migrate => migrate(settings).await,
+                Command::Seed => seed(settings).await,
+            }
+        });
+        match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("stockade: {e:#}");
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+async fn serve(mut settings: Settings, args: ServeArgs) -> anyhow::Result<()> {
+    if let Some(listen) = args.listen {
+        settings.listen = listen;
+    }
+    if let Some(dir) = args.data_dir {
+        settings.data_dir = dir;
+    }
+    if let Some(strategy) = args.strategy {
+        settings.order_strategy = strategy.parse::<OrderStrategy>().map_err(anyhow::Error::msg)?;
+    }
+    if settings.order_strategy == OrderStrategy::NaiveUnsafe && !args.allow_unsafe {
+        bail!(
+            "the naive-unsafe order strategy oversells on purpose; \
+             pass --allow-unsafe to start it anyway"
+        );
+    }
+
+    let mut shutdown = std::pin::pin!(shutdown_signal());
+    let local = if settings.local_mode() {
+        let options = LocalOptions {
+            pg_port: settings.local_pg_port,
+            redis_port: settings.local_redis_port,
+            ephemeral: false,
+        };
+        tracing::info!(dir = %settings.data_dir.display(), "local mode: starting PostgreSQL and Redis");
+        let local = tokio::select! {
+            local = LocalServices::start(&settings.data_dir, &options) => local?,
+            () = &mut shutdown => return Ok(()),
+        };
+        settings.database_url = Some(local.database_url());
+        settings.redis_url = Some(local.redis_url());
+        Some(local)
+    } else {
+        None
+    };
+
+    let result = run_server(settings, local.is_some(), shutdown).await;
+    if let Some(local) = local {
+        tracing::info!("stopping PostgreSQL and Redis");
+        tokio::task::spawn_blocking(move || local.stop()).await?;
+    }
+    result
+}
+
+async fn run_server(
+    settings: Settings,
+    local_mode: bool,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let listen = settings.listen;
+    let (database_url, redis_url) = (settings.database_url.clone(), settings.redis_url.clone());
+    let app = Application::build(settings).await?;
+    if local_mode {
+        let products: i64 = sqlx::query_scalar("select count(*) from products")
+            .fetch_one(app.db())
+            .await?;
+        if products == 0 {
+            let added = catalog::seed_demo(app.db()).await?;
+            tracing::info!(added, "seeded the demo catalogue");
+        }
+    }
+    let base = format!("http://{}:{}", listen.ip(), app.port());
+    println!("Stockade is running. Press Ctrl-C to stop.");
+    println!("  Storefront:  {base}/");
+    println!("  API:         {base}/api/v1/products");
+    println!("  Health:      {base}/readyz");
+    if local_mode {
+        println!("  PostgreSQL:  {}", database_url.unwrap_or_default());
+        println!("  Redis:       {}", redis_url.unwrap_or_default());
+    }
+    let handle = app.handle();
+    let server = tokio::spawn(app.run_until_stopped());
+    tokio::select! {
+        () = shutdown => {
+            tracing::info!("shutting down: finishing requests in flight");
+            handle.stop(true).await;
+        }
+        result = server => {
+            result??;
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+async fn migrate(settings: Settings) -> anyhow::Result<()> {
+    let db = connect_database(&settings).await?;
+    MIGRATOR.run(&db).await.context("migration failed")?;
+    println!("migrations applied");
+    Ok(())
+}
+
+async fn seed(settings: Settings) -> anyhow::Result<()> {
+    let db = connect_database(&settings).await?;
+    MIGRATOR.run(&db).await.context("migration failed")?;
+    let added = catalog::seed_demo(&db).await?;
+    println!("added {added} demo products");
+    Ok(())
+}

@@ -1,0 +1,348 @@
+//! Settings: every knob has a default in code and can be overridden by one environment
+//! variable. Unknown `STOCKADE_*` variables and malformed values stop startup with a message
+//! naming the variable, so a typo never silently falls back to a default.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// A setting that could not be read; the message names the variable.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("{var}: {problem} (got {value:?})")]
+    Malformed {
+        var: &'static str,
+        value: String,
+        problem: String,
+    },
+    #[error("{var}: unknown setting; known settings are listed in .env.example")]
+    Unknown { var: String },
+    #[error("{0}")]
+    Inconsistent(String),
+}
+
+/// How an order decrements stock; see DESIGN.md section 3.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OrderStrategy {
+    /// Redis lease per SKU, then the conditional update (the default).
+    RedisLock,
+    /// The conditional update alone.
+    PgAtomic,
+    /// Read, check in Rust, write back. Oversells; only for demonstrations.
+    NaiveUnsafe,
+}
+
+impl OrderStrategy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::RedisLock => "redis-lock",
+            Self::PgAtomic => "pg-atomic",
+            Self::NaiveUnsafe => "naive-unsafe",
+        }
+    }
+}
+
+impl FromStr for OrderStrategy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "redis-lock" => Ok(Self::RedisLock),
+            "pg-atomic" => Ok(Self::PgAtomic),
+            "naive-unsafe" => Ok(Self::NaiveUnsafe),
+            _ => Err("expected one of redis-lock, pg-atomic, naive-unsafe".into()),
+        }
+    }
+}
+
+impl std::fmt::Display for OrderStrategy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Pretty,
+    Json,
+}
+
+impl FromStr for LogFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "pretty" => Ok(Self::Pretty),
+            "json" => Ok(Self::Json),
+            _ => Err("expected pretty or json".into()),
+        }
+    }
+}
+
+/// All settings of a Stockade process.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// `STOCKADE_LISTEN`: address and port of the HTTP server.
+    pub listen: SocketAddr,
+    /// `STOCKADE_DATA_DIR`: local mode keeps PostgreSQL and Redis data here.
+    pub data_dir: PathBuf,
+    /// `DATABASE_URL`: connect to this PostgreSQL instead of starting one.
+    pub database_url: Option<String>,
+    /// `REDIS_URL`: connect to this Redis instead of starting one.
+    pub redis_url: Option<String>,
+    /// `STOCKADE_LOCAL_PG_PORT`: local mode's PostgreSQL port (free port when unset).
+    pub local_pg_port: Option<u16>,
+    /// `STOCKADE_LOCAL_REDIS_PORT`: local mode's Redis port (free port when unset).
+    pub local_redis_port: Option<u16>,
+    /// `STOCKADE_ORDER_STRATEGY`.
+    pub order_strategy: OrderStrategy,
+    /// `STOCKADE_WORKERS`: HTTP worker threads; 0 means one per CPU core.
+    pub workers: usize,
+    /// `STOCKADE_DB_POOL_SIZE`: connections per process.
+    pub db_pool_size: u32,
+    /// `STOCKADE_REDIS_PREFIX`: prefix of every Redis key this process writes.
+    pub redis_prefix: String,
+    /// `STOCKADE_STATEMENT_TIMEOUT_MS`: PostgreSQL `statement_timeout`.
+    pub statement_timeout: Duration,
+    /// `STOCKADE_LOG_FORMAT`: `pretty` or `json`.
+    pub log_format: LogFormat,
+    /// `STOCKADE_LOG`: tracing filter, e.g. `info` or `stockade=debug`.
+    pub log_filter: String,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8080".parse().expect("valid default address"),
+            data_dir: PathBuf::from("./.stockade"),
+            database_url: None,
+            redis_url: None,
+            local_pg_port: None,
+            local_redis_port: None,
+            order_strategy: OrderStrategy::RedisLock,
+            workers: 0,
+            db_pool_size: 16,
+            redis_prefix: "stockade:".into(),
+            statement_timeout: Duration::from_millis(3_000),
+            log_format: LogFormat::Pretty,
+            log_filter: "info".into(),
+        }
+    }
+}
+
+/// Every variable Stockade reads, in the order `.env.example` lists them.
+pub const VARIABLES: &[&str] = &[
+    "STOCKADE_LISTEN",
+    "STOCKADE_DATA_DIR",
+    "DATABASE_URL",
+    "REDIS_URL",
+    "STOCKADE_LOCAL_PG_PORT",
+    "STOCKADE_LOCAL_REDIS_PORT",
+    "STOCKADE_ORDER_STRATEGY",
+    "STOCKADE_WORKERS",
+    "STOCKADE_DB_POOL_SIZE",
+    "STOCKADE_REDIS_PREFIX",
+    "STOCKADE_STATEMENT_TIMEOUT_MS",
+    "STOCKADE_LOG_FORMAT",
+    "STOCKADE_LOG",
+];
+
+impl Settings {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_vars(std::env::vars())
+    }
+
+    /// Reads settings from `(name, value)` pairs; other programs' variables are ignored,
+    /// unknown `STOCKADE_*` ones are an error.
+    pub fn from_vars(
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let mut vars: BTreeMap<String, String> = vars
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("STOCKADE_") || VARIABLES.contains(&k.as_str()))
+            .collect();
+        if let Some(unknown) = vars.keys().find(|k| !VARIABLES.contains(&k.as_str())) {
+            return Err(ConfigError::Unknown {
+                var: unknown.clone(),
+            });
+        }
+        let mut s = Self::default();
+        let mut take = |var: &'static str| vars.remove(var).filter(|v| !v.trim().is_empty());
+
+        if let Some(v) = take("STOCKADE_LISTEN") {
+            s.listen = parse(
+                "STOCKADE_LISTEN",
+                &v,
+                "expected address:port, e.g. 127.0.0.1:8080",
+            )?;
+        }
+        if let Some(v) = take("STOCKADE_DATA_DIR") {
+            s.data_dir = PathBuf::from(v);
+        }
+        s.database_url = take("DATABASE_URL");
+        if let Some(url) = &s.database_url
+            && !(url.starts_with("postgres://") || url.starts_with("postgresql://"))
+        {
+            return Err(malformed(
+                "DATABASE_URL",
+                url,
+                "expected postgres://user:password@host:port/database",
+            ));
+        }
+        s.redis_url = take("REDIS_URL");
+        if let Some(url) = &s.redis_url
+            && !(url.starts_with("redis://") || url.starts_with("rediss://"))
+        {
+            return Err(malformed(
+                "REDIS_URL",
+                url,
+                "expected redis://host:port[/db]",
+            ));
+        }
+        if let Some(v) = take("STOCKADE_LOCAL_PG_PORT") {
+            s.local_pg_port = Some(port("STOCKADE_LOCAL_PG_PORT", &v)?);
+        }
+        if let Some(v) = take("STOCKADE_LOCAL_REDIS_PORT") {
+            s.local_redis_port = Some(port("STOCKADE_LOCAL_REDIS_PORT", &v)?);
+        }
+        if let Some(v) = take("STOCKADE_ORDER_STRATEGY") {
+            s.order_strategy = v
+                .parse()
+                .map_err(|e: String| malformed("STOCKADE_ORDER_STRATEGY", &v, &e))?;
+        }
+        if let Some(v) = take("STOCKADE_WORKERS") {
+            s.workers = bounded("STOCKADE_WORKERS", &v, 0, 256)?;
+        }
+        if let Some(v) = take("STOCKADE_DB_POOL_SIZE") {
+            s.db_pool_size = bounded("STOCKADE_DB_POOL_SIZE", &v, 1, 1_000)?;
+        }
+        if let Some(v) = take("STOCKADE_REDIS_PREFIX") {
+            s.redis_prefix = v;
+        }
+        if let Some(v) = take("STOCKADE_STATEMENT_TIMEOUT_MS") {
+            s.statement_timeout = millis("STOCKADE_STATEMENT_TIMEOUT_MS", &v)?;
+        }
+        if let Some(v) = take("STOCKADE_LOG_FORMAT") {
+            s.log_format = v
+                .parse()
+                .map_err(|e: String| malformed("STOCKADE_LOG_FORMAT", &v, &e))?;
+        }
+        if let Some(v) = take("STOCKADE_LOG") {
+            s.log_filter = v;
+        }
+        s.validate()?;
+        Ok(s)
+    }
+
+    /// Checks relations between settings.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.local_pg_port.is_some() && self.local_pg_port == self.local_redis_port {
+            return Err(ConfigError::Inconsistent(
+                "STOCKADE_LOCAL_PG_PORT and STOCKADE_LOCAL_REDIS_PORT must differ".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Local mode runs when either URL is missing.
+    pub fn local_mode(&self) -> bool {
+        self.database_url.is_none() || self.redis_url.is_none()
+    }
+}
+
+fn malformed(var: &'static str, value: &str, problem: &str) -> ConfigError {
+    ConfigError::Malformed {
+        var,
+        value: value.to_string(),
+        problem: problem.to_string(),
+    }
+}
+
+fn parse<T: FromStr>(var: &'static str, value: &str, problem: &str) -> Result<T, ConfigError> {
+    value.trim().parse().map_err(|_| malformed(var, value, problem))
+}
+
+fn bounded<T>(var: &'static str, value: &str, min: T, max: T) -> Result<T, ConfigError>
+where
+    T: FromStr + PartialOrd + std::fmt::Display + Copy,
+{
+    let problem = format!("expected a whole number from {min} to {max}");
+    let n: T = parse(var, value, &problem)?;
+    if n < min || n > max {
+        return Err(malformed(var, value, &problem));
+    }
+    Ok(n)
+}
+
+fn port(var: &'static str, value: &str) -> Result<u16, ConfigError> {
+    bounded(var, value, 1, u16::MAX)
+}
+
+fn millis(var: &'static str, value: &str) -> Result<Duration, ConfigError> {
+    bounded(var, value, 1u64, 3_600_000).map(Duration::from_millis)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_apply_when_nothing_is_set() {
+        let s = Settings::from_vars(vars(&[("PATH", "/bin")])).unwrap();
+        assert_eq!(s.listen.port(), 8080);
+        assert_eq!(s.order_strategy, OrderStrategy::RedisLock);
+        assert!(s.local_mode());
+    }
+
+    #[test]
+    fn values_are_read() {
+        let s = Settings::from_vars(vars(&[
+            ("STOCKADE_LISTEN", "0.0.0.0:9000"),
+            ("STOCKADE_ORDER_STRATEGY", "pg-atomic"),
+            ("DATABASE_URL", "postgres://a@b/c"),
+            ("REDIS_URL", "redis://127.0.0.1:6379"),
+            ("STOCKADE_DB_POOL_SIZE", "4"),
+        ]))
+        .unwrap();
+        assert_eq!(s.listen.port(), 9000);
+        assert_eq!(s.order_strategy, OrderStrategy::PgAtomic);
+        assert_eq!(s.db_pool_size, 4);
+        assert!(!s.local_mode());
+    }
+
+    #[test]
+    fn malformed_values_name_the_variable() {
+        for (var, value) in [
+            ("STOCKADE_LISTEN", "localhost"),
+            ("STOCKADE_ORDER_STRATEGY", "yolo"),
+            ("STOCKADE_DB_POOL_SIZE", "0"),
+            ("STOCKADE_DB_POOL_SIZE", "many"),
+            ("STOCKADE_LOCAL_PG_PORT", "70000"),
+            ("DATABASE_URL", "mysql://x"),
+            ("STOCKADE_STATEMENT_TIMEOUT_MS", "-5"),
+        ] {
+            let err = Settings::from_vars(vars(&[(var, value)])).unwrap_err();
+            assert!(err.to_string().starts_with(var), "{var}={value}: {err}");
+        }
+    }
+
+    #[test]
+    fn unknown_stockade_variables_are_refused() {
+        let err = Settings::from_vars(vars(&[("STOCKADE_LISTNE", "x")])).unwrap_err();
+        assert_eq!(
+            err,
+            ConfigError::Unknown {
+                var: "STOCKADE_LISTNE".into()
+            }
+        );
+    }
+}

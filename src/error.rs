@@ -1,0 +1,120 @@
+//! The one application error. Handlers return `Result<_, AppError>` and use `?`; the status
+//! mapping lives in [`AppError::status_code`], and the body (an HTML page or RFC 9457
+//! problem+json, both carrying the request id) is rendered in one place,
+//! [`crate::http::middleware`]. Server errors never show their cause to the client; it goes
+//! to the log.
+
+use actix_web::http::StatusCode;
+use actix_web::http::header::{HeaderValue, RETRY_AFTER};
+use actix_web::{HttpResponse, ResponseError};
+
+/// Everything a request can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// 400: the request itself is malformed (a missing header, unreadable body).
+    #[error("{0}")]
+    BadRequest(String),
+    /// 404: nothing lives at this address.
+    #[error("{0}")]
+    NotFound(String),
+    /// 409: the request conflicts with the current state; retry later when `retry_after`.
+    #[error("{message}")]
+    Conflict {
+        message: String,
+        retry_after: Option<u64>,
+        /// Extra problem+json members (e.g. which SKUs are short).
+        details: Option<serde_json::Value>,
+    },
+    /// 422: well-formed but unacceptable values.
+    #[error("{0}")]
+    Unprocessable(String),
+    /// 503: a dependency is down or busy; retry after the given seconds.
+    #[error("{message}")]
+    Unavailable { message: String, retry_after: u64 },
+    /// 500 from the database; the cause is logged, never shown.
+    #[error("database error")]
+    Database(#[from] sqlx::Error),
+    /// 500 for anything else unexpected.
+    #[error("internal error")]
+    Internal(#[from] anyhow::Error),
+}
+
+impl AppError {
+    pub fn not_found(what: impl Into<String>) -> Self {
+        Self::NotFound(what.into())
+    }
+
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::Conflict {
+            message: message.into(),
+            retry_after: None,
+            details: None,
+        }
+    }
+
+    /// A short title for the status, used as the problem `title` and the page heading.
+    pub fn title(status: StatusCode) -> &'static str {
+        match status.as_u16() {
+            400 => "Bad request",
+            401 => "Please log in",
+            403 => "Not allowed",
+            404 => "Not found",
+            405 => "Method not allowed",
+            409 => "Conflict",
+            413 => "Request too large",
+            415 => "Unsupported content type",
+            422 => "Cannot accept these values",
+            429 => "Too many requests",
+            503 => "Temporarily unavailable",
+            s if s >= 500 => "Something went wrong",
+            _ => "Request failed",
+        }
+    }
+
+    /// The message a person may see; server errors say nothing internal.
+    pub fn public_message(&self) -> String {
+        match self {
+            Self::Database(_) | Self::Internal(_) => {
+                "Something went wrong on our side. Please try again; if it keeps happening, \
+                 quote the request id below."
+                    .into()
+            }
+            other => other.to_string(),
+        }
+    }
+
+    pub fn details(&self) -> Option<&serde_json::Value> {
+        match self {
+            Self::Conflict { details, .. } => details.as_ref(),
+            _ => None,
+        }
+    }
+}
+
+impl ResponseError for AppError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::NotFound(_) => StatusCode::NOT_FOUND,
+            Self::Conflict { .. } => StatusCode::CONFLICT,
+            Self::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Database(_) | Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The status and headers only; the middleware renders the body.
+    fn error_response(&self) -> HttpResponse {
+        let mut res = HttpResponse::new(self.status_code());
+        let retry_after = match self {
+            Self::Conflict { retry_after, .. } => *retry_after,
+            Self::Unavailable { retry_after, .. } => Some(*retry_after),
+            _ => None,
+        };
+        if let Some(secs) = retry_after {
+            res.headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from(secs.max(1)));
+        }
+        res
+    }
+}

@@ -1,0 +1,54 @@
+//! `/healthz`: the process is alive. `/readyz`: PostgreSQL and Redis answer; 503 naming
+//! whichever does not.
+
+use std::time::Duration;
+
+use actix_web::{HttpResponse, web};
+use serde::Serialize;
+
+use super::AppState;
+
+pub async fn get_healthz() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/plain; charset=utf-8")
+        .body("ok\n")
+}
+
+#[derive(Serialize)]
+struct Readiness {
+    status: &'static str,
+    postgres: String,
+    redis: String,
+}
+
+const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
+pub async fn get_readyz(state: web::Data<AppState>) -> HttpResponse {
+    let postgres = async {
+        match tokio::time::timeout(CHECK_TIMEOUT, sqlx::query("select 1").execute(&state.db)).await
+        {
+            Ok(Ok(_)) => "ok".to_string(),
+            Ok(Err(e)) => format!("unreachable: {e}"),
+            Err(_) => "unreachable: no answer within 2 s".to_string(),
+        }
+    };
+    let redis = async {
+        match tokio::time::timeout(CHECK_TIMEOUT, state.redis.ping()).await {
+            Ok(Ok(())) => "ok".to_string(),
+            Ok(Err(e)) => format!("unreachable: {e}"),
+            Err(_) => "unreachable: no answer within 2 s".to_string(),
+        }
+    };
+    let (postgres, redis) = tokio::join!(postgres, redis);
+    let ready = postgres == "ok" && redis == "ok";
+    let body = Readiness {
+        status: if ready { "ready" } else { "unavailable" },
+        postgres,
+        redis,
+    };
+    if ready {
+        HttpResponse::Ok().json(body)
+    } else {
+        HttpResponse::ServiceUnavailable().json(body)
+    }
+}

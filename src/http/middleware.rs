@@ -1,0 +1,217 @@
+//! The one middleware around every request: gives it an id, logs it once when it finishes
+//! (method, route pattern, status, latency), renders error bodies (an HTML page, or
+//! problem+json under `/api/`), and sets the security headers.
+
+use std::time::Instant;
+
+use actix_web::body::{BoxBody, MessageBody};
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::StatusCode;
+use actix_web::http::header::{self, HeaderName, HeaderValue};
+use actix_web::middleware::Next;
+use actix_web::{HttpMessage, HttpRequest, HttpResponse};
+use askama::Template;
+use tracing::Instrument;
+
+use super::Chrome;
+use crate::error::AppError;
+
+/// The id of one request, shown on error pages and in every log line of the request.
+#[derive(Debug, Clone)]
+pub struct RequestId(pub String);
+
+/// Response header carrying the request id.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// Wraps every request; install with `actix_web::middleware::from_fn(around_request)`.
+pub async fn around_request(
+    req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
+    let started = Instant::now();
+    let request_id = uuid::Uuid::new_v4().simple().to_string()[..16].to_string();
+    req.extensions_mut().insert(RequestId(request_id.clone()));
+    let span = tracing::info_span!(
+        "request",
+        method = %req.method(),
+        path = %req.path(),
+        request_id = %request_id,
+    );
+    // Handler errors arrive as responses carrying the error; only a failing inner
+    // middleware returns `Err`, and there is none.
+    let res = next
+        .call(req)
+        .instrument(span.clone())
+        .await?
+        .map_into_boxed_body();
+    // The cause of a server error goes to the log, never to the client.
+    let cause = (res.status().is_server_error())
+        .then(|| res.response().error().map(|e| format!("{e:?}")))
+        .flatten();
+    let mut res = if needs_error_body(&res) {
+        render_error(res, &request_id)
+    } else {
+        res
+    };
+    set_headers(res.headers_mut(), &request_id);
+
+    let status = res.status().as_u16();
+    let route = res.request().match_pattern().unwrap_or_default();
+    let latency_ms = started.elapsed().as_secs_f64() * 1e3;
+    span.in_scope(|| {
+        if status >= 500 {
+            tracing::error!(status, route, latency_ms, cause, "request failed");
+        } else {
+            tracing::info!(status, route, latency_ms, "request finished");
+        }
+    });
+    Ok(res)
+}
+
+/// Error responses that came from an `Err`, or that have no body (actix's own 404/405).
+fn needs_error_body(res: &ServiceResponse<BoxBody>) -> bool {
+    let status = res.status();
+    (status.is_client_error() || status.is_server_error())
+        && (res.response().error().is_some()
+            || matches!(res.response().body().size(), actix_web::body::BodySize::None)
+            || matches!(res.response().body().size(), actix_web::body::BodySize::Sized(0)))
+}
+
+/// What an error page or problem document says.
+struct Problem {
+    status: StatusCode,
+    message: String,
+    details: Option<serde_json::Value>,
+}
+
+impl Problem {
+    fn of(res: &ServiceResponse<BoxBody>) -> Self {
+        let status = res.status();
+        let app_error = res.response().error().and_then(|e| e.as_error::<AppError>());
+        let message = match (app_error, res.response().error()) {
+            (Some(app), _) => app.public_message(),
+            (None, Some(e)) if status.is_client_error() => e.to_string(),
+            _ if status == StatusCode::NOT_FOUND => {
+                "There is nothing at this address. It may have moved, or the link is mistyped."
+                    .into()
+            }
+            _ if status == StatusCode::METHOD_NOT_ALLOWED => {
+                "This address does not accept that kind of request.".into()
+            }
+            _ => AppError::Internal(anyhow::anyhow!("unknown")).public_message(),
+        };
+        Self {
+            status,
+            message,
+            details: app_error.and_then(|e| e.details().cloned()),
+        }
+    }
+}
+
+#[derive(Template)]
+#[template(path = "errors/error.html")]
+struct ErrorPage {
+    chrome: Chrome,
+    status: u16,
+    title: &'static str,
+    message: String,
+    request_id: String,
+}
+
+fn render_error(res: ServiceResponse<BoxBody>, request_id: &str) -> ServiceResponse<BoxBody> {
+    let problem = Problem::of(&res);
+    let (req, old) = res.into_parts();
+    let body = if wants_json(&req) {
+        problem_json(&problem, &req, request_id)
+    } else {
+        error_page(&problem, &req, request_id)
+    };
+    let mut new = body;
+    for (name, value) in old.headers() {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            new.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    ServiceResponse::new(req, new)
+}
+
+fn wants_json(req: &HttpRequest) -> bool {
+    req.path().starts_with("/api/")
+        || req.path() == "/readyz"
+        || req
+            .headers()
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.contains("json") && !v.contains("html"))
+}
+
+/// An RFC 9457 problem document.
+fn problem_json(problem: &Problem, req: &HttpRequest, request_id: &str) -> HttpResponse {
+    let mut doc = serde_json::json!({
+        "type": "about:blank",
+        "title": AppError::title(problem.status),
+        "status": problem.status.as_u16(),
+        "detail": problem.message,
+        "instance": req.path(),
+        "request_id": request_id,
+    });
+    if let (Some(serde_json::Value::Object(extra)), Some(obj)) =
+        (&problem.details, doc.as_object_mut())
+    {
+        for (k, v) in extra {
+            obj.insert(k.clone(), v.clone());
+        }
+    }
+    HttpResponse::build(problem.status)
+        .content_type("application/problem+json")
+        .body(doc.to_string())
+}
+
+fn error_page(problem: &Problem, req: &HttpRequest, request_id: &str) -> HttpResponse {
+    let page = ErrorPage {
+        chrome: Chrome::new(req),
+        status: problem.status.as_u16(),
+        title: AppError::title(problem.status),
+        message: problem.message.clone(),
+        request_id: request_id.to_string(),
+    };
+    match page.render() {
+        Ok(html) => HttpResponse::build(problem.status)
+            .content_type("text/html; charset=utf-8")
+            .body(html),
+        Err(e) => {
+            tracing::error!(error = %e, "error page failed to render");
+            HttpResponse::build(problem.status)
+                .content_type("text/plain; charset=utf-8")
+                .body(format!("{}\nrequest id: {request_id}\n", problem.message))
+        }
+    }
+}
+
+/// A strict content security policy: everything from this origin, no inline script.
+const CSP: &str = "default-src 'self'; img-src 'self' data:; object-src 'none'; \
+                   base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
+
+fn set_headers(headers: &mut actix_web::http::header::HeaderMap, request_id: &str) {
+    let fixed = [
+        (header::CONTENT_SECURITY_POLICY, CSP),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::REFERRER_POLICY, "same-origin"),
+        (header::X_FRAME_OPTIONS, "DENY"),
+    ];
+    for (name, value) in fixed {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
+    if let Ok(value) = HeaderValue::from_str(request_id) {
+        headers.insert(HeaderName::from_static(REQUEST_ID_HEADER), value);
+    }
+}
+
+/// The request id of `req`, set by [`around_request`].
+pub fn request_id(req: &HttpRequest) -> String {
+    req.extensions()
+        .get::<RequestId>()
+        .map(|r| r.0.clone())
+        .unwrap_or_default()
+}
+

@@ -1,0 +1,52 @@
+//! Storefront pages: the catalogue and product pages.
+
+use actix_web::{HttpRequest, web};
+use askama::Template;
+use askama_web::WebTemplate;
+
+use super::{AppState, Chrome};
+use crate::catalog::{self, ProductView, Sku};
+use crate::error::AppError;
+
+#[derive(Template, WebTemplate)]
+#[template(path = "catalog/index.html")]
+pub struct CataloguePage {
+    chrome: Chrome,
+    products: Vec<ProductView>,
+}
+
+#[tracing::instrument(skip_all)]
+pub async fn get_catalogue(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<CataloguePage, AppError> {
+    let products = catalog::db::list_products(&state.db).await?;
+    Ok(CataloguePage {
+        chrome: Chrome::new(&req),
+        products,
+    })
+}
+
+#[derive(Template, WebTemplate)]
+#[template(path = "catalog/product.html")]
+pub struct ProductPage {
+    chrome: Chrome,
+    product: ProductView,
+}
+
+#[tracing::instrument(skip_all, fields(sku = %path))]
+pub async fn get_product(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<ProductPage, AppError> {
+    let not_found = || AppError::not_found(format!("We have no product with SKU {path:?}."));
+    let sku = Sku::parse(&path).map_err(|_| not_found())?;
+    let product = catalog::db::find_product(&state.db, &sku)
+        .await?
+        .ok_or_else(not_found)?;
+    Ok(ProductPage {
+        chrome: Chrome::new(&req),
+        product,
+    })
+}

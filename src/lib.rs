@@ -1,0 +1,26 @@
+//! Stockade: an inventory and checkout-reservation web app that never oversells.
+//!
+//! Read in this order: [`startup`] wires everything, [`http`] holds every route,
+//! [`inventory`] guards stock, [`catalog`] describes what is for sale.
+#![forbid(unsafe_code)]
+
+/// Command-line interface: `serve`, `migrate`, `seed`.
+pub mod cli;
+/// Settings: defaults in code, then `STOCKADE_*` environment variables.
+pub mod config;
+/// What is for sale: products, SKUs, prices, the demo catalogue.
+pub mod catalog;
+/// The one application error and how it becomes a status code.
+pub mod error;
+/// Everything that speaks HTTP: routes, pages, API, health.
+pub mod http;
+/// Stock levels and the append-only ledger of every movement.
+pub mod inventory;
+/// Redis: the shared connection and the per-SKU leases.
+pub mod locking;
+/// Local mode: PostgreSQL and Redis as child processes.
+pub mod local;
+/// `Application::build`: pools, migrations, the HTTP server.
+pub mod startup;
+/// Tracing subscriber: pretty for people, JSON for machines.
+pub mod telemetry;

@@ -1,0 +1,124 @@
+//! `Application::build` wires the process: database pool, migrations, Redis, the HTTP
+//! server bound to its listener. Production and tests run exactly this code; tests bind
+//! port 0 and read [`Application::port`].
+
+use std::net::TcpListener;
+use std::sync::Arc;
+
+use actix_web::dev::{Server, ServerHandle};
+use actix_web::middleware::from_fn;
+use actix_web::{App, HttpServer, web};
+use anyhow::Context;
+use sqlx::PgPool;
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+use crate::config::Settings;
+use crate::error::AppError;
+use crate::http::{self, AppState, middleware::around_request};
+use crate::locking::Redis;
+
+/// The migrations in `migrations/`, compiled in.
+pub static MIGRATOR: Migrator = sqlx::migrate!();
+
+/// Request bodies above these sizes are refused with 413.
+const JSON_LIMIT: usize = 64 * 1024;
+const FORM_LIMIT: usize = 16 * 1024;
+
+/// A built, not yet running, Stockade server.
+pub struct Application {
+    port: u16,
+    server: Server,
+    state: web::Data<AppState>,
+}
+
+impl Application {
+    /// Connects to PostgreSQL (and migrates it) and Redis, and binds the listener.
+    /// `settings.database_url` and `settings.redis_url` must be set; local mode fills them in.
+    pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        let db = connect_database(&settings).await?;
+        MIGRATOR
+            .run(&db)
+            .await
+            .context("could not apply database migrations")?;
+        let redis_url = settings.redis_url.as_deref().context("REDIS_URL is not set")?;
+        let redis = Redis::connect_lazy(redis_url, &settings.redis_prefix)
+            .with_context(|| format!("REDIS_URL {redis_url:?} cannot be used"))?;
+
+        let listener = TcpListener::bind(settings.listen)
+            .with_context(|| format!("STOCKADE_LISTEN: cannot listen on {}", settings.listen))?;
+        let port = listener.local_addr()?.port();
+        let workers = match settings.workers {
+            0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
+            n => n,
+        };
+        let state = web::Data::new(AppState {
+            db,
+            redis,
+            settings: Arc::new(settings),
+        });
+        let app_state = state.clone();
+        let server = HttpServer::new(move || {
+            App::new()
+                .wrap(from_fn(around_request))
+                .app_data(app_state.clone())
+                .app_data(web::JsonConfig::default().limit(JSON_LIMIT))
+                .app_data(web::FormConfig::default().limit(FORM_LIMIT))
+                .app_data(web::PayloadConfig::default().limit(JSON_LIMIT))
+                .configure(http::routes)
+                .default_service(web::to(not_found))
+        })
+        .listen(listener)?
+        .workers(workers)
+        .disable_signals()
+        .shutdown_timeout(10)
+        .run();
+        Ok(Self {
+            port,
+            server,
+            state,
+        })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn db(&self) -> &PgPool {
+        &self.state.db
+    }
+
+    /// Stops the server: `handle().stop(true)` finishes in-flight requests first.
+    pub fn handle(&self) -> ServerHandle {
+        self.server.handle()
+    }
+
+    pub async fn run_until_stopped(self) -> std::io::Result<()> {
+        self.server.await
+    }
+}
+
+async fn not_found() -> Result<actix_web::HttpResponse, AppError> {
+    Err(AppError::not_found("There is nothing at this address. It may have moved, or the link is mistyped."))
+}
+
+/// A pool whose sessions carry the configured statement timeout.
+pub async fn connect_database(settings: &Settings) -> anyhow::Result<PgPool> {
+    let url = settings
+        .database_url
+        .as_deref()
+        .context("DATABASE_URL is not set")?;
+    let options: PgConnectOptions = url
+        .parse()
+        .with_context(|| "DATABASE_URL cannot be parsed".to_string())?;
+    let timeout_ms = settings.statement_timeout.as_millis().to_string();
+    let options = options
+        .application_name("stockade")
+        .options([("statement_timeout", timeout_ms.as_str())]);
+    PgPoolOptions::new()
+        .max_connections(settings.db_pool_size)
+        .acquire_timeout(std::time::Duration::from_secs(5))
+        .connect_with(options)
+        .await
+        .context("could not connect to PostgreSQL (DATABASE_URL)")
+}
