@@ -90,7 +90,9 @@ async fn serve(mut settings: Settings, args: ServeArgs) -> anyhow::Result<()> {
         settings.data_dir = dir;
     }
     if let Some(strategy) = args.strategy {
-        settings.order_strategy = strategy.parse::<OrderStrategy>().map_err(anyhow::Error::msg)?;
+        settings.order_strategy = strategy
+            .parse::<OrderStrategy>()
+            .map_err(anyhow::Error::msg)?;
     }
     if settings.order_strategy == OrderStrategy::NaiveUnsafe && !args.allow_unsafe {
         bail!(
@@ -144,7 +146,7 @@ async fn run_server(
         }
     }
     let base = format!("http://{}:{}", listen.ip(), app.port());
-    println!("Stockade is running. Press Ctrl-C to stop.");
+    println!("Stockade is running.");
     println!("  Storefront:  {base}/");
     println!("  API:         {base}/api/v1/products");
     println!("  Health:      {base}/readyz");
@@ -152,6 +154,7 @@ async fn run_server(
         println!("  PostgreSQL:  {}", database_url.unwrap_or_default());
         println!("  Redis:       {}", redis_url.unwrap_or_default());
     }
+    println!("Press Ctrl-C to stop.");
     let handle = app.handle();
     let server = tokio::spawn(app.run_until_stopped());
     tokio::select! {

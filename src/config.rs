@@ -261,7 +261,10 @@ fn malformed(var: &'static str, value: &str, problem: &str) -> ConfigError {
 }
 
 fn parse<T: FromStr>(var: &'static str, value: &str, problem: &str) -> Result<T, ConfigError> {
-    value.trim().parse().map_err(|_| malformed(var, value, problem))
+    value
+        .trim()
+        .parse()
+        .map_err(|_| malformed(var, value, problem))
 }
 
 fn bounded<T>(var: &'static str, value: &str, min: T, max: T) -> Result<T, ConfigError>
@@ -344,5 +347,29 @@ mod tests {
                 var: "STOCKADE_LISTNE".into()
             }
         );
+    }
+
+    #[test]
+    fn env_example_lists_every_variable_with_a_comment_and_valid_defaults() {
+        let example = include_str!("../.env.example");
+        let mut listed = Vec::new();
+        let mut previous = "";
+        for line in example.lines() {
+            if let Some((name, _)) = line.split_once('=')
+                && !line.starts_with('#')
+            {
+                assert!(previous.starts_with('#'), "{name} has no comment above it");
+                listed.push(name.to_string());
+            }
+            previous = line;
+        }
+        assert_eq!(listed, VARIABLES, ".env.example and VARIABLES differ");
+        // The example file itself is a valid configuration.
+        let pairs = example
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()));
+        Settings::from_vars(pairs).unwrap();
     }
 }

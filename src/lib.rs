@@ -4,22 +4,22 @@
 //! [`inventory`] guards stock, [`catalog`] describes what is for sale.
 #![forbid(unsafe_code)]
 
+/// What is for sale: products, SKUs, prices, the demo catalogue.
+pub mod catalog;
 /// Command-line interface: `serve`, `migrate`, `seed`.
 pub mod cli;
 /// Settings: defaults in code, then `STOCKADE_*` environment variables.
 pub mod config;
-/// What is for sale: products, SKUs, prices, the demo catalogue.
-pub mod catalog;
 /// The one application error and how it becomes a status code.
 pub mod error;
 /// Everything that speaks HTTP: routes, pages, API, health.
 pub mod http;
 /// Stock levels and the append-only ledger of every movement.
 pub mod inventory;
-/// Redis: the shared connection and the per-SKU leases.
-pub mod locking;
 /// Local mode: PostgreSQL and Redis as child processes.
 pub mod local;
+/// Redis: the shared connection and the per-SKU leases.
+pub mod locking;
 /// `Application::build`: pools, migrations, the HTTP server.
 pub mod startup;
 /// Tracing subscriber: pretty for people, JSON for machines.

@@ -61,10 +61,14 @@ impl LocalPostgres {
         if created {
             tracing::info!(dir = %dir.display(), "creating PostgreSQL cluster");
             let mut initdb = Command::new(bin.join("initdb"));
-            initdb
-                .arg("-D")
-                .arg(&dir)
-                .args(["-U", PG_USER, "--auth=trust", "-E", "UTF8", "--no-locale"]);
+            initdb.arg("-D").arg(&dir).args([
+                "-U",
+                PG_USER,
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-locale",
+            ]);
             if ephemeral {
                 initdb.arg("--no-sync");
             }
@@ -116,8 +120,13 @@ impl LocalPostgres {
     fn wait_until_accepting(&mut self) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                let log = fs::read_to_string(self.data_dir.join("postgres.log")).unwrap_or_default();
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                let log =
+                    fs::read_to_string(self.data_dir.join("postgres.log")).unwrap_or_default();
                 bail!("postgres exited with {status} while starting:\n{log}");
             }
             // The server answers on TCP before it accepts logins; pg_isready's job, done by
@@ -197,7 +206,11 @@ impl LocalRedis {
     fn wait_until_accepting(&mut self) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 let log = fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default();
                 bail!("redis-server exited with {status} while starting:\n{log}");
             }
@@ -246,14 +259,12 @@ impl LocalServices {
         let data_dir = data_dir.canonicalize()?;
         let (pg_dir, redis_dir) = (data_dir.join("postgres"), data_dir.join("redis"));
         let (pg_port, ephemeral) = (options.pg_port, options.ephemeral);
-        let postgres = tokio::task::spawn_blocking(move || {
-            LocalPostgres::start(&pg_dir, pg_port, ephemeral)
-        })
-        .await??;
-        let redis_port = options.redis_port;
-        let redis =
-            tokio::task::spawn_blocking(move || LocalRedis::start(&redis_dir, redis_port))
+        let postgres =
+            tokio::task::spawn_blocking(move || LocalPostgres::start(&pg_dir, pg_port, ephemeral))
                 .await??;
+        let redis_port = options.redis_port;
+        let redis = tokio::task::spawn_blocking(move || LocalRedis::start(&redis_dir, redis_port))
+            .await??;
         create_database(&postgres.url("postgres"), PG_DATABASE).await?;
         Ok(Self { postgres, redis })
     }
@@ -356,8 +367,7 @@ fn run_as(cmd: &mut Command, user: Option<&User>) {
 /// The cluster folder, created with the right owner. As root, falls back to
 /// `/var/lib/stockade/<hash>` when `owner` cannot reach `wanted`.
 fn cluster_dir(wanted: &Path, owner: Option<&User>) -> anyhow::Result<PathBuf> {
-    fs::create_dir_all(wanted)
-        .with_context(|| format!("cannot create {}", wanted.display()))?;
+    fs::create_dir_all(wanted).with_context(|| format!("cannot create {}", wanted.display()))?;
     let wanted = wanted.canonicalize()?;
     let Some(owner) = owner else {
         fs::set_permissions(&wanted, fs::Permissions::from_mode(0o700))?;
@@ -406,14 +416,22 @@ fn stop_leftover(pidfile: &Path, command: &str) -> anyhow::Result<()> {
     let Ok(text) = fs::read_to_string(pidfile) else {
         return Ok(());
     };
-    let Some(pid) = text.lines().next().and_then(|l| l.trim().parse::<i32>().ok()) else {
+    let Some(pid) = text
+        .lines()
+        .next()
+        .and_then(|l| l.trim().parse::<i32>().ok())
+    else {
         return Ok(());
     };
     let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
     if comm.trim() != command {
         return Ok(()); // stale file; the server cleans it up itself
     }
-    tracing::warn!(pid, command, "stopping a server left running by an earlier run");
+    tracing::warn!(
+        pid,
+        command,
+        "stopping a server left running by an earlier run"
+    );
     let pid = Pid::from_raw(pid);
     let _ = kill(pid, Signal::SIGINT);
     let deadline = Instant::now() + Duration::from_secs(30);

@@ -41,7 +41,10 @@ impl Application {
             .run(&db)
             .await
             .context("could not apply database migrations")?;
-        let redis_url = settings.redis_url.as_deref().context("REDIS_URL is not set")?;
+        let redis_url = settings
+            .redis_url
+            .as_deref()
+            .context("REDIS_URL is not set")?;
         let redis = Redis::connect_lazy(redis_url, &settings.redis_prefix)
             .with_context(|| format!("REDIS_URL {redis_url:?} cannot be used"))?;
 
@@ -99,7 +102,9 @@ impl Application {
 }
 
 async fn not_found() -> Result<actix_web::HttpResponse, AppError> {
-    Err(AppError::not_found("There is nothing at this address. It may have moved, or the link is mistyped."))
+    Err(AppError::not_found(
+        "There is nothing at this address. It may have moved, or the link is mistyped.",
+    ))
 }
 
 /// A pool whose sessions carry the configured statement timeout.

@@ -16,7 +16,9 @@ pub struct Sku(String);
 
 /// Why a SKU was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("{0:?} is not a valid SKU: use 2 to 32 letters, digits or dashes, starting with a letter or digit")]
+#[error(
+    "{0:?} is not a valid SKU: use 2 to 32 letters, digits or dashes, starting with a letter or digit"
+)]
 pub struct InvalidSku(pub String);
 
 impl Sku {
@@ -90,7 +92,7 @@ pub fn format_cents(cents: i64) -> String {
     let dollars = (cents / 100).to_string();
     let mut grouped = String::new();
     for (i, c) in dollars.chars().enumerate() {
-        if i > 0 && (dollars.len() - i) % 3 == 0 {
+        if i > 0 && (dollars.len() - i).is_multiple_of(3) {
             grouped.push(',');
         }
         grouped.push(c);
@@ -104,8 +106,20 @@ mod tests {
 
     #[test]
     fn skus_are_normalised_and_checked() {
-        assert_eq!(Sku::parse(" kb-alpine-75 ").unwrap().as_str(), "KB-ALPINE-75");
-        for bad in ["", "A", "-AB", "AB CD", "ÄB", "a/b", &"X".repeat(33), "AB'--"] {
+        assert_eq!(
+            Sku::parse(" kb-alpine-75 ").unwrap().as_str(),
+            "KB-ALPINE-75"
+        );
+        for bad in [
+            "",
+            "A",
+            "-AB",
+            "AB CD",
+            "ÄB",
+            "a/b",
+            &"X".repeat(33),
+            "AB'--",
+        ] {
             assert!(Sku::parse(bad).is_err(), "{bad:?} accepted");
         }
     }

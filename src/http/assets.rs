@@ -6,9 +6,21 @@ use actix_web::{HttpResponse, web};
 use crate::error::AppError;
 
 const ASSETS: &[(&str, &str, &str)] = &[
-    ("style.css", "text/css; charset=utf-8", include_str!("../../static/style.css")),
-    ("app.js", "text/javascript; charset=utf-8", include_str!("../../static/app.js")),
-    ("favicon.svg", "image/svg+xml", include_str!("../../static/favicon.svg")),
+    (
+        "style.css",
+        "text/css; charset=utf-8",
+        include_str!("../../static/style.css"),
+    ),
+    (
+        "app.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../../static/app.js"),
+    ),
+    (
+        "favicon.svg",
+        "image/svg+xml",
+        include_str!("../../static/favicon.svg"),
+    ),
 ];
 
 pub async fn get_asset(file: web::Path<String>) -> Result<HttpResponse, AppError> {

@@ -73,8 +73,14 @@ fn needs_error_body(res: &ServiceResponse<BoxBody>) -> bool {
     let status = res.status();
     (status.is_client_error() || status.is_server_error())
         && (res.response().error().is_some()
-            || matches!(res.response().body().size(), actix_web::body::BodySize::None)
-            || matches!(res.response().body().size(), actix_web::body::BodySize::Sized(0)))
+            || matches!(
+                res.response().body().size(),
+                actix_web::body::BodySize::None
+            )
+            || matches!(
+                res.response().body().size(),
+                actix_web::body::BodySize::Sized(0)
+            ))
 }
 
 /// What an error page or problem document says.
@@ -87,7 +93,10 @@ struct Problem {
 impl Problem {
     fn of(res: &ServiceResponse<BoxBody>) -> Self {
         let status = res.status();
-        let app_error = res.response().error().and_then(|e| e.as_error::<AppError>());
+        let app_error = res
+            .response()
+            .error()
+            .and_then(|e| e.as_error::<AppError>());
         let message = match (app_error, res.response().error()) {
             (Some(app), _) => app.public_message(),
             (None, Some(e)) if status.is_client_error() => e.to_string(),
@@ -214,4 +223,3 @@ pub fn request_id(req: &HttpRequest) -> String {
         .map(|r| r.0.clone())
         .unwrap_or_default()
 }
-

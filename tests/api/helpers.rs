@@ -1,0 +1,447 @@
+//! The test harness. One PostgreSQL and one Redis are started per test run (on free ports,
+//! in a temporary folder, by the same code as local mode) and stopped when the test binary
+//! exits. Every test gets its own database, cloned from a migrated template, and its own
+//! Redis key prefix, so tests run in parallel without sharing state.
+
+#![allow(dead_code)] // helpers used by some tests only
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use actix_web::dev::ServerHandle;
+use sqlx::PgPool;
+use stockade::config::{LogFormat, Settings};
+use stockade::local::{LocalPostgres, LocalRedis, PG_USER, create_database};
+use stockade::startup::{Application, MIGRATOR};
+use tokio::sync::OnceCell;
+use uuid::Uuid;
+
+/// The servers of this test run.
+pub struct Servers {
+    pub pg_port: u16,
+    pub redis_url: String,
+    pub root: PathBuf,
+}
+
+const TEMPLATE_DB: &str = "stockade_template";
+
+static SERVERS: OnceCell<Servers> = OnceCell::const_new();
+/// Owned processes, stopped at exit (statics are never dropped).
+static PROCESSES: Mutex<Option<(LocalPostgres, LocalRedis)>> = Mutex::new(None);
+/// Serialises `create database ... template`, which refuses concurrent use of the template.
+static CREATE_DB: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+extern "C" fn stop_servers_at_exit() {
+    if let Ok(mut guard) = PROCESSES.lock()
+        && let Some((mut pg, mut redis)) = guard.take()
+    {
+        redis.stop();
+        pg.stop();
+        let root = pg.data_dir.parent().map(PathBuf::from);
+        drop(pg);
+        if let Some(root) = root {
+            let _ = std::fs::remove_dir_all(root);
+        }
+    }
+    if let Ok(mut guard) = CHROMEDRIVER.lock()
+        && let Some(mut child) = guard.take()
+    {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+pub async fn servers() -> &'static Servers {
+    SERVERS
+        .get_or_init(|| async {
+            let root = std::env::temp_dir().join(format!("stockade-tests-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&root);
+            std::fs::create_dir_all(&root).unwrap();
+            let (pg_dir, redis_dir) = (root.join("postgres"), root.join("redis"));
+            let (pg, redis) = tokio::task::spawn_blocking(move || {
+                let pg = LocalPostgres::start(&pg_dir, None, true).expect("start PostgreSQL");
+                let redis = LocalRedis::start(&redis_dir, None).expect("start Redis");
+                (pg, redis)
+            })
+            .await
+            .unwrap();
+            let servers = Servers {
+                pg_port: pg.port,
+                redis_url: redis.url(),
+                root,
+            };
+            *PROCESSES.lock().unwrap() = Some((pg, redis));
+            // SAFETY: registers a plain `extern "C"` function with no preconditions.
+            unsafe { libc::atexit(stop_servers_at_exit) };
+
+            create_database(&servers.url("postgres"), TEMPLATE_DB)
+                .await
+                .unwrap();
+            let pool = PgPool::connect(&servers.url(TEMPLATE_DB)).await.unwrap();
+            MIGRATOR.run(&pool).await.expect("migrations apply");
+            pool.close().await;
+            servers
+        })
+        .await
+}
+
+impl Servers {
+    pub fn url(&self, database: &str) -> String {
+        format!("postgres://{PG_USER}@127.0.0.1:{}/{database}", self.pg_port)
+    }
+}
+
+/// A fresh database cloned from the migrated template; returns its URL.
+pub async fn fresh_database() -> String {
+    let servers = servers().await;
+    let name = format!("test_{}", Uuid::new_v4().simple());
+    let _serial = CREATE_DB.lock().await;
+    let conn = sqlx::PgPool::connect(&servers.url("postgres"))
+        .await
+        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        r#"create database "{name}" template "{TEMPLATE_DB}""#
+    )))
+    .execute(&conn)
+    .await
+    .unwrap();
+    conn.close().await;
+    drop(conn);
+    servers.url(&name)
+}
+
+/// Settings for a test server: port 0, its own database and Redis prefix.
+pub async fn test_settings() -> Settings {
+    let servers = servers().await;
+    let log = std::env::var("TEST_LOG").ok();
+    Settings {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        database_url: Some(fresh_database().await),
+        redis_url: Some(servers.redis_url.clone()),
+        redis_prefix: format!("test:{}:", Uuid::new_v4().simple()),
+        workers: 2,
+        db_pool_size: 8,
+        log_format: LogFormat::Pretty,
+        log_filter: log.clone().unwrap_or_else(|| "off".into()),
+        ..Settings::default()
+    }
+}
+
+/// A running application and a client for it.
+pub struct TestApp {
+    pub address: String,
+    pub port: u16,
+    pub db: PgPool,
+    pub settings: Settings,
+    /// A client that keeps cookies and does not follow redirects.
+    pub client: reqwest::Client,
+    handle: ServerHandle,
+    thread: Option<std::thread::JoinHandle<()>>,
+    own_redis: Option<LocalRedis>,
+}
+
+/// Starts the application in this process with default test settings.
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(test_settings().await).await
+}
+
+/// Starts the application with `settings` on its own thread and runtime, exactly as
+/// `stockade serve` builds it.
+pub async fn spawn_app_with(settings: Settings) -> TestApp {
+    if let Ok(filter) = std::env::var("TEST_LOG") {
+        stockade::telemetry::init(LogFormat::Pretty, &filter);
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let app_settings = settings.clone();
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async move {
+            let app = Application::build(app_settings).await.expect("app builds");
+            tx.send((app.port(), app.handle())).ok();
+            app.run_until_stopped().await.unwrap();
+        });
+    });
+    let (port, handle) = rx.await.expect("app started");
+    let db = PgPool::connect(settings.database_url.as_deref().unwrap())
+        .await
+        .unwrap();
+    TestApp {
+        address: format!("http://127.0.0.1:{port}"),
+        port,
+        db,
+        settings,
+        client: client(),
+        handle,
+        thread: Some(thread),
+        own_redis: None,
+    }
+}
+
+/// Starts the application with a Redis server of its own, which the test may stop.
+pub async fn spawn_app_with_own_redis() -> TestApp {
+    let dir = servers()
+        .await
+        .root
+        .join(format!("redis-{}", Uuid::new_v4().simple()));
+    let redis = tokio::task::spawn_blocking(move || LocalRedis::start(&dir, None).unwrap())
+        .await
+        .unwrap();
+    let mut settings = test_settings().await;
+    settings.redis_url = Some(redis.url());
+    let mut app = spawn_app_with(settings).await;
+    app.own_redis = Some(redis);
+    app
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .cookie_store(true)
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+impl TestApp {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.address)
+    }
+
+    pub async fn get(&self, path: &str) -> reqwest::Response {
+        self.client.get(self.url(path)).send().await.unwrap()
+    }
+
+    pub async fn get_text(&self, path: &str) -> (u16, String) {
+        let res = self.get(path).await;
+        let status = res.status().as_u16();
+        (status, res.text().await.unwrap())
+    }
+
+    /// Adds the demo catalogue to this test's database.
+    pub async fn seed_demo(&self) {
+        stockade::catalog::seed_demo(&self.db).await.unwrap();
+    }
+
+    /// Adds one product with `on_hand` units.
+    pub async fn add_product(&self, sku: &str, name: &str, price_cents: i64, on_hand: i32) {
+        let mut tx = self.db.begin().await.unwrap();
+        sqlx::query("insert into products (sku, name, price_cents) values ($1, $2, $3)")
+            .bind(sku)
+            .bind(name)
+            .bind(price_cents)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        let sku = stockade::catalog::Sku::parse(sku).unwrap();
+        stockade::inventory::db::create_stock(&mut tx, &sku, on_hand, "test")
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    }
+
+    /// Stops this app's own Redis (see [`spawn_app_with_own_redis`]).
+    pub fn stop_redis(&mut self) {
+        self.own_redis
+            .as_mut()
+            .expect("app has its own Redis")
+            .stop();
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        let handle = self.handle.clone();
+        // The server runs on its own runtime; wait for it from a plain thread.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(handle.stop(false));
+        })
+        .join();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// A `stockade serve` process of the built binary, for cross-process tests.
+pub struct ServerProcess {
+    pub address: String,
+    child: Option<Child>,
+    pub stdout: Vec<String>,
+}
+
+impl ServerProcess {
+    /// The value printed after `label:` at startup (e.g. `PostgreSQL`).
+    pub fn printed(&self, label: &str) -> Option<String> {
+        self.stdout.iter().find_map(|l| {
+            let rest = l.trim().strip_prefix(label)?.strip_prefix(':')?;
+            Some(rest.trim().to_string())
+        })
+    }
+
+    /// Runs `stockade serve` with exactly `env` (plus `PATH`), and waits for its URL.
+    pub async fn start(env: &[(&str, String)], args: &[&str]) -> ServerProcess {
+        use std::io::{BufRead, BufReader};
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_stockade"));
+        cmd.arg("serve")
+            .args(args)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env(
+                "STOCKADE_LOG",
+                std::env::var("TEST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn stockade");
+        let stdout = child.stdout.take().unwrap();
+        let (address, lines) = tokio::task::spawn_blocking(move || {
+            let mut reader = BufReader::new(stdout);
+            let mut lines = Vec::new();
+            let mut line = String::new();
+            while reader.read_line(&mut line).unwrap_or(0) > 0 {
+                lines.push(line.trim_end().to_string());
+                if line.starts_with("Press Ctrl-C") {
+                    // Keep draining so the child never blocks on a full pipe.
+                    std::thread::spawn(move || std::io::copy(&mut reader, &mut std::io::sink()));
+                    let url = lines.iter().find_map(|l| {
+                        let url = l.trim().strip_prefix("Storefront:")?;
+                        Some(url.trim().trim_end_matches('/').to_string())
+                    });
+                    return (url, lines);
+                }
+                line.clear();
+            }
+            (None, lines)
+        })
+        .await
+        .unwrap();
+        let address = address.unwrap_or_else(|| panic!("server did not start: {lines:?}"));
+        ServerProcess {
+            address,
+            child: Some(child),
+            stdout: lines,
+        }
+    }
+
+    /// A process serving `app`'s database and Redis prefix.
+    pub async fn for_app(app: &TestApp, extra: &[(&str, String)]) -> ServerProcess {
+        let s = &app.settings;
+        let mut env = vec![
+            ("DATABASE_URL", s.database_url.clone().unwrap()),
+            ("REDIS_URL", s.redis_url.clone().unwrap()),
+            ("STOCKADE_REDIS_PREFIX", s.redis_prefix.clone()),
+            ("STOCKADE_LISTEN", "127.0.0.1:0".into()),
+            ("STOCKADE_WORKERS", "2".into()),
+            ("STOCKADE_DB_POOL_SIZE", "8".into()),
+        ];
+        env.extend(extra.iter().cloned());
+        ServerProcess::start(&env, &[]).await
+    }
+
+    /// SIGTERM, then wait for a clean exit; returns whether it exited successfully.
+    pub fn stop(&mut self) -> bool {
+        let Some(mut child) = self.child.take() else {
+            return true;
+        };
+        // SAFETY: plain signal to our own child process.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status.success();
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+static CHROMEDRIVER: Mutex<Option<Child>> = Mutex::new(None);
+static CHROMEDRIVER_URL: OnceCell<String> = OnceCell::const_new();
+
+/// A headless Chromium session driven through chromedriver (started once per run).
+pub async fn browser() -> fantoccini::Client {
+    let url = CHROMEDRIVER_URL
+        .get_or_init(|| async {
+            servers().await; // registers the exit hook that also stops chromedriver
+            let port = stockade::local::free_port().unwrap();
+            let child = Command::new("chromedriver")
+                .arg(format!("--port={port}"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect(
+                    "chromedriver not found: install chromium and chromium-driver (make test does)",
+                );
+            *CHROMEDRIVER.lock().unwrap() = Some(child);
+            let url = format!("http://127.0.0.1:{port}");
+            for _ in 0..100 {
+                if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            url
+        })
+        .await;
+    let profile = servers()
+        .await
+        .root
+        .join(format!("chrome-{}", Uuid::new_v4().simple()));
+    let mut caps = serde_json::Map::new();
+    caps.insert(
+        "goog:chromeOptions".into(),
+        serde_json::json!({
+            "binary": chromium_binary(),
+            "args": [
+                "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--disable-background-networking", "--disable-component-update",
+                "--disable-sync", "--no-first-run", "--disable-quic",
+                "--window-size=1280,900",
+                format!("--user-data-dir={}", profile.display()),
+            ]
+        }),
+    );
+    let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    fantoccini::ClientBuilder::new(connector)
+        .capabilities(caps)
+        .connect(url)
+        .await
+        .expect("browser session")
+}
+
+fn chromium_binary() -> String {
+    [
+        "/usr/bin/chromium",
+        "/usr/bin/chromium-browser",
+        "/usr/bin/google-chrome",
+    ]
+    .iter()
+    .find(|p| std::path::Path::new(p).exists())
+    .unwrap_or(&"/usr/bin/chromium")
+    .to_string()
+}
+
+/// Where screenshots go: `docs/` of the repository.
+pub fn docs_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs")
+}

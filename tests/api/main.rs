@@ -1,0 +1,8 @@
+//! Integration tests: one binary, real PostgreSQL, Redis and Chromium, started by
+//! [`helpers`].
+
+mod browser;
+mod catalogue;
+mod health;
+mod helpers;
+mod process;
