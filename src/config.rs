@@ -105,6 +105,19 @@ pub struct Settings {
     pub redis_prefix: String,
     /// `STOCKADE_STATEMENT_TIMEOUT_MS`: PostgreSQL `statement_timeout`.
     pub statement_timeout: Duration,
+    /// `STOCKADE_TX_TIMEOUT_MS`: an order transaction is abandoned (rolled back) after this.
+    pub tx_timeout: Duration,
+    /// `STOCKADE_LEASE_TTL_MS`: a SKU lease expires after this; longer than the transaction.
+    pub lease_ttl: Duration,
+    /// `STOCKADE_LEASE_WAIT_MS`: how long an order waits for busy SKUs before answering 503.
+    pub lease_wait: Duration,
+    /// `STOCKADE_MAX_LINE_QUANTITY`: most units of one SKU in one order.
+    pub max_line_quantity: i32,
+    /// `STOCKADE_IDEMPOTENCY_TTL_HOURS`: completed idempotency keys are kept this long.
+    pub idempotency_ttl_hours: u32,
+    /// Fault injection for tests: pause this long after taking leases, before the
+    /// transaction, as a stalled process would. Not settable from the environment.
+    pub fault_pause_after_lease: Duration,
     /// `STOCKADE_LOG_FORMAT`: `pretty` or `json`.
     pub log_format: LogFormat,
     /// `STOCKADE_LOG`: tracing filter, e.g. `info` or `stockade=debug`.
@@ -125,6 +138,12 @@ impl Default for Settings {
             db_pool_size: 16,
             redis_prefix: "stockade:".into(),
             statement_timeout: Duration::from_millis(3_000),
+            tx_timeout: Duration::from_millis(4_000),
+            lease_ttl: Duration::from_millis(5_000),
+            lease_wait: Duration::from_millis(2_000),
+            max_line_quantity: 10,
+            idempotency_ttl_hours: 24,
+            fault_pause_after_lease: Duration::ZERO,
             log_format: LogFormat::Pretty,
             log_filter: "info".into(),
         }
@@ -144,6 +163,11 @@ pub const VARIABLES: &[&str] = &[
     "STOCKADE_DB_POOL_SIZE",
     "STOCKADE_REDIS_PREFIX",
     "STOCKADE_STATEMENT_TIMEOUT_MS",
+    "STOCKADE_TX_TIMEOUT_MS",
+    "STOCKADE_LEASE_TTL_MS",
+    "STOCKADE_LEASE_WAIT_MS",
+    "STOCKADE_MAX_LINE_QUANTITY",
+    "STOCKADE_IDEMPOTENCY_TTL_HOURS",
     "STOCKADE_LOG_FORMAT",
     "STOCKADE_LOG",
 ];
@@ -224,6 +248,21 @@ impl Settings {
         if let Some(v) = take("STOCKADE_STATEMENT_TIMEOUT_MS") {
             s.statement_timeout = millis("STOCKADE_STATEMENT_TIMEOUT_MS", &v)?;
         }
+        if let Some(v) = take("STOCKADE_TX_TIMEOUT_MS") {
+            s.tx_timeout = millis("STOCKADE_TX_TIMEOUT_MS", &v)?;
+        }
+        if let Some(v) = take("STOCKADE_LEASE_TTL_MS") {
+            s.lease_ttl = millis("STOCKADE_LEASE_TTL_MS", &v)?;
+        }
+        if let Some(v) = take("STOCKADE_LEASE_WAIT_MS") {
+            s.lease_wait = millis("STOCKADE_LEASE_WAIT_MS", &v)?;
+        }
+        if let Some(v) = take("STOCKADE_MAX_LINE_QUANTITY") {
+            s.max_line_quantity = bounded("STOCKADE_MAX_LINE_QUANTITY", &v, 1, 1_000_000)?;
+        }
+        if let Some(v) = take("STOCKADE_IDEMPOTENCY_TTL_HOURS") {
+            s.idempotency_ttl_hours = bounded("STOCKADE_IDEMPOTENCY_TTL_HOURS", &v, 24, 24 * 365)?;
+        }
         if let Some(v) = take("STOCKADE_LOG_FORMAT") {
             s.log_format = v
                 .parse()
@@ -242,6 +281,22 @@ impl Settings {
             return Err(ConfigError::Inconsistent(
                 "STOCKADE_LOCAL_PG_PORT and STOCKADE_LOCAL_REDIS_PORT must differ".into(),
             ));
+        }
+        // A lease must outlive the transaction it protects, and every statement must end
+        // before the transaction's own deadline (DESIGN.md section 2).
+        if self.statement_timeout > self.tx_timeout {
+            return Err(ConfigError::Inconsistent(format!(
+                "STOCKADE_STATEMENT_TIMEOUT_MS ({} ms) must not exceed STOCKADE_TX_TIMEOUT_MS ({} ms)",
+                self.statement_timeout.as_millis(),
+                self.tx_timeout.as_millis()
+            )));
+        }
+        if self.tx_timeout >= self.lease_ttl {
+            return Err(ConfigError::Inconsistent(format!(
+                "STOCKADE_TX_TIMEOUT_MS ({} ms) must be shorter than STOCKADE_LEASE_TTL_MS ({} ms)",
+                self.tx_timeout.as_millis(),
+                self.lease_ttl.as_millis()
+            )));
         }
         Ok(())
     }
@@ -336,6 +391,19 @@ mod tests {
             let err = Settings::from_vars(vars(&[(var, value)])).unwrap_err();
             assert!(err.to_string().starts_with(var), "{var}={value}: {err}");
         }
+    }
+
+    #[test]
+    fn the_lease_must_outlive_the_transaction() {
+        let err = Settings::from_vars(vars(&[
+            ("STOCKADE_TX_TIMEOUT_MS", "5000"),
+            ("STOCKADE_LEASE_TTL_MS", "5000"),
+        ]))
+        .unwrap_err();
+        assert!(err.to_string().contains("STOCKADE_LEASE_TTL_MS"), "{err}");
+        let err =
+            Settings::from_vars(vars(&[("STOCKADE_STATEMENT_TIMEOUT_MS", "4500")])).unwrap_err();
+        assert!(err.to_string().contains("STOCKADE_TX_TIMEOUT_MS"), "{err}");
     }
 
     #[test]

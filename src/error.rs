@@ -25,6 +25,12 @@ pub enum AppError {
         /// Extra problem+json members (e.g. which SKUs are short).
         details: Option<serde_json::Value>,
     },
+    /// 413: the body is larger than allowed.
+    #[error("{0}")]
+    TooLarge(String),
+    /// 415: the body is not in a format this endpoint reads.
+    #[error("{0}")]
+    UnsupportedMediaType(String),
     /// 422: well-formed but unacceptable values.
     #[error("{0}")]
     Unprocessable(String),
@@ -97,6 +103,8 @@ impl ResponseError for AppError {
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::Conflict { .. } => StatusCode::CONFLICT,
+            Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Database(_) | Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -116,5 +124,49 @@ impl ResponseError for AppError {
                 .insert(RETRY_AFTER, HeaderValue::from(secs.max(1)));
         }
         res
+    }
+}
+
+impl From<crate::orders::OrderError> for AppError {
+    fn from(e: crate::orders::OrderError) -> Self {
+        use crate::orders::OrderError as E;
+        match e {
+            E::UnknownSkus(_) | E::KeyReused => Self::Unprocessable(sentence(&e.to_string())),
+            E::InFlight => Self::Conflict {
+                message: sentence(&e.to_string()),
+                retry_after: Some(1),
+                details: None,
+            },
+            E::Busy | E::TimedOut => Self::Unavailable {
+                message: sentence(&e.to_string()),
+                retry_after: 1,
+            },
+            E::Database(e) => Self::Database(e),
+        }
+    }
+}
+
+impl From<crate::orders::InvalidOrder> for AppError {
+    fn from(e: crate::orders::InvalidOrder) -> Self {
+        Self::Unprocessable(sentence(&e.0))
+    }
+}
+
+/// `"no product"` → `"No product"`.
+pub fn capitalise(s: &str) -> String {
+    let mut chars = s.chars();
+    match chars.next() {
+        Some(first) => first.to_uppercase().chain(chars).collect(),
+        None => String::new(),
+    }
+}
+
+/// `"no product"` → `"No product."`.
+pub fn sentence(s: &str) -> String {
+    let s = capitalise(s);
+    if s.ends_with(['.', '!', '?']) {
+        s
+    } else {
+        s + "."
     }
 }

@@ -1,7 +1,7 @@
 //! Stockade: an inventory and checkout-reservation web app that never oversells.
 //!
 //! Read in this order: [`startup`] wires everything, [`http`] holds every route,
-//! [`inventory`] guards stock, [`catalog`] describes what is for sale.
+//! [`orders`] places orders, [`inventory`] guards stock, [`catalog`] describes what is for sale.
 #![forbid(unsafe_code)]
 
 /// What is for sale: products, SKUs, prices, the demo catalogue.
@@ -14,12 +14,18 @@ pub mod config;
 pub mod error;
 /// Everything that speaks HTTP: routes, pages, API, health.
 pub mod http;
+/// Idempotency keys: claim, replay, complete, purge.
+pub mod idempotency;
 /// Stock levels and the append-only ledger of every movement.
 pub mod inventory;
 /// Local mode: PostgreSQL and Redis as child processes.
 pub mod local;
 /// Redis: the shared connection and the per-SKU leases.
 pub mod locking;
+/// Prometheus metrics of one process.
+pub mod metrics;
+/// Orders: parsing requests and placing them without overselling or doubling.
+pub mod orders;
 /// `Application::build`: pools, migrations, the HTTP server.
 pub mod startup;
 /// Tracing subscriber: pretty for people, JSON for machines.

@@ -17,6 +17,7 @@ use crate::config::Settings;
 use crate::error::AppError;
 use crate::http::{self, AppState, middleware::around_request};
 use crate::locking::Redis;
+use crate::metrics::Metrics;
 
 /// The migrations in `migrations/`, compiled in.
 pub static MIGRATOR: Migrator = sqlx::migrate!();
@@ -55,18 +56,28 @@ impl Application {
             0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
             n => n,
         };
+        spawn_idempotency_purge(db.clone(), settings.idempotency_ttl_hours);
         let state = web::Data::new(AppState {
             db,
             redis,
             settings: Arc::new(settings),
+            metrics: Arc::new(Metrics::new()),
         });
         let app_state = state.clone();
         let server = HttpServer::new(move || {
             App::new()
                 .wrap(from_fn(around_request))
                 .app_data(app_state.clone())
-                .app_data(web::JsonConfig::default().limit(JSON_LIMIT))
-                .app_data(web::FormConfig::default().limit(FORM_LIMIT))
+                .app_data(
+                    web::JsonConfig::default()
+                        .limit(JSON_LIMIT)
+                        .error_handler(|e, _| json_error(e).into()),
+                )
+                .app_data(
+                    web::FormConfig::default()
+                        .limit(FORM_LIMIT)
+                        .error_handler(|e, _| form_error(e).into()),
+                )
                 .app_data(web::PayloadConfig::default().limit(JSON_LIMIT))
                 .configure(http::routes)
                 .default_service(web::to(not_found))
@@ -126,4 +137,47 @@ pub async fn connect_database(settings: &Settings) -> anyhow::Result<PgPool> {
         .connect_with(options)
         .await
         .context("could not connect to PostgreSQL (DATABASE_URL)")
+}
+
+fn json_error(e: actix_web::error::JsonPayloadError) -> AppError {
+    use actix_web::error::JsonPayloadError as E;
+    match e {
+        E::ContentType => AppError::UnsupportedMediaType(
+            "Send the body as JSON with Content-Type: application/json.".into(),
+        ),
+        E::Overflow { limit } | E::OverflowKnownLength { limit, .. } => {
+            AppError::TooLarge(format!("The body is larger than {limit} bytes."))
+        }
+        other => AppError::BadRequest(format!("The body is not valid JSON: {other}")),
+    }
+}
+
+fn form_error(e: actix_web::error::UrlencodedError) -> AppError {
+    use actix_web::error::UrlencodedError as E;
+    match e {
+        E::Overflow { limit, .. } => {
+            AppError::TooLarge(format!("The form is larger than {limit} bytes."))
+        }
+        E::ContentType => AppError::UnsupportedMediaType("Send the form as a web form.".into()),
+        other => AppError::BadRequest(format!(
+            "The form could not be read ({other}); please go back and try again."
+        )),
+    }
+}
+
+/// Deletes idempotency records past their time, every ten minutes, in every process (the
+/// delete is idempotent, so several processes doing it is harmless).
+fn spawn_idempotency_purge(db: PgPool, ttl_hours: u32) {
+    let ttl = std::time::Duration::from_secs(u64::from(ttl_hours) * 3600);
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(std::time::Duration::from_secs(600));
+        loop {
+            every.tick().await;
+            match crate::idempotency::purge(&db, ttl).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(purged = n, "purged old idempotency keys"),
+                Err(e) => tracing::warn!(error = %e, "idempotency purge failed"),
+            }
+        }
+    });
 }

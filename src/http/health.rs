@@ -19,6 +19,8 @@ struct Readiness {
     status: &'static str,
     postgres: String,
     redis: String,
+    /// `leases` normally; `degraded` while orders run on the database guard alone.
+    order_guard: &'static str,
 }
 
 const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
@@ -41,8 +43,10 @@ pub async fn get_readyz(state: web::Data<AppState>) -> HttpResponse {
     };
     let (postgres, redis) = tokio::join!(postgres, redis);
     let ready = postgres == "ok" && redis == "ok";
+    state.metrics.degraded.set(i64::from(redis != "ok"));
     let body = Readiness {
         status: if ready { "ready" } else { "unavailable" },
+        order_guard: if redis == "ok" { "leases" } else { "degraded" },
         postgres,
         redis,
     };
@@ -51,4 +55,11 @@ pub async fn get_readyz(state: web::Data<AppState>) -> HttpResponse {
     } else {
         HttpResponse::ServiceUnavailable().json(body)
     }
+}
+
+/// Prometheus text format.
+pub async fn get_metrics(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4; charset=utf-8")
+        .body(state.metrics.render())
 }

@@ -156,22 +156,47 @@ fn wants_json(req: &HttpRequest) -> bool {
 
 /// An RFC 9457 problem document.
 fn problem_json(problem: &Problem, req: &HttpRequest, request_id: &str) -> HttpResponse {
+    problem_document(
+        req,
+        problem.status,
+        &problem.message,
+        problem.details.as_ref(),
+        request_id,
+    )
+}
+
+/// A problem+json response for `req`, for handlers that answer a problem with headers of
+/// their own (such as `Idempotency-Replayed`).
+pub fn problem_response(
+    req: &HttpRequest,
+    status: StatusCode,
+    detail: &str,
+    details: Option<serde_json::Value>,
+) -> HttpResponse {
+    problem_document(req, status, detail, details.as_ref(), &request_id(req))
+}
+
+fn problem_document(
+    req: &HttpRequest,
+    status: StatusCode,
+    detail: &str,
+    details: Option<&serde_json::Value>,
+    request_id: &str,
+) -> HttpResponse {
     let mut doc = serde_json::json!({
         "type": "about:blank",
-        "title": AppError::title(problem.status),
-        "status": problem.status.as_u16(),
-        "detail": problem.message,
+        "title": AppError::title(status),
+        "status": status.as_u16(),
+        "detail": detail,
         "instance": req.path(),
         "request_id": request_id,
     });
-    if let (Some(serde_json::Value::Object(extra)), Some(obj)) =
-        (&problem.details, doc.as_object_mut())
-    {
+    if let (Some(serde_json::Value::Object(extra)), Some(obj)) = (details, doc.as_object_mut()) {
         for (k, v) in extra {
             obj.insert(k.clone(), v.clone());
         }
     }
-    HttpResponse::build(problem.status)
+    HttpResponse::build(status)
         .content_type("application/problem+json")
         .body(doc.to_string())
 }

@@ -2,10 +2,12 @@
 //! place; handlers sit in the module of their area beside their template structs. Nothing
 //! below this module knows about actix-web.
 
+pub mod api;
 mod assets;
 mod health;
 pub mod middleware;
 mod pages;
+pub mod shop;
 
 use std::sync::Arc;
 
@@ -14,20 +16,48 @@ use sqlx::PgPool;
 
 use crate::config::{OrderStrategy, Settings};
 use crate::locking::Redis;
+use crate::metrics::Metrics;
+use crate::orders::OrderDeps;
 
 /// Shared by every request; built once in [`crate::startup::Application::build`].
 pub struct AppState {
     pub db: PgPool,
     pub redis: Redis,
     pub settings: Arc<Settings>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl AppState {
+    pub fn order_deps(&self) -> OrderDeps<'_> {
+        OrderDeps {
+            db: &self.db,
+            redis: &self.redis,
+            settings: &self.settings,
+            metrics: &self.metrics,
+        }
+    }
 }
 
 /// Every route of the application.
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/", web::get().to(pages::get_catalogue))
         .route("/products/{sku}", web::get().to(pages::get_product))
+        .route("/cart", web::get().to(shop::get_cart))
+        .route("/cart/add", web::post().to(shop::post_cart_add))
+        .route("/cart/update", web::post().to(shop::post_cart_update))
+        .route("/checkout", web::get().to(shop::get_checkout))
+        .route("/checkout", web::post().to(shop::post_checkout))
+        .route("/orders/{id}", web::get().to(shop::get_order))
+        .service(
+            web::scope("/api/v1")
+                .route("/products", web::get().to(api::get_products))
+                .route("/products/{sku}", web::get().to(api::get_product))
+                .route("/orders", web::post().to(api::post_orders))
+                .route("/orders/{id}", web::get().to(api::get_order)),
+        )
         .route("/healthz", web::get().to(health::get_healthz))
         .route("/readyz", web::get().to(health::get_readyz))
+        .route("/metrics", web::get().to(health::get_metrics))
         .route("/static/{file}", web::get().to(assets::get_asset));
 }
 
@@ -36,6 +66,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
 pub struct Chrome {
     /// The oversell-demonstration strategy is on: show the red banner.
     pub unsafe_banner: bool,
+    /// Units in the shopper's cart, shown in the header.
+    pub cart_units: i32,
 }
 
 impl Chrome {
@@ -45,6 +77,7 @@ impl Chrome {
             .map(|s| s.settings.order_strategy);
         Self {
             unsafe_banner: strategy == Some(OrderStrategy::NaiveUnsafe),
+            cart_units: shop::Cart::from_request(req).units(),
         }
     }
 }

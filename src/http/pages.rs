@@ -32,6 +32,7 @@ pub async fn get_catalogue(
 pub struct ProductPage {
     chrome: Chrome,
     product: ProductView,
+    max_quantity: i32,
 }
 
 #[tracing::instrument(skip_all, fields(sku = %path))]
@@ -48,5 +49,6 @@ pub async fn get_product(
     Ok(ProductPage {
         chrome: Chrome::new(&req),
         product,
+        max_quantity: state.settings.max_line_quantity,
     })
 }

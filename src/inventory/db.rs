@@ -54,3 +54,123 @@ pub async fn ledger_mismatches(pool: &PgPool) -> sqlx::Result<Vec<LedgerMismatch
     .fetch_all(pool)
     .await
 }
+
+/// The result of trying to take units of one SKU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Take {
+    /// Taken; `left` units remain available.
+    Taken { left: i32 },
+    /// Not enough: only `available` units are left.
+    Short { available: i32 },
+    /// Refused: a lease with a newer fencing token (`last_fence`) has written this row.
+    StaleFence { last_fence: i64 },
+}
+
+/// Takes `quantity` units of `sku` with one conditional statement: the row changes only if
+/// enough is available and, with a `fence`, only if no newer lease has written it. Writes
+/// the ledger row in the same transaction.
+pub async fn take_stock(
+    conn: &mut PgConnection,
+    sku: &Sku,
+    quantity: i32,
+    fence: Option<i64>,
+    reference: &str,
+    actor: &str,
+) -> sqlx::Result<Take> {
+    let left: Option<i32> = sqlx::query_scalar(
+        r#"update stock
+              set on_hand = on_hand - $2,
+                  last_fence = greatest(last_fence, $3),
+                  updated_at = now()
+            where sku = $1
+              and on_hand - reserved >= $2
+              and ($3::bigint is null or last_fence <= $3)
+        returning on_hand - reserved"#,
+    )
+    .bind(sku.as_str())
+    .bind(quantity)
+    .bind(fence)
+    .fetch_optional(&mut *conn)
+    .await?;
+    if let Some(left) = left {
+        record_movement(conn, sku, -quantity, "order", reference, actor).await?;
+        return Ok(Take::Taken { left });
+    }
+    // Nothing changed: say why, from the row as this transaction now sees it.
+    let (available, last_fence): (i32, i64) =
+        sqlx::query_as("select on_hand - reserved, last_fence from stock where sku = $1")
+            .bind(sku.as_str())
+            .fetch_one(&mut *conn)
+            .await?;
+    Ok(match fence {
+        Some(fence) if last_fence > fence && available >= quantity => {
+            Take::StaleFence { last_fence }
+        }
+        _ => Take::Short { available },
+    })
+}
+
+/// The naive way, kept to demonstrate overselling: read, check in Rust, write back an
+/// absolute value. Two buyers who read the same number both "succeed".
+pub async fn take_stock_naive(
+    conn: &mut PgConnection,
+    sku: &Sku,
+    quantity: i32,
+    reference: &str,
+    actor: &str,
+) -> sqlx::Result<Take> {
+    let (on_hand, reserved): (i32, i32) =
+        sqlx::query_as("select on_hand, reserved from stock where sku = $1")
+            .bind(sku.as_str())
+            .fetch_one(&mut *conn)
+            .await?;
+    if on_hand - reserved < quantity {
+        return Ok(Take::Short {
+            available: on_hand - reserved,
+        });
+    }
+    // Stands in for the work a handler does between reading and writing (pricing, tax,
+    // fraud checks); it widens the race this strategy exists to show.
+    tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    sqlx::query("update stock set on_hand = $2, updated_at = now() where sku = $1")
+        .bind(sku.as_str())
+        .bind(on_hand - quantity)
+        .execute(&mut *conn)
+        .await?;
+    record_movement(conn, sku, -quantity, "order", reference, actor).await?;
+    Ok(Take::Taken {
+        left: on_hand - quantity - reserved,
+    })
+}
+
+/// Appends one ledger row.
+pub async fn record_movement(
+    conn: &mut PgConnection,
+    sku: &Sku,
+    delta: i32,
+    reason: &str,
+    reference: &str,
+    actor: &str,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        r#"insert into stock_movements (sku, delta, reason, reference, actor)
+           values ($1, $2, $3, $4, $5)"#,
+    )
+    .bind(sku.as_str())
+    .bind(delta)
+    .bind(reason)
+    .bind(reference)
+    .bind(actor)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Units available (`on_hand − reserved`) per SKU, for those of `skus` that exist.
+pub async fn availability(pool: &PgPool, skus: &[Sku]) -> sqlx::Result<Vec<(String, i32)>> {
+    let skus: Vec<&str> = skus.iter().map(Sku::as_str).collect();
+    sqlx::query_as("select sku, on_hand - reserved from stock where sku = any($1)")
+        .bind(skus)
+        .fetch_all(pool)
+        .await
+}

@@ -1,0 +1,279 @@
+//! Idempotency keys, with the semantics of the IETF `Idempotency-Key` draft as Stripe
+//! implements them:
+//! - a completed key with the same request fingerprint replays the stored response;
+//! - the same key with another fingerprint is refused (422);
+//! - the same key while its first request is still running is refused (409, retry);
+//! - a request that died in flight leaves a record whose lock runs out; the next retry
+//!   takes it over. Completing the record happens in the order's own transaction, so a
+//!   taken-over key can never already have an order.
+//!
+//! Decided outcomes (an order, or "not enough stock") are stored; validation failures and
+//! "busy, try again" are not, and their record is removed.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+/// A client-chosen key: 1–255 printable ASCII characters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyKey(String);
+
+/// Why a key was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum InvalidKey {
+    #[error("the Idempotency-Key is empty")]
+    Empty,
+    #[error("the Idempotency-Key is longer than 255 characters")]
+    TooLong,
+    #[error("the Idempotency-Key may contain only printable ASCII characters")]
+    NotPrintable,
+}
+
+impl IdempotencyKey {
+    pub const MAX_LEN: usize = 255;
+
+    pub fn parse(raw: &str) -> Result<Self, InvalidKey> {
+        if raw.is_empty() {
+            return Err(InvalidKey::Empty);
+        }
+        if raw.len() > Self::MAX_LEN {
+            return Err(InvalidKey::TooLong);
+        }
+        if !raw.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
+            return Err(InvalidKey::NotPrintable);
+        }
+        Ok(Self(raw.to_string()))
+    }
+
+    /// A fresh random key, as checkout forms carry.
+    pub fn generate() -> Self {
+        Self(Uuid::new_v4().to_string())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Who a key belongs to: API clients and checkout forms have separate key spaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    Api,
+    Page,
+}
+
+impl Scope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Api => "api",
+            Self::Page => "page",
+        }
+    }
+}
+
+/// SHA-256 of the canonical form of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fingerprint(String);
+
+impl Fingerprint {
+    pub fn of(canonical: &impl Serialize) -> Self {
+        let bytes = serde_json::to_vec(canonical).expect("serialisable request");
+        Self(hex::encode(Sha256::digest(bytes)))
+    }
+}
+
+/// A response kept under a key.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredResponse {
+    pub status: u16,
+    pub body: serde_json::Value,
+}
+
+/// What `begin` found.
+#[derive(Debug)]
+pub enum Begin {
+    /// This request owns the key now; finish with `complete` or `abandon`.
+    Started(Claim),
+    /// Completed earlier with the same request: replay this.
+    Replay(StoredResponse),
+    /// The key was used for a different request.
+    Mismatch,
+    /// The first request with this key is still running.
+    InFlight,
+}
+
+/// Ownership of an in-flight key.
+#[derive(Debug, Clone)]
+pub struct Claim {
+    pub scope: Scope,
+    pub key: IdempotencyKey,
+    pub owner: Uuid,
+}
+
+#[derive(sqlx::FromRow)]
+struct Row {
+    fingerprint: String,
+    state: String,
+    owner: Uuid,
+    response_status: Option<i16>,
+    response_body: Option<serde_json::Value>,
+    stale: bool,
+}
+
+/// Claims `key` for a request with `fingerprint`. An in-flight record older than
+/// `stale_after` belongs to a request that died; it is taken over.
+pub async fn begin(
+    pool: &PgPool,
+    scope: Scope,
+    key: &IdempotencyKey,
+    fingerprint: &Fingerprint,
+    stale_after: Duration,
+) -> sqlx::Result<Begin> {
+    let owner = Uuid::new_v4();
+    let claim = Claim {
+        scope,
+        key: key.clone(),
+        owner,
+    };
+    let inserted = sqlx::query(
+        r#"insert into idempotency_keys (scope, key, fingerprint, state, owner)
+           values ($1, $2, $3, 'in_flight', $4)
+           on conflict (scope, key) do nothing"#,
+    )
+    .bind(scope.as_str())
+    .bind(key.as_str())
+    .bind(&fingerprint.0)
+    .bind(owner)
+    .execute(pool)
+    .await?
+    .rows_affected();
+    if inserted == 1 {
+        return Ok(Begin::Started(claim));
+    }
+
+    let row: Option<Row> = sqlx::query_as(
+        r#"select fingerprint, state, owner, response_status, response_body,
+                  locked_at < now() - make_interval(secs => $3) as stale
+             from idempotency_keys
+            where scope = $1 and key = $2"#,
+    )
+    .bind(scope.as_str())
+    .bind(key.as_str())
+    .bind(stale_after.as_secs_f64())
+    .fetch_optional(pool)
+    .await?;
+    let Some(row) = row else {
+        // Removed between our insert and select (abandoned): try once more from scratch.
+        return Box::pin(begin(pool, scope, key, fingerprint, stale_after)).await;
+    };
+    if row.fingerprint != fingerprint.0 {
+        return Ok(Begin::Mismatch);
+    }
+    if row.state == "completed" {
+        return Ok(Begin::Replay(StoredResponse {
+            status: row.response_status.unwrap_or(500) as u16,
+            body: row.response_body.unwrap_or(serde_json::Value::Null),
+        }));
+    }
+    if !row.stale {
+        return Ok(Begin::InFlight);
+    }
+    // Take over a dead request's key; only one of several retries wins.
+    let taken = sqlx::query(
+        r#"update idempotency_keys set owner = $4, locked_at = now()
+            where scope = $1 and key = $2 and state = 'in_flight' and owner = $3"#,
+    )
+    .bind(scope.as_str())
+    .bind(key.as_str())
+    .bind(row.owner)
+    .bind(owner)
+    .execute(pool)
+    .await?
+    .rows_affected();
+    Ok(if taken == 1 {
+        Begin::Started(claim)
+    } else {
+        Begin::InFlight
+    })
+}
+
+/// Stores the response under the claimed key, inside the caller's transaction. Returns
+/// false when the claim was lost (taken over as stale): the caller must roll back.
+pub async fn complete(
+    conn: &mut PgConnection,
+    claim: &Claim,
+    response: &StoredResponse,
+) -> sqlx::Result<bool> {
+    let updated = sqlx::query(
+        r#"update idempotency_keys
+              set state = 'completed', response_status = $4, response_body = $5,
+                  completed_at = now()
+            where scope = $1 and key = $2 and owner = $3 and state = 'in_flight'"#,
+    )
+    .bind(claim.scope.as_str())
+    .bind(claim.key.as_str())
+    .bind(claim.owner)
+    .bind(response.status as i16)
+    .bind(&response.body)
+    .execute(conn)
+    .await?
+    .rows_affected();
+    Ok(updated == 1)
+}
+
+/// Forgets the claim, so a retry starts afresh (for outcomes that are not stored).
+pub async fn abandon(pool: &PgPool, claim: &Claim) -> sqlx::Result<()> {
+    sqlx::query(
+        r#"delete from idempotency_keys
+            where scope = $1 and key = $2 and owner = $3 and state = 'in_flight'"#,
+    )
+    .bind(claim.scope.as_str())
+    .bind(claim.key.as_str())
+    .bind(claim.owner)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Deletes completed records older than `ttl`; returns how many.
+pub async fn purge(pool: &PgPool, ttl: Duration) -> sqlx::Result<u64> {
+    Ok(sqlx::query(
+        r#"delete from idempotency_keys
+            where created_at < now() - make_interval(secs => $1) and state = 'completed'"#,
+    )
+    .bind(ttl.as_secs_f64())
+    .execute(pool)
+    .await?
+    .rows_affected())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_printable_ascii_up_to_255_characters() {
+        assert!(IdempotencyKey::parse("order-2026-11-30-0001").is_ok());
+        assert!(IdempotencyKey::parse(&"k".repeat(255)).is_ok());
+        assert_eq!(IdempotencyKey::parse(""), Err(InvalidKey::Empty));
+        assert_eq!(
+            IdempotencyKey::parse(&"k".repeat(256)),
+            Err(InvalidKey::TooLong)
+        );
+        for bad in ["tab\there", "new\nline", "ключ", "nul\0"] {
+            assert_eq!(IdempotencyKey::parse(bad), Err(InvalidKey::NotPrintable));
+        }
+    }
+
+    #[test]
+    fn fingerprints_differ_exactly_when_requests_differ() {
+        let a = Fingerprint::of(&serde_json::json!({"lines": [["A1", 1]]}));
+        let b = Fingerprint::of(&serde_json::json!({"lines": [["A1", 1]]}));
+        let c = Fingerprint::of(&serde_json::json!({"lines": [["A1", 2]]}));
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+    }
+}

@@ -1,0 +1,99 @@
+//! Prometheus metrics of one process, served at `/metrics`. Each application has its own
+//! registry, so several apps in one test process do not mix their numbers.
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
+};
+
+/// Every metric Stockade exports.
+pub struct Metrics {
+    registry: Registry,
+    /// Orders by outcome: placed, insufficient, replayed, busy, in_flight, key_reused,
+    /// invalid, error.
+    pub orders: IntCounterVec,
+    /// Time spent waiting for SKU leases, granted or not.
+    pub lease_wait: Histogram,
+    /// Orders that gave up waiting for a lease.
+    pub lease_timeouts: IntCounter,
+    /// Requests answered from a stored idempotent response.
+    pub idempotent_replays: IntCounter,
+    /// Writes refused because a newer lease had written the stock row.
+    pub stale_fences: IntCounter,
+    /// 1 while Redis is unreachable and orders run on the database guard alone.
+    pub degraded: IntGauge,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry =
+            Registry::new_custom(Some("stockade".into()), None).expect("valid registry prefix");
+        let orders = IntCounterVec::new(
+            Opts::new("orders_total", "Order requests by outcome"),
+            &["outcome"],
+        )
+        .expect("valid metric");
+        let lease_wait = Histogram::with_opts(
+            HistogramOpts::new("lease_wait_seconds", "Time spent waiting for SKU leases").buckets(
+                vec![
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                ],
+            ),
+        )
+        .expect("valid metric");
+        let lease_timeouts = IntCounter::new(
+            "lease_timeouts_total",
+            "Orders that gave up waiting for a SKU lease",
+        )
+        .expect("valid metric");
+        let idempotent_replays = IntCounter::new(
+            "idempotent_replays_total",
+            "Requests answered from a stored idempotent response",
+        )
+        .expect("valid metric");
+        let stale_fences = IntCounter::new(
+            "stale_fence_refusals_total",
+            "Stock writes refused because a newer lease had written the row",
+        )
+        .expect("valid metric");
+        let degraded = IntGauge::new(
+            "lease_layer_degraded",
+            "1 while Redis is unreachable and orders use the database guard alone",
+        )
+        .expect("valid metric");
+        for metric in [
+            Box::new(orders.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(lease_wait.clone()),
+            Box::new(lease_timeouts.clone()),
+            Box::new(idempotent_replays.clone()),
+            Box::new(stale_fences.clone()),
+            Box::new(degraded.clone()),
+        ] {
+            registry.register(metric).expect("metric registered once");
+        }
+        Self {
+            registry,
+            orders,
+            lease_wait,
+            lease_timeouts,
+            idempotent_replays,
+            stale_fences,
+            degraded,
+        }
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut out)
+            .expect("encoding to memory");
+        String::from_utf8(out).expect("metrics are UTF-8")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

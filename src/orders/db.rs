@@ -1,0 +1,114 @@
+//! Order SQL.
+
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use super::{Order, OrderLine};
+use crate::catalog::Sku;
+
+/// A product an order refers to, with its current price and availability.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct OrderProduct {
+    pub sku: String,
+    pub name: String,
+    pub price_cents: i64,
+    pub available: i32,
+}
+
+/// The active products among `skus` (unknown or inactive ones are missing).
+pub async fn products_for(
+    conn: impl sqlx::PgExecutor<'_>,
+    skus: &[Sku],
+) -> sqlx::Result<Vec<OrderProduct>> {
+    let skus: Vec<&str> = skus.iter().map(Sku::as_str).collect();
+    sqlx::query_as(
+        r#"select p.sku, p.name, p.price_cents, s.on_hand - s.reserved as available
+             from products p
+             join stock s on s.sku = p.sku
+            where p.active and p.sku = any($1)
+            order by p.sku"#,
+    )
+    .bind(skus)
+    .fetch_all(conn)
+    .await
+}
+
+/// Inserts the order and its lines. Fails with a unique violation when the idempotency key
+/// already has an order.
+pub async fn insert_order(
+    conn: &mut PgConnection,
+    order: &Order,
+    scope: &str,
+    key: &str,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        r#"insert into orders
+             (id, status, customer_name, email, total_cents, idempotency_scope, idempotency_key, created_at)
+           values ($1, $2, $3, $4, $5, $6, $7, $8)"#,
+    )
+    .bind(order.id)
+    .bind(&order.status)
+    .bind(&order.customer_name)
+    .bind(&order.email)
+    .bind(order.total_cents)
+    .bind(scope)
+    .bind(key)
+    .bind(order.created_at)
+    .execute(&mut *conn)
+    .await?;
+    let skus: Vec<&str> = order.lines.iter().map(|l| l.sku.as_str()).collect();
+    let quantities: Vec<i32> = order.lines.iter().map(|l| l.quantity).collect();
+    let prices: Vec<i64> = order.lines.iter().map(|l| l.unit_price_cents).collect();
+    sqlx::query(
+        r#"insert into order_lines (order_id, sku, quantity, unit_price_cents)
+           select $1, * from unnest($2::text[], $3::int[], $4::bigint[])"#,
+    )
+    .bind(order.id)
+    .bind(skus)
+    .bind(quantities)
+    .bind(prices)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+#[derive(sqlx::FromRow)]
+struct OrderRow {
+    id: Uuid,
+    status: String,
+    total_cents: i64,
+    email: Option<String>,
+    customer_name: Option<String>,
+    created_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// One order with its lines.
+pub async fn find_order(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<Order>> {
+    let Some(row): Option<OrderRow> = sqlx::query_as(
+        "select id, status, total_cents, email, customer_name, created_at from orders where id = $1",
+    )
+    .bind(id)
+    .fetch_optional(pool)
+    .await?
+    else {
+        return Ok(None);
+    };
+    let lines: Vec<OrderLine> = sqlx::query_as(
+        r#"select l.sku, p.name, l.quantity, l.unit_price_cents
+             from order_lines l join products p on p.sku = l.sku
+            where l.order_id = $1
+            order by l.sku"#,
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await?;
+    Ok(Some(Order {
+        id: row.id,
+        status: row.status,
+        lines,
+        total_cents: row.total_cents,
+        email: row.email,
+        customer_name: row.customer_name,
+        created_at: row.created_at,
+    }))
+}

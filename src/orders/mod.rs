@@ -1,0 +1,332 @@
+//! Orders: what a shopper asks for ([`OrderRequest`], parsed at the edge), and what they
+//! get ([`Order`]). [`place_order`] is the one way an order is made, for pages and the API
+//! alike; read it with DESIGN.md section 3 beside you.
+
+pub mod db;
+mod place;
+
+pub use place::{OrderDeps, OrderError, Placement, place_order};
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::catalog::{Sku, format_cents};
+use crate::idempotency::Fingerprint;
+
+/// Units of one SKU in one order: a whole number from 1 to the configured cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Quantity(i32);
+
+impl Quantity {
+    /// Checks `n` against `1..=max`.
+    pub fn new(n: i64, max: i32) -> Result<Self, InvalidOrder> {
+        if n < 1 {
+            return Err(InvalidOrder(format!(
+                "quantity must be at least 1 (got {n})"
+            )));
+        }
+        if n > i64::from(max) {
+            return Err(InvalidOrder(format!(
+                "quantity must be at most {max} per product in one order (got {n})"
+            )));
+        }
+        Ok(Self(n as i32))
+    }
+
+    /// Parses form or query text, e.g. `"2"`.
+    pub fn parse(raw: &str, max: i32) -> Result<Self, InvalidOrder> {
+        let raw = raw.trim();
+        let n: i64 = raw
+            .parse()
+            .map_err(|_| InvalidOrder(format!("quantity must be a whole number (got {raw:?})")))?;
+        Self::new(n, max)
+    }
+
+    pub fn get(self) -> i32 {
+        self.0
+    }
+}
+
+/// Why a request is not an acceptable order; the message is shown to the person.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidOrder(pub String);
+
+/// One line of an order request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RequestLine {
+    pub sku: Sku,
+    pub quantity: Quantity,
+}
+
+/// A validated order request: lines merged per SKU and sorted by SKU (the canonical order
+/// in which stock rows and leases are taken, so concurrent orders never deadlock).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OrderRequest {
+    lines: Vec<RequestLine>,
+    email: Option<String>,
+    name: Option<String>,
+}
+
+/// Most distinct products in one order.
+pub const MAX_LINES: usize = 50;
+
+impl OrderRequest {
+    /// Builds a request from `(sku, quantity)` pairs, merging repeated SKUs.
+    pub fn new(
+        lines: Vec<(Sku, i64)>,
+        email: Option<&str>,
+        name: Option<&str>,
+        max_quantity: i32,
+    ) -> Result<Self, InvalidOrder> {
+        if lines.is_empty() {
+            return Err(InvalidOrder("an order needs at least one line".into()));
+        }
+        let mut merged: std::collections::BTreeMap<Sku, i64> = Default::default();
+        for (sku, n) in lines {
+            Quantity::new(n, max_quantity).map_err(|e| InvalidOrder(format!("{sku}: {e}")))?;
+            *merged.entry(sku).or_default() += n;
+        }
+        if merged.len() > MAX_LINES {
+            return Err(InvalidOrder(format!(
+                "an order may have at most {MAX_LINES} different products"
+            )));
+        }
+        let lines = merged
+            .into_iter()
+            .map(|(sku, n)| {
+                let quantity = Quantity::new(n, max_quantity)
+                    .map_err(|e| InvalidOrder(format!("{sku}: {e}")))?;
+                Ok(RequestLine { sku, quantity })
+            })
+            .collect::<Result<Vec<_>, InvalidOrder>>()?;
+        let email = email.map(str::trim).filter(|e| !e.is_empty());
+        if let Some(email) = email {
+            validate_email(email)?;
+        }
+        let name = name.map(str::trim).filter(|n| !n.is_empty());
+        if let Some(name) = name
+            && name.chars().count() > 200
+        {
+            return Err(InvalidOrder("name must be at most 200 characters".into()));
+        }
+        Ok(Self {
+            lines,
+            email: email.map(str::to_string),
+            name: name.map(str::to_string),
+        })
+    }
+
+    /// Parses the API body `{"lines": [{"sku", "quantity"}], "email"?, "name"?}`.
+    pub fn from_json(body: &serde_json::Value, max_quantity: i32) -> Result<Self, InvalidOrder> {
+        let obj = body
+            .as_object()
+            .ok_or_else(|| InvalidOrder("the body must be a JSON object".into()))?;
+        let raw_lines = obj
+            .get("lines")
+            .ok_or_else(|| InvalidOrder("\"lines\" is required".into()))?
+            .as_array()
+            .ok_or_else(|| InvalidOrder("\"lines\" must be an array".into()))?;
+        let mut lines = Vec::with_capacity(raw_lines.len());
+        for (i, line) in raw_lines.iter().enumerate() {
+            let at = |msg: &str| InvalidOrder(format!("lines[{i}]: {msg}"));
+            let sku = line
+                .get("sku")
+                .and_then(|s| s.as_str())
+                .ok_or_else(|| at("\"sku\" must be a string"))?;
+            let sku = Sku::parse(sku).map_err(|e| at(&e.to_string()))?;
+            let quantity = line
+                .get("quantity")
+                .ok_or_else(|| at("\"quantity\" is required"))?;
+            let n = quantity
+                .as_i64()
+                .ok_or_else(|| at(&format!("quantity must be a whole number (got {quantity})")))?;
+            lines.push((sku, n));
+        }
+        let text = |field: &str| -> Result<Option<&str>, InvalidOrder> {
+            match obj.get(field) {
+                None | Some(serde_json::Value::Null) => Ok(None),
+                Some(serde_json::Value::String(s)) => Ok(Some(s)),
+                Some(_) => Err(InvalidOrder(format!("\"{field}\" must be a string"))),
+            }
+        };
+        Self::new(lines, text("email")?, text("name")?, max_quantity)
+    }
+
+    pub fn lines(&self) -> &[RequestLine] {
+        &self.lines
+    }
+
+    pub fn skus(&self) -> Vec<Sku> {
+        self.lines.iter().map(|l| l.sku.clone()).collect()
+    }
+
+    pub fn email(&self) -> Option<&str> {
+        self.email.as_deref()
+    }
+
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+
+    /// The hash under which an idempotency key remembers this request.
+    pub fn fingerprint(&self) -> Fingerprint {
+        Fingerprint::of(self)
+    }
+}
+
+fn validate_email(email: &str) -> Result<(), InvalidOrder> {
+    let bad = || InvalidOrder(format!("{email:?} does not look like an email address"));
+    if email.len() > 254 || email.chars().any(char::is_whitespace) {
+        return Err(bad());
+    }
+    let (local, domain) = email.split_once('@').ok_or_else(bad)?;
+    if local.is_empty() || domain.contains('@') || !domain.contains('.') || domain.ends_with('.') {
+        return Err(bad());
+    }
+    Ok(())
+}
+
+/// A placed order, as pages and the API show it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Order {
+    pub id: Uuid,
+    pub status: String,
+    pub lines: Vec<OrderLine>,
+    pub total_cents: i64,
+    pub email: Option<String>,
+    pub customer_name: Option<String>,
+    pub created_at: DateTime<Utc>,
+}
+
+/// One line of a placed order, with the unit price captured when it was placed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
+pub struct OrderLine {
+    pub sku: String,
+    pub name: String,
+    pub quantity: i32,
+    pub unit_price_cents: i64,
+}
+
+impl Order {
+    pub fn total(&self) -> String {
+        format_cents(self.total_cents)
+    }
+
+    /// A short reference for people: the first 8 characters of the id.
+    pub fn reference(&self) -> String {
+        self.id.simple().to_string()[..8].to_uppercase()
+    }
+}
+
+impl OrderLine {
+    pub fn unit_price(&self) -> String {
+        format_cents(self.unit_price_cents)
+    }
+
+    pub fn line_total(&self) -> String {
+        format_cents(self.unit_price_cents * i64::from(self.quantity))
+    }
+}
+
+/// A SKU an order wanted more of than was available.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shortage {
+    pub sku: String,
+    pub requested: i32,
+    pub available: i32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sku(s: &str) -> Sku {
+        Sku::parse(s).unwrap()
+    }
+
+    #[test]
+    fn quantities_are_whole_numbers_within_the_cap() {
+        assert_eq!(Quantity::parse(" 3 ", 10).unwrap().get(), 3);
+        for bad in ["0", "-1", "11", "1.5", "two", "", "99999999999999999999"] {
+            assert!(Quantity::parse(bad, 10).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn lines_are_merged_per_sku_and_sorted() {
+        let req = OrderRequest::new(
+            vec![(sku("B-2"), 1), (sku("A-1"), 2), (sku("B-2"), 3)],
+            None,
+            None,
+            10,
+        )
+        .unwrap();
+        let lines: Vec<(&str, i32)> = req
+            .lines()
+            .iter()
+            .map(|l| (l.sku.as_str(), l.quantity.get()))
+            .collect();
+        assert_eq!(lines, [("A-1", 2), ("B-2", 4)]);
+        // Merged lines still respect the cap.
+        assert!(OrderRequest::new(vec![(sku("A-1"), 6), (sku("A-1"), 6)], None, None, 10).is_err());
+    }
+
+    #[test]
+    fn the_same_order_in_another_line_order_has_the_same_fingerprint() {
+        let a = OrderRequest::new(vec![(sku("A-1"), 1), (sku("B-2"), 2)], None, None, 10).unwrap();
+        let b = OrderRequest::new(vec![(sku("B-2"), 2), (sku("A-1"), 1)], None, None, 10).unwrap();
+        let c = OrderRequest::new(vec![(sku("B-2"), 1), (sku("A-1"), 1)], None, None, 10).unwrap();
+        assert_eq!(a.fingerprint(), b.fingerprint());
+        assert_ne!(a.fingerprint(), c.fingerprint());
+    }
+
+    #[test]
+    fn json_bodies_are_checked_field_by_field() {
+        let ok = serde_json::json!({"lines": [{"sku": "a-1", "quantity": 2}], "email": "a@b.co"});
+        let req = OrderRequest::from_json(&ok, 10).unwrap();
+        assert_eq!(req.lines()[0].sku.as_str(), "A-1");
+        for (body, needle) in [
+            (serde_json::json!([]), "JSON object"),
+            (serde_json::json!({}), "\"lines\" is required"),
+            (serde_json::json!({"lines": []}), "at least one line"),
+            (
+                serde_json::json!({"lines": [{"sku": 5, "quantity": 1}]}),
+                "\"sku\" must be a string",
+            ),
+            (
+                serde_json::json!({"lines": [{"sku": "A-1"}]}),
+                "\"quantity\" is required",
+            ),
+            (
+                serde_json::json!({"lines": [{"sku": "A-1", "quantity": 1.5}]}),
+                "whole number",
+            ),
+            (
+                serde_json::json!({"lines": [{"sku": "A-1", "quantity": "1"}]}),
+                "whole number",
+            ),
+            (
+                serde_json::json!({"lines": [{"sku": "A-1", "quantity": 0}]}),
+                "at least 1",
+            ),
+            (
+                serde_json::json!({"lines": [{"sku": "A-1", "quantity": 11}]}),
+                "at most 10",
+            ),
+            (
+                serde_json::json!({"lines": [{"sku": "no such", "quantity": 1}]}),
+                "not a valid SKU",
+            ),
+            (
+                serde_json::json!({"lines": [{"sku": "A-1", "quantity": 1}], "email": "nope"}),
+                "email",
+            ),
+        ] {
+            let err = OrderRequest::from_json(&body, 10).unwrap_err();
+            assert!(err.0.contains(needle), "{body}: {err}");
+        }
+    }
+}

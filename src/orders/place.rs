@@ -1,0 +1,409 @@
+//! Placing an order (DESIGN.md section 3):
+//!
+//! 1. the request arrives parsed ([`OrderRequest`]); unknown SKUs are refused, not stored;
+//! 2. the idempotency key is claimed, or its stored answer replayed;
+//! 3. a plain read answers "not enough stock" at once when that is already so;
+//! 4. the SKU leases are taken (strategy `redis-lock`), all or nothing, with a fence;
+//! 5. one transaction: conditional decrements in SKU order, the order and its lines, the
+//!    ledger rows, and the idempotency record;
+//! 6. the leases are released by compare-and-delete.
+//!
+//! Whatever Redis does, step 5's conditional update is what keeps stock from going below
+//! zero; a write whose fence is older than the row's is refused and retried under a fresh
+//! lease.
+
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::db::{self, OrderProduct};
+use super::{Order, OrderLine, OrderRequest, Shortage};
+use crate::catalog::Sku;
+use crate::config::{OrderStrategy, Settings};
+use crate::idempotency::{self, Begin, Claim, IdempotencyKey, Scope, StoredResponse};
+use crate::inventory::db::{Take, take_stock, take_stock_naive};
+use crate::locking::{Acquire, Lease, Redis};
+use crate::metrics::Metrics;
+
+/// What placing an order needs.
+#[derive(Clone, Copy)]
+pub struct OrderDeps<'a> {
+    pub db: &'a PgPool,
+    pub redis: &'a Redis,
+    pub settings: &'a Settings,
+    pub metrics: &'a Metrics,
+}
+
+/// A decided outcome; stored under the key and replayed for retries.
+#[derive(Debug, Clone)]
+pub enum Placement {
+    /// The order exists (201).
+    Placed { order: Order, replayed: bool },
+    /// Not enough stock for these SKUs; nothing was written (409).
+    Insufficient {
+        shortages: Vec<Shortage>,
+        replayed: bool,
+    },
+}
+
+/// Outcomes that are not stored: the client may retry with the same key.
+#[derive(Debug, thiserror::Error)]
+pub enum OrderError {
+    #[error("no product with SKU {}", .0.join(", "))]
+    UnknownSkus(Vec<String>),
+    #[error("this idempotency key was already used for a different request")]
+    KeyReused,
+    #[error("a request with this idempotency key is still being processed; retry shortly")]
+    InFlight,
+    #[error("these products are in high demand right now; please retry in a moment")]
+    Busy,
+    #[error("the order took too long and was cancelled; nothing was charged or reserved")]
+    TimedOut,
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+}
+
+impl OrderError {
+    fn outcome(&self) -> &'static str {
+        match self {
+            Self::UnknownSkus(_) => "invalid",
+            Self::KeyReused => "key_reused",
+            Self::InFlight => "in_flight",
+            Self::Busy | Self::TimedOut => "busy",
+            Self::Database(_) => "error",
+        }
+    }
+}
+
+/// How many times a write refused for a stale fence is retried under a fresh lease.
+const MAX_ATTEMPTS: usize = 5;
+
+/// Places `request` under `key`: the single entry point for pages and the API.
+#[tracing::instrument(skip_all, fields(scope = scope.as_str(), lines = request.lines().len()))]
+pub async fn place_order(
+    deps: OrderDeps<'_>,
+    scope: Scope,
+    key: &IdempotencyKey,
+    request: &OrderRequest,
+) -> Result<Placement, OrderError> {
+    let result = place(deps, scope, key, request).await;
+    let outcome = match &result {
+        Ok(Placement::Placed { replayed: true, .. })
+        | Ok(Placement::Insufficient { replayed: true, .. }) => "replayed",
+        Ok(Placement::Placed { .. }) => "placed",
+        Ok(Placement::Insufficient { .. }) => "insufficient",
+        Err(e) => e.outcome(),
+    };
+    deps.metrics.orders.with_label_values(&[outcome]).inc();
+    result
+}
+
+async fn place(
+    deps: OrderDeps<'_>,
+    scope: Scope,
+    key: &IdempotencyKey,
+    request: &OrderRequest,
+) -> Result<Placement, OrderError> {
+    let skus = request.skus();
+    let products = db::products_for(deps.db, &skus).await?;
+    let unknown: Vec<String> = skus
+        .iter()
+        .filter(|s| !products.iter().any(|p| p.sku == s.as_str()))
+        .map(|s| s.to_string())
+        .collect();
+    if !unknown.is_empty() {
+        return Err(OrderError::UnknownSkus(unknown));
+    }
+
+    let s = deps.settings;
+    let stale_after =
+        s.lease_wait + s.lease_ttl + s.fault_pause_after_lease + Duration::from_secs(5);
+    let claim =
+        match idempotency::begin(deps.db, scope, key, &request.fingerprint(), stale_after).await? {
+            Begin::Started(claim) => claim,
+            Begin::Replay(stored) => {
+                deps.metrics.idempotent_replays.inc();
+                return replay(stored);
+            }
+            Begin::Mismatch => return Err(OrderError::KeyReused),
+            Begin::InFlight => return Err(OrderError::InFlight),
+        };
+
+    let result = place_claimed(deps, &claim, request, &products).await;
+    if result.is_err() {
+        // Not a decided outcome: free the key so a retry starts afresh. (A committed order
+        // has already completed the record, which this leaves alone.)
+        if let Err(e) = idempotency::abandon(deps.db, &claim).await {
+            tracing::warn!(error = %e, "could not release an idempotency key");
+        }
+    }
+    result
+}
+
+/// A stored response, as the placement it recorded.
+fn replay(stored: StoredResponse) -> Result<Placement, OrderError> {
+    let corrupt = |e: serde_json::Error| OrderError::Database(sqlx::Error::Decode(Box::new(e)));
+    if stored.status == 201 {
+        let order = serde_json::from_value(stored.body).map_err(corrupt)?;
+        Ok(Placement::Placed {
+            order,
+            replayed: true,
+        })
+    } else {
+        #[derive(serde::Deserialize)]
+        struct Body {
+            shortages: Vec<Shortage>,
+        }
+        let body: Body = serde_json::from_value(stored.body).map_err(corrupt)?;
+        Ok(Placement::Insufficient {
+            shortages: body.shortages,
+            replayed: true,
+        })
+    }
+}
+
+fn shortages_of(request: &OrderRequest, available: &[(String, i32)]) -> Vec<Shortage> {
+    request
+        .lines()
+        .iter()
+        .filter_map(|line| {
+            let available = available
+                .iter()
+                .find(|(sku, _)| sku == line.sku.as_str())
+                .map_or(0, |(_, n)| *n);
+            (available < line.quantity.get()).then(|| Shortage {
+                sku: line.sku.to_string(),
+                requested: line.quantity.get(),
+                available: available.max(0),
+            })
+        })
+        .collect()
+}
+
+async fn place_claimed(
+    deps: OrderDeps<'_>,
+    claim: &Claim,
+    request: &OrderRequest,
+    products: &[OrderProduct],
+) -> Result<Placement, OrderError> {
+    let s = deps.settings;
+    // A plain read is a true answer at the moment it was read: when stock is already
+    // short, say so without queueing for a lease.
+    let seen: Vec<(String, i32)> = products
+        .iter()
+        .map(|p| (p.sku.clone(), p.available))
+        .collect();
+    let shortages = shortages_of(request, &seen);
+    if !shortages.is_empty() {
+        return store_insufficient(deps, claim, shortages).await;
+    }
+
+    let skus = request.skus();
+    let deadline = Instant::now() + s.lease_wait;
+    let mut attempts = 0;
+    loop {
+        let lease = match s.order_strategy {
+            OrderStrategy::RedisLock => {
+                let wait = deadline.saturating_duration_since(Instant::now());
+                let started = Instant::now();
+                let acquired = deps.redis.acquire(&skus, s.lease_ttl, wait).await;
+                deps.metrics
+                    .lease_wait
+                    .observe(started.elapsed().as_secs_f64());
+                deps.metrics
+                    .degraded
+                    .set(i64::from(deps.redis.is_degraded()));
+                match acquired {
+                    Acquire::Granted(lease) => Some(lease),
+                    Acquire::Degraded => None,
+                    Acquire::Busy => {
+                        deps.metrics.lease_timeouts.inc();
+                        return Err(OrderError::Busy);
+                    }
+                    Acquire::SoldOutHint(sku) => {
+                        // Confirm the hint against the database before answering.
+                        let now = crate::inventory::db::availability(deps.db, &skus).await?;
+                        let shortages = shortages_of(request, &now);
+                        if !shortages.is_empty() {
+                            return store_insufficient(deps, claim, shortages).await;
+                        }
+                        deps.redis.clear_sold_out(&sku).await;
+                        continue;
+                    }
+                }
+            }
+            OrderStrategy::PgAtomic | OrderStrategy::NaiveUnsafe => None,
+        };
+        attempts += 1;
+
+        if !s.fault_pause_after_lease.is_zero() {
+            tokio::time::sleep(s.fault_pause_after_lease).await;
+        }
+        let fence = lease.as_ref().map(|l| l.fence);
+        let outcome =
+            tokio::time::timeout(s.tx_timeout, transact(deps, claim, request, fence)).await;
+        release(deps.redis, lease.as_ref()).await;
+
+        match outcome {
+            Err(_) => return Err(OrderError::TimedOut),
+            Ok(Err(e)) => return Err(e),
+            Ok(Ok(Tx::Placed { order, sold_out })) => {
+                for sku in &sold_out {
+                    deps.redis.hint_sold_out(sku).await;
+                }
+                return Ok(Placement::Placed {
+                    order,
+                    replayed: false,
+                });
+            }
+            Ok(Ok(Tx::Short(shortages))) => {
+                for short in shortages.iter().filter(|s| s.available == 0) {
+                    if let Ok(sku) = Sku::parse(&short.sku) {
+                        deps.redis.hint_sold_out(&sku).await;
+                    }
+                }
+                return store_insufficient(deps, claim, shortages).await;
+            }
+            Ok(Ok(Tx::StaleFence { last_fence })) => {
+                // A newer lease wrote the row: ours had expired, or Redis forgot the
+                // counter. Make later tokens larger and try again under a fresh lease.
+                deps.metrics.stale_fences.inc();
+                tracing::warn!(fence, last_fence, "stock write refused for a stale fence");
+                deps.redis.raise_fence(last_fence).await;
+                if attempts >= MAX_ATTEMPTS || Instant::now() >= deadline {
+                    return Err(OrderError::Busy);
+                }
+            }
+        }
+    }
+}
+
+async fn release(redis: &Redis, lease: Option<&Lease>) {
+    if let Some(lease) = lease {
+        redis.release(lease).await;
+    }
+}
+
+enum Tx {
+    Placed { order: Order, sold_out: Vec<Sku> },
+    Short(Vec<Shortage>),
+    StaleFence { last_fence: i64 },
+}
+
+/// The one transaction of an order.
+async fn transact(
+    deps: OrderDeps<'_>,
+    claim: &Claim,
+    request: &OrderRequest,
+    fence: Option<i64>,
+) -> Result<Tx, OrderError> {
+    let naive = deps.settings.order_strategy == OrderStrategy::NaiveUnsafe;
+    let order_id = Uuid::new_v4();
+    let reference = order_id.to_string();
+    let actor = claim.scope.as_str();
+
+    let mut tx = deps.db.begin().await?;
+    let mut shortages = Vec::new();
+    let mut sold_out = Vec::new();
+    // Lines are sorted by SKU: every order locks stock rows in the same order.
+    for line in request.lines() {
+        let q = line.quantity.get();
+        let take = if naive {
+            take_stock_naive(&mut tx, &line.sku, q, &reference, actor).await?
+        } else {
+            take_stock(&mut tx, &line.sku, q, fence, &reference, actor).await?
+        };
+        match take {
+            Take::Taken { left } => {
+                if left == 0 {
+                    sold_out.push(line.sku.clone());
+                }
+            }
+            Take::Short { available } => shortages.push(Shortage {
+                sku: line.sku.to_string(),
+                requested: q,
+                available: available.max(0),
+            }),
+            Take::StaleFence { last_fence } => {
+                tx.rollback().await?;
+                return Ok(Tx::StaleFence { last_fence });
+            }
+        }
+    }
+    if !shortages.is_empty() {
+        tx.rollback().await?;
+        return Ok(Tx::Short(shortages));
+    }
+
+    // Prices as of this transaction, captured on the lines.
+    let products = db::products_for(&mut *tx, &request.skus()).await?;
+    let lines: Vec<OrderLine> = request
+        .lines()
+        .iter()
+        .map(|line| {
+            let product = products
+                .iter()
+                .find(|p| p.sku == line.sku.as_str())
+                .expect("products were checked before the transaction");
+            OrderLine {
+                sku: product.sku.clone(),
+                name: product.name.clone(),
+                quantity: line.quantity.get(),
+                unit_price_cents: product.price_cents,
+            }
+        })
+        .collect();
+    let order = Order {
+        id: order_id,
+        status: "placed".into(),
+        total_cents: lines
+            .iter()
+            .map(|l| l.unit_price_cents * i64::from(l.quantity))
+            .sum(),
+        lines,
+        email: request.email().map(str::to_string),
+        customer_name: request.name().map(str::to_string),
+        // Microsecond precision, as PostgreSQL stores it, so replays compare equal.
+        created_at: chrono::DateTime::from_timestamp_micros(Utc::now().timestamp_micros())
+            .expect("now is representable"),
+    };
+    match db::insert_order(&mut tx, &order, claim.scope.as_str(), claim.key.as_str()).await {
+        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+            // The key has an order from before its record was purged.
+            return Err(OrderError::KeyReused);
+        }
+        other => other?,
+    }
+    let stored = StoredResponse {
+        status: 201,
+        body: serde_json::to_value(&order).expect("orders serialise"),
+    };
+    if !idempotency::complete(&mut tx, claim, &stored).await? {
+        // Our claim was taken over as stale; the other request decides.
+        tx.rollback().await?;
+        return Err(OrderError::InFlight);
+    }
+    tx.commit().await?;
+    Ok(Tx::Placed { order, sold_out })
+}
+
+async fn store_insufficient(
+    deps: OrderDeps<'_>,
+    claim: &Claim,
+    shortages: Vec<Shortage>,
+) -> Result<Placement, OrderError> {
+    let stored = StoredResponse {
+        status: 409,
+        body: serde_json::json!({ "shortages": shortages }),
+    };
+    let mut conn = deps.db.acquire().await?;
+    if !idempotency::complete(&mut conn, claim, &stored).await? {
+        return Err(OrderError::InFlight);
+    }
+    Ok(Placement::Insufficient {
+        shortages,
+        replayed: false,
+    })
+}
