@@ -3,8 +3,6 @@
 //! exits. Every test gets its own database, cloned from a migrated template, and its own
 //! Redis key prefix, so tests run in parallel without sharing state.
 
-#![allow(dead_code)] // helpers used by some tests only
-
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
@@ -132,7 +130,6 @@ pub async fn test_settings() -> Settings {
 /// A running application and a client for it.
 pub struct TestApp {
     pub address: String,
-    pub port: u16,
     pub db: PgPool,
     pub settings: Settings,
     /// A client that keeps cookies and does not follow redirects.
@@ -169,7 +166,6 @@ pub async fn spawn_app_with(settings: Settings) -> TestApp {
         .unwrap();
     TestApp {
         address: format!("http://127.0.0.1:{port}"),
-        port,
         db,
         settings,
         client: client(),
@@ -248,6 +244,112 @@ impl TestApp {
             .expect("app has its own Redis")
             .stop();
     }
+
+    /// Starts this app's own Redis again, empty, on the same port.
+    pub async fn restart_redis(&mut self) {
+        let old = self.own_redis.take().expect("app has its own Redis");
+        let (dir, port) = (old.dir.clone(), old.port);
+        drop(old);
+        let redis =
+            tokio::task::spawn_blocking(move || LocalRedis::start(&dir, Some(port)).unwrap())
+                .await
+                .unwrap();
+        self.own_redis = Some(redis);
+    }
+
+    /// A direct Redis connection to this app's server.
+    pub async fn redis(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.settings.redis_url.clone().unwrap())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    }
+
+    /// Lease keys left in Redis under this app's prefix.
+    pub async fn leftover_leases(&self) -> Vec<String> {
+        let mut conn = self.redis().await;
+        redis::cmd("KEYS")
+            .arg(format!("{}lease:*", self.settings.redis_prefix))
+            .query_async(&mut conn)
+            .await
+            .unwrap()
+    }
+
+    /// POSTs an API order of `lines` under `key`.
+    pub async fn post_order(&self, key: &str, lines: &[(&str, i64)]) -> reqwest::Response {
+        post_order_to(&self.client, &self.address, key, lines).await
+    }
+
+    /// Stock of `sku`: `(on_hand, reserved)`.
+    pub async fn stock(&self, sku: &str) -> (i32, i32) {
+        sqlx::query_as("select on_hand, reserved from stock where sku = $1")
+            .bind(sku)
+            .fetch_one(&self.db)
+            .await
+            .unwrap()
+    }
+
+    pub async fn count(&self, sql: &'static str) -> i64 {
+        sqlx::query_scalar(sql).fetch_one(&self.db).await.unwrap()
+    }
+
+    /// Checks I1–I3 of DESIGN.md section 2 on this app's database.
+    pub async fn assert_invariants(&self) {
+        let mismatches = stockade::inventory::db::ledger_mismatches(&self.db)
+            .await
+            .unwrap();
+        assert!(
+            mismatches.is_empty(),
+            "I1: ledger disagrees with stock: {mismatches:?}"
+        );
+        // Units sold per SKU by orders equal the ledger's order movements.
+        let disagreements: Vec<(String, i64, i64)> = sqlx::query_as(
+            r#"select s.sku,
+                      coalesce((select sum(l.quantity) from order_lines l where l.sku = s.sku), 0)::bigint,
+                      coalesce((select -sum(m.delta) from stock_movements m
+                                 where m.sku = s.sku and m.reason = 'order'), 0)::bigint
+                 from stock s"#,
+        )
+        .fetch_all(&self.db)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|(_, sold, ledger)| sold != ledger)
+        .collect();
+        assert!(
+            disagreements.is_empty(),
+            "I1: orders vs ledger: {disagreements:?}"
+        );
+        let negative = self
+            .count("select count(*) from stock where on_hand < 0 or reserved < 0")
+            .await;
+        assert_eq!(negative, 0, "I2: negative stock");
+        let doubled = self
+            .count("select count(*) from (select 1 from orders group by idempotency_scope, idempotency_key having count(*) > 1) d")
+            .await;
+        assert_eq!(doubled, 0, "I3: two orders for one key");
+    }
+}
+
+/// POSTs an API order to `base`.
+pub async fn post_order_to(
+    client: &reqwest::Client,
+    base: &str,
+    key: &str,
+    lines: &[(&str, i64)],
+) -> reqwest::Response {
+    let lines: Vec<serde_json::Value> = lines
+        .iter()
+        .map(|(sku, q)| serde_json::json!({"sku": sku, "quantity": q}))
+        .collect();
+    client
+        .post(format!("{base}/api/v1/orders"))
+        .header("Idempotency-Key", key)
+        .json(&serde_json::json!({ "lines": lines }))
+        .send()
+        .await
+        .unwrap()
 }
 
 impl Drop for TestApp {
@@ -333,7 +435,7 @@ impl ServerProcess {
     }
 
     /// A process serving `app`'s database and Redis prefix.
-    pub async fn for_app(app: &TestApp, extra: &[(&str, String)]) -> ServerProcess {
+    pub async fn for_app(app: &TestApp, extra: &[(&str, String)], args: &[&str]) -> ServerProcess {
         let s = &app.settings;
         let mut env = vec![
             ("DATABASE_URL", s.database_url.clone().unwrap()),
@@ -344,7 +446,7 @@ impl ServerProcess {
             ("STOCKADE_DB_POOL_SIZE", "8".into()),
         ];
         env.extend(extra.iter().cloned());
-        ServerProcess::start(&env, &[]).await
+        ServerProcess::start(&env, args).await
     }
 
     /// SIGTERM, then wait for a clean exit; returns whether it exited successfully.
@@ -366,6 +468,22 @@ impl ServerProcess {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+}
+
+impl ServerProcess {
+    /// The process id, e.g. to read its memory use.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Peak resident memory (VmHWM) in KiB.
+    pub fn peak_rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
     }
 }
 

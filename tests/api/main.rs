@@ -5,4 +5,6 @@ mod browser;
 mod catalogue;
 mod health;
 mod helpers;
+mod orders;
 mod process;
+mod shop;

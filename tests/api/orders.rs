@@ -1,0 +1,468 @@
+//! Orders under concurrency, across server processes, with retries and faults.
+
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use rand::seq::SliceRandom;
+use stockade::config::OrderStrategy;
+
+use crate::helpers::{
+    ServerProcess, TestApp, post_order_to, spawn_app, spawn_app_with, spawn_app_with_own_redis,
+    test_settings,
+};
+
+/// What a hot-SKU race ended with.
+#[derive(Debug)]
+struct Race {
+    created: usize,
+    conflicts: usize,
+    other: Vec<u16>,
+    orders: i64,
+    on_hand: i32,
+    wall: Duration,
+    peak_rss_kib: Vec<u64>,
+}
+
+/// `buyers` concurrent buyers of one unit of a SKU with `stock` units, spread over two
+/// `stockade serve` processes sharing one database and Redis.
+async fn hot_sku_race(strategy: &str, stock: i32, buyers: usize) -> (TestApp, Race) {
+    let app = spawn_app().await;
+    app.add_product("HOT-1", "Hot thing", 4_900, stock).await;
+    let extra = [("STOCKADE_ORDER_STRATEGY", strategy.to_string())];
+    let args: &[&str] = if strategy == "naive-unsafe" {
+        &["--allow-unsafe"]
+    } else {
+        &[]
+    };
+    let servers = [
+        ServerProcess::for_app(&app, &extra, args).await,
+        ServerProcess::for_app(&app, &extra, args).await,
+    ];
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(buyers)
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let answers = join_all((0..buyers).map(|i| {
+        let (client, base) = (client.clone(), servers[i % 2].address.clone());
+        async move {
+            post_order_to(&client, &base, &format!("buyer-{i}"), &[("HOT-1", 1)])
+                .await
+                .status()
+                .as_u16()
+        }
+    }))
+    .await;
+    let wall = started.elapsed();
+    let race = Race {
+        created: answers.iter().filter(|s| **s == 201).count(),
+        conflicts: answers.iter().filter(|s| **s == 409).count(),
+        other: answers
+            .into_iter()
+            .filter(|s| *s != 201 && *s != 409)
+            .collect(),
+        orders: app.count("select count(*) from orders").await,
+        on_hand: app.stock("HOT-1").await.0,
+        wall,
+        peak_rss_kib: servers
+            .iter()
+            .filter_map(ServerProcess::peak_rss_kib)
+            .collect(),
+    };
+    println!(
+        "{strategy}: {buyers} buyers in {:.0} ms ({:.0} requests/s), {} orders, peak RSS {:?} KiB",
+        race.wall.as_secs_f64() * 1e3,
+        buyers as f64 / race.wall.as_secs_f64(),
+        race.orders,
+        race.peak_rss_kib
+    );
+    (app, race)
+}
+
+async fn assert_hot_sku_never_oversells(strategy: &str) {
+    let (app, race) = hot_sku_race(strategy, 10, 200).await;
+    assert_eq!(race.created, 10, "{strategy}: {race:?}");
+    assert_eq!(race.conflicts, 190, "{strategy}: {race:?}");
+    assert!(race.other.is_empty(), "{strategy}: {race:?}");
+    assert_eq!(race.orders, 10);
+    assert_eq!(race.on_hand, 0);
+    app.assert_invariants().await;
+    assert!(
+        app.leftover_leases().await.is_empty(),
+        "no lease key left behind"
+    );
+}
+
+#[tokio::test]
+async fn hot_sku_with_redis_leases_sells_exactly_its_stock_across_two_processes() {
+    assert_hot_sku_never_oversells("redis-lock").await;
+}
+
+#[tokio::test]
+async fn hot_sku_with_the_database_guard_alone_sells_exactly_its_stock() {
+    assert_hot_sku_never_oversells("pg-atomic").await;
+}
+
+#[tokio::test]
+async fn naive_read_then_write_oversells_the_same_race() {
+    // Proves the race above can fail: the same buyers against read-check-write.
+    let (app, race) = hot_sku_race("naive-unsafe", 10, 200).await;
+    assert!(
+        race.created > 10,
+        "naive-unsafe was expected to oversell: {race:?}"
+    );
+    assert_eq!(race.orders as usize, race.created);
+    // The ledger records every sale; the stock row lost updates, so they disagree.
+    let mismatches = stockade::inventory::db::ledger_mismatches(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(mismatches.len(), 1, "{mismatches:?}");
+}
+
+#[tokio::test]
+async fn naive_unsafe_refuses_to_start_without_allow_unsafe() {
+    let app = spawn_app().await;
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_stockade"))
+        .arg("serve")
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap())
+        .env("DATABASE_URL", app.settings.database_url.clone().unwrap())
+        .env("REDIS_URL", app.settings.redis_url.clone().unwrap())
+        .env("STOCKADE_ORDER_STRATEGY", "naive-unsafe")
+        .env("STOCKADE_LISTEN", "127.0.0.1:0")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--allow-unsafe"));
+}
+
+#[tokio::test]
+async fn naive_unsafe_shows_a_red_banner_on_every_page() {
+    let mut settings = test_settings().await;
+    settings.order_strategy = OrderStrategy::NaiveUnsafe;
+    let app = spawn_app_with(settings).await;
+    app.add_product("BAN-1", "Bannered", 100, 1).await;
+    for path in ["/", "/products/BAN-1", "/cart", "/no-such-page"] {
+        let (_, html) = app.get_text(path).await;
+        assert!(html.contains("unsafe-banner"), "{path}");
+    }
+    let safe = spawn_app().await;
+    let (_, html) = safe.get_text("/").await;
+    assert!(!html.contains("unsafe-banner"));
+}
+
+#[tokio::test]
+async fn multi_sku_orders_in_random_line_order_never_deadlock() {
+    let app = spawn_app().await;
+    let skus = ["MULTI-A", "MULTI-B", "MULTI-C", "MULTI-D"];
+    for sku in skus {
+        app.add_product(sku, sku, 1_000, 40).await;
+    }
+    let servers = [
+        ServerProcess::for_app(&app, &[], &[]).await,
+        ServerProcess::for_app(&app, &[], &[]).await,
+    ];
+    let client = reqwest::Client::new();
+    let answers = join_all((0..120).map(|i| {
+        let (client, base) = (client.clone(), servers[i % 2].address.clone());
+        let mut lines: Vec<(&str, i64)> = skus.iter().map(|s| (*s, 1 + (i % 2) as i64)).collect();
+        lines.shuffle(&mut rand::rng());
+        lines.truncate(2 + i % 3);
+        async move {
+            let res = post_order_to(&client, &base, &format!("multi-{i}"), &lines).await;
+            res.status().as_u16()
+        }
+    }))
+    .await;
+    let unexpected: Vec<u16> = answers
+        .iter()
+        .copied()
+        .filter(|s| *s != 201 && *s != 409)
+        .collect();
+    assert!(unexpected.is_empty(), "no 5xx, no deadlock: {unexpected:?}");
+    let created = answers.iter().filter(|s| **s == 201).count() as i64;
+    assert_eq!(app.count("select count(*) from orders").await, created);
+    assert!(created > 0);
+    app.assert_invariants().await;
+    for sku in skus {
+        let (on_hand, _) = app.stock(sku).await;
+        let sold: i64 = sqlx::query_scalar(
+            "select coalesce(sum(quantity), 0)::bigint from order_lines where sku = $1",
+        )
+        .bind(sku)
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+        assert_eq!(i64::from(on_hand) + sold, 40, "{sku}");
+    }
+    assert!(app.leftover_leases().await.is_empty());
+}
+
+#[tokio::test]
+async fn one_key_sent_twenty_times_at_once_makes_one_order() {
+    let app = spawn_app().await;
+    app.add_product("KEY-1", "Keyed", 2_500, 50).await;
+    let answers = join_all((0..20).map(|_| async {
+        let res = app.post_order("the-one-key", &[("KEY-1", 2)]).await;
+        let status = res.status().as_u16();
+        let retry_after = res.headers().contains_key("retry-after");
+        let body: serde_json::Value = res.json().await.unwrap();
+        (status, retry_after, body)
+    }))
+    .await;
+    let orders = app.count("select count(*) from orders").await;
+    assert_eq!(orders, 1);
+    let id: String = sqlx::query_scalar("select id::text from orders")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    for (status, retry_after, body) in &answers {
+        match status {
+            201 => assert_eq!(body["id"], id.as_str()),
+            409 => assert!(*retry_after, "in-flight answers say when to retry"),
+            other => panic!("unexpected {other}: {body}"),
+        }
+    }
+    assert_eq!(app.stock("KEY-1").await.0, 48, "stock taken once");
+
+    let res = app.post_order("the-one-key", &[("KEY-1", 2)]).await;
+    assert_eq!(res.status().as_u16(), 201);
+    assert_eq!(res.headers()["idempotency-replayed"], "true");
+    let body: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(body["id"], id.as_str());
+    app.assert_invariants().await;
+}
+
+#[tokio::test]
+async fn the_same_key_with_another_body_is_refused_and_changes_nothing() {
+    let app = spawn_app().await;
+    app.add_product("KEY-2", "Keyed", 2_500, 50).await;
+    let first = app.post_order("reused", &[("KEY-2", 1)]).await;
+    assert_eq!(first.status().as_u16(), 201);
+    let first: serde_json::Value = first.json().await.unwrap();
+
+    let res = app.post_order("reused", &[("KEY-2", 3)]).await;
+    assert_eq!(res.status().as_u16(), 422);
+    let problem: serde_json::Value = res.json().await.unwrap();
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("different request")
+    );
+
+    assert_eq!(app.count("select count(*) from orders").await, 1);
+    assert_eq!(app.stock("KEY-2").await.0, 49);
+    let order: serde_json::Value = app
+        .get(&format!("/api/v1/orders/{}", first["id"].as_str().unwrap()))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(order, first, "the first order is unchanged");
+}
+
+#[tokio::test]
+async fn not_enough_stock_is_decided_once_and_replayed() {
+    let app = spawn_app().await;
+    app.add_product("SHORT-1", "Short", 1_000, 2).await;
+    app.add_product("SHORT-2", "Plenty", 1_000, 50).await;
+    let res = app
+        .post_order("short", &[("SHORT-2", 1), ("SHORT-1", 3)])
+        .await;
+    assert_eq!(res.status().as_u16(), 409);
+    assert_eq!(res.headers()["content-type"], "application/problem+json");
+    let problem: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(
+        problem["shortages"],
+        serde_json::json!([{"sku": "SHORT-1", "requested": 3, "available": 2}])
+    );
+    assert!(problem["detail"].as_str().unwrap().contains("SHORT-1"));
+    assert_eq!(app.stock("SHORT-1").await.0, 2);
+    assert_eq!(app.stock("SHORT-2").await.0, 50, "nothing half-written");
+
+    // Stock arrives, but the key's answer was decided: the retry gets the same 409.
+    sqlx::query("update stock set on_hand = 10 where sku = 'SHORT-1'")
+        .execute(&app.db)
+        .await
+        .unwrap();
+    let res = app
+        .post_order("short", &[("SHORT-2", 1), ("SHORT-1", 3)])
+        .await;
+    assert_eq!(res.status().as_u16(), 409);
+    assert_eq!(res.headers()["idempotency-replayed"], "true");
+    assert_eq!(app.count("select count(*) from orders").await, 0);
+}
+
+#[tokio::test]
+async fn a_late_lease_holder_can_neither_release_nor_outwrite_its_successor() {
+    let app = spawn_app().await;
+    app.add_product("FENCE-1", "Fenced", 1_000, 5).await;
+    let redis = stockade::locking::Redis::connect_lazy(
+        app.settings.redis_url.as_deref().unwrap(),
+        &app.settings.redis_prefix,
+    )
+    .unwrap();
+    let sku = stockade::catalog::Sku::parse("FENCE-1").unwrap();
+    let grant = |r: stockade::locking::Acquire| match r {
+        stockade::locking::Acquire::Granted(lease) => lease,
+        other => panic!("expected a lease, got {other:?}"),
+    };
+    let skus = [sku.clone()];
+    let late = grant(
+        redis
+            .acquire(&skus, Duration::from_millis(100), Duration::ZERO)
+            .await,
+    );
+    // While held, nobody else gets it.
+    assert!(matches!(
+        redis
+            .acquire(&skus, Duration::from_secs(5), Duration::from_millis(20))
+            .await,
+        stockade::locking::Acquire::Busy
+    ));
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let next = grant(
+        redis
+            .acquire(&skus, Duration::from_secs(5), Duration::ZERO)
+            .await,
+    );
+    assert!(next.fence > late.fence, "fencing tokens increase");
+
+    // The successor writes; the late holder's write is refused by the stock row.
+    let take = |fence: i64| {
+        let (db, sku) = (app.db.clone(), sku.clone());
+        async move {
+            let mut tx = db.begin().await.unwrap();
+            let r = stockade::inventory::db::take_stock(&mut tx, &sku, 1, Some(fence), "t", "test")
+                .await
+                .unwrap();
+            tx.commit().await.unwrap();
+            r
+        }
+    };
+    assert_eq!(
+        take(next.fence).await,
+        stockade::inventory::db::Take::Taken { left: 4 }
+    );
+    assert_eq!(
+        take(late.fence).await,
+        stockade::inventory::db::Take::StaleFence {
+            last_fence: next.fence
+        }
+    );
+    assert_eq!(app.stock("FENCE-1").await.0, 4);
+
+    // The late release leaves the successor's lease in place; the successor's own works.
+    assert_eq!(redis.release(&late).await, 0);
+    assert_eq!(app.leftover_leases().await.len(), 1);
+    assert_eq!(redis.release(&next).await, 1);
+    assert!(app.leftover_leases().await.is_empty());
+}
+
+#[tokio::test]
+async fn a_stalled_holder_whose_lease_expired_is_fenced_off_and_retries() {
+    // Process A stalls after taking its lease, longer than the lease lives.
+    let mut slow = test_settings().await;
+    slow.lease_ttl = Duration::from_millis(300);
+    slow.tx_timeout = Duration::from_millis(250);
+    slow.statement_timeout = Duration::from_millis(250);
+    slow.fault_pause_after_lease = Duration::from_millis(800);
+    let app_a = spawn_app_with(slow.clone()).await;
+    app_a.add_product("STALL-1", "Stalled", 1_000, 2).await;
+    // Process B shares the database and Redis, and does not stall.
+    let mut fast = slow.clone();
+    fast.fault_pause_after_lease = Duration::ZERO;
+    fast.listen = "127.0.0.1:0".parse().unwrap();
+    let app_b = spawn_app_with(fast).await;
+
+    let a = app_a.post_order("stalled", &[("STALL-1", 1)]);
+    let b = async {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        app_b.post_order("prompt", &[("STALL-1", 1)]).await
+    };
+    let (a, b) = tokio::join!(a, b);
+    assert_eq!(b.status().as_u16(), 201, "B bought while A stalled");
+    assert_eq!(a.status().as_u16(), 201, "A retried under a fresh lease");
+    assert_eq!(app_a.stock("STALL-1").await.0, 0);
+    assert_eq!(app_a.count("select count(*) from orders").await, 2);
+    app_a.assert_invariants().await;
+    let metrics = app_a.get_text("/metrics").await.1;
+    assert!(
+        metrics.contains("stockade_stale_fence_refusals_total 1"),
+        "A's first write was refused: {metrics}"
+    );
+}
+
+/// One concurrent buyer of one `DOWN-1` per key in `range`; their statuses.
+async fn buy(app: &TestApp, range: std::ops::Range<usize>) -> Vec<u16> {
+    join_all(range.map(|i| async move {
+        app.post_order(&format!("down-{i}"), &[("DOWN-1", 1)])
+            .await
+            .status()
+            .as_u16()
+    }))
+    .await
+}
+
+#[tokio::test]
+async fn orders_continue_on_the_database_guard_while_redis_is_down() {
+    let mut app = spawn_app_with_own_redis().await;
+    app.add_product("DOWN-1", "Downtime", 1_000, 30).await;
+    let before = buy(&app, 0..20).await;
+    assert!(before.iter().all(|s| *s == 201), "{before:?}");
+
+    app.stop_redis();
+    let during = buy(&app, 20..60).await;
+    assert_eq!(
+        during.iter().filter(|s| **s == 201).count(),
+        10,
+        "{during:?}"
+    );
+    assert_eq!(
+        during.iter().filter(|s| **s == 409).count(),
+        30,
+        "{during:?}"
+    );
+    assert_eq!(app.stock("DOWN-1").await.0, 0);
+    let ready: serde_json::Value = app.get("/readyz").await.json().await.unwrap();
+    assert_eq!(ready["order_guard"], "degraded");
+    let metrics = app.get_text("/metrics").await.1;
+    assert!(
+        metrics.contains("stockade_lease_layer_degraded 1"),
+        "{metrics}"
+    );
+
+    // Redis returns (empty): leases are used again, without a restart.
+    app.restart_redis().await;
+    sqlx::query("update stock set on_hand = 5 where sku = 'DOWN-1'")
+        .execute(&app.db)
+        .await
+        .unwrap();
+    sqlx::query(
+        "insert into stock_movements (sku, delta, reason, actor) values ('DOWN-1', 5, 'restock', 'test')",
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
+    let after = buy(&app, 60..70).await;
+    assert_eq!(after.iter().filter(|s| **s == 201).count(), 5, "{after:?}");
+    let mut conn = app.redis().await;
+    let fence: Option<i64> = redis::cmd("GET")
+        .arg(format!("{}fence", app.settings.redis_prefix))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        fence.is_some_and(|f| f >= 5),
+        "the restarted Redis issued leases: {fence:?}"
+    );
+    let metrics = app.get_text("/metrics").await.1;
+    assert!(
+        metrics.contains("stockade_lease_layer_degraded 0"),
+        "{metrics}"
+    );
+    app.assert_invariants().await;
+    assert_eq!(app.count("select count(*) from orders").await, 35);
+}
