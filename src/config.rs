@@ -113,6 +113,12 @@ pub struct Settings {
     pub lease_wait: Duration,
     /// `STOCKADE_MAX_LINE_QUANTITY`: most units of one SKU in one order.
     pub max_line_quantity: i32,
+    /// `STOCKADE_HOLD_SECONDS`: how long a checkout hold keeps stock for the shopper.
+    pub hold_ttl: Duration,
+    /// `STOCKADE_HOLD_MAX_PER_SKU`: most units of one SKU a checkout may hold.
+    pub hold_max_per_sku: i32,
+    /// `STOCKADE_SWEEP_INTERVAL_MS`: how often each process releases expired holds.
+    pub sweep_interval: Duration,
     /// `STOCKADE_IDEMPOTENCY_TTL_HOURS`: completed idempotency keys are kept this long.
     pub idempotency_ttl_hours: u32,
     /// Fault injection for tests: pause this long after taking leases, before the
@@ -143,6 +149,9 @@ impl Default for Settings {
             lease_wait: Duration::from_millis(2_000),
             max_line_quantity: 10,
             idempotency_ttl_hours: 24,
+            hold_ttl: Duration::from_secs(600),
+            hold_max_per_sku: 5,
+            sweep_interval: Duration::from_millis(1_000),
             fault_pause_after_lease: Duration::ZERO,
             log_format: LogFormat::Pretty,
             log_filter: "info".into(),
@@ -168,6 +177,9 @@ pub const VARIABLES: &[&str] = &[
     "STOCKADE_LEASE_WAIT_MS",
     "STOCKADE_MAX_LINE_QUANTITY",
     "STOCKADE_IDEMPOTENCY_TTL_HOURS",
+    "STOCKADE_HOLD_SECONDS",
+    "STOCKADE_HOLD_MAX_PER_SKU",
+    "STOCKADE_SWEEP_INTERVAL_MS",
     "STOCKADE_LOG_FORMAT",
     "STOCKADE_LOG",
 ];
@@ -262,6 +274,15 @@ impl Settings {
         }
         if let Some(v) = take("STOCKADE_IDEMPOTENCY_TTL_HOURS") {
             s.idempotency_ttl_hours = bounded("STOCKADE_IDEMPOTENCY_TTL_HOURS", &v, 24, 24 * 365)?;
+        }
+        if let Some(v) = take("STOCKADE_HOLD_SECONDS") {
+            s.hold_ttl = Duration::from_secs(bounded("STOCKADE_HOLD_SECONDS", &v, 1, 86_400)?);
+        }
+        if let Some(v) = take("STOCKADE_HOLD_MAX_PER_SKU") {
+            s.hold_max_per_sku = bounded("STOCKADE_HOLD_MAX_PER_SKU", &v, 1, 1_000_000)?;
+        }
+        if let Some(v) = take("STOCKADE_SWEEP_INTERVAL_MS") {
+            s.sweep_interval = millis("STOCKADE_SWEEP_INTERVAL_MS", &v)?;
         }
         if let Some(v) = take("STOCKADE_LOG_FORMAT") {
             s.log_format = v

@@ -131,7 +131,9 @@ impl From<crate::orders::OrderError> for AppError {
     fn from(e: crate::orders::OrderError) -> Self {
         use crate::orders::OrderError as E;
         match e {
-            E::UnknownSkus(_) | E::KeyReused => Self::Unprocessable(sentence(&e.to_string())),
+            E::UnknownSkus(_) | E::KeyReused | E::OverCap(_) => {
+                Self::Unprocessable(sentence(&e.to_string()))
+            }
             E::InFlight => Self::Conflict {
                 message: sentence(&e.to_string()),
                 retry_after: Some(1),
@@ -168,5 +170,21 @@ pub fn sentence(s: &str) -> String {
         s
     } else {
         s + "."
+    }
+}
+
+impl From<crate::holds::HoldError> for AppError {
+    fn from(e: crate::holds::HoldError) -> Self {
+        use crate::holds::HoldError as E;
+        match e {
+            E::NotFound => Self::NotFound(sentence(&e.to_string())),
+            E::Released | E::AlreadyConfirmed(_) => Self::conflict(sentence(&e.to_string())),
+            E::Insufficient(ref shortages) => Self::Conflict {
+                message: sentence(&e.to_string()),
+                retry_after: None,
+                details: Some(serde_json::json!({ "shortages": shortages })),
+            },
+            E::Database(e) => Self::Database(e),
+        }
     }
 }

@@ -12,6 +12,8 @@ pub mod cli;
 pub mod config;
 /// The one application error and how it becomes a status code.
 pub mod error;
+/// Checkout holds: stock reserved for a while, confirmed once, released on expiry.
+pub mod holds;
 /// Everything that speaks HTTP: routes, pages, API, health.
 pub mod http;
 /// Idempotency keys: claim, replay, complete, purge.

@@ -57,6 +57,7 @@ impl Application {
             n => n,
         };
         spawn_idempotency_purge(db.clone(), settings.idempotency_ttl_hours);
+        crate::holds::spawn_sweeper(db.clone(), redis.clone(), settings.sweep_interval);
         let state = web::Data::new(AppState {
             db,
             redis,

@@ -25,3 +25,22 @@ window.addEventListener("pageshow", (event) => {
 });
 
 document.addEventListener("DOMContentLoaded", guardForms);
+
+// The checkout countdown: "Held for you for 9:41", counting down to the hold's expiry.
+document.addEventListener("DOMContentLoaded", () => {
+  const countdown = document.getElementById("countdown");
+  if (!countdown) return;
+  const deadline = Date.now() + Number(countdown.dataset.seconds) * 1000;
+  const label = document.getElementById("time-left");
+  const tick = () => {
+    const left = Math.max(0, Math.round((deadline - Date.now()) / 1000));
+    label.textContent = `${Math.floor(left / 60)}:${String(left % 60).padStart(2, "0")}`;
+    if (left === 0) {
+      countdown.hidden = true;
+      document.getElementById("countdown-expired").hidden = false;
+      clearInterval(timer);
+    }
+  };
+  const timer = setInterval(tick, 1000);
+  tick();
+});

@@ -1,7 +1,7 @@
 //! The JSON API under `/api/v1`. Errors are RFC 9457 problem documents (rendered by the
 //! middleware); the contract is in DESIGN.md section 6.
 
-use actix_web::http::header;
+use actix_web::http::{StatusCode, header};
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Serialize;
 use uuid::Uuid;
@@ -10,8 +10,9 @@ use super::AppState;
 use super::middleware::problem_response;
 use crate::catalog::{self, ProductView, Sku};
 use crate::error::AppError;
+use crate::holds;
 use crate::idempotency::{IdempotencyKey, Scope};
-use crate::orders::{self, OrderRequest, Placement};
+use crate::orders::{self, OrderRequest, Placement, Shortage};
 
 /// Header that marks a response replayed from an idempotency record.
 pub const REPLAYED_HEADER: &str = "Idempotency-Replayed";
@@ -85,44 +86,129 @@ pub async fn post_orders(
     let key = idempotency_key(&req)?;
     let request = OrderRequest::from_json(&body, state.settings.max_line_quantity)?;
     let placement = orders::place_order(state.order_deps(), Scope::Api, &key, &request).await?;
-    Ok(match placement {
-        Placement::Placed { order, replayed } => {
-            let mut res = HttpResponse::Created();
-            res.insert_header((header::LOCATION, format!("/api/v1/orders/{}", order.id)));
-            if replayed {
-                res.insert_header((REPLAYED_HEADER, "true"));
-            }
-            res.json(order)
-        }
+    Ok(placement_response(&req, placement))
+}
+
+#[tracing::instrument(skip_all)]
+pub async fn post_holds(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    body: web::Json<serde_json::Value>,
+) -> Result<HttpResponse, AppError> {
+    let key = idempotency_key(&req)?;
+    let request = OrderRequest::from_json(&body, state.settings.max_line_quantity)?;
+    let placement = orders::place_hold(state.order_deps(), Scope::ApiHold, &key, &request).await?;
+    Ok(placement_response(&req, placement))
+}
+
+/// 201 with the order or hold and its `Location`, or 409 naming each short SKU.
+fn placement_response(req: &HttpRequest, placement: Placement) -> HttpResponse {
+    let (mut res, replayed) = match placement {
+        Placement::Placed { order, replayed } => (
+            HttpResponse::Created()
+                .insert_header((header::LOCATION, format!("/api/v1/orders/{}", order.id)))
+                .json(order),
+            replayed,
+        ),
+        Placement::Held { hold, replayed } => (
+            HttpResponse::Created()
+                .insert_header((header::LOCATION, format!("/api/v1/holds/{}", hold.id)))
+                .json(hold),
+            replayed,
+        ),
         Placement::Insufficient {
             shortages,
             replayed,
-        } => {
-            let detail = shortages
-                .iter()
-                .map(|s| {
-                    format!(
-                        "{}: {} requested, {} available",
-                        s.sku, s.requested, s.available
-                    )
-                })
-                .collect::<Vec<_>>()
-                .join("; ");
-            let mut res = problem_response(
-                &req,
-                actix_web::http::StatusCode::CONFLICT,
-                &format!("Not enough stock. {detail}."),
-                Some(serde_json::json!({ "shortages": shortages })),
-            );
-            if replayed {
-                res.headers_mut().insert(
-                    header::HeaderName::from_static("idempotency-replayed"),
-                    header::HeaderValue::from_static("true"),
-                );
+        } => (insufficient(req, &shortages), replayed),
+    };
+    if replayed {
+        res.headers_mut().insert(
+            header::HeaderName::from_static("idempotency-replayed"),
+            header::HeaderValue::from_static("true"),
+        );
+    }
+    res
+}
+
+fn insufficient(req: &HttpRequest, shortages: &[Shortage]) -> HttpResponse {
+    let detail = shortages
+        .iter()
+        .map(|s| {
+            format!(
+                "{}: {} requested, {} available",
+                s.sku, s.requested, s.available
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    problem_response(
+        req,
+        StatusCode::CONFLICT,
+        &format!("Not enough stock. {detail}."),
+        Some(serde_json::json!({ "shortages": shortages })),
+    )
+}
+
+fn hold_id(path: &str) -> Result<Uuid, AppError> {
+    Uuid::parse_str(path).map_err(|_| AppError::not_found(format!("No hold with id {path:?}.")))
+}
+
+pub async fn get_hold(
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, AppError> {
+    let hold = holds::db::find_hold(&state.db, hold_id(&path)?)
+        .await?
+        .ok_or_else(|| AppError::not_found(format!("No hold with id {:?}.", path.as_str())))?;
+    Ok(HttpResponse::Ok().json(hold))
+}
+
+/// Optional details for confirming a hold.
+#[derive(Debug, Default, serde::Deserialize)]
+pub struct ConfirmBody {
+    email: Option<String>,
+    name: Option<String>,
+}
+
+#[tracing::instrument(skip_all)]
+pub async fn post_hold_confirm(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    body: web::Bytes,
+) -> Result<HttpResponse, AppError> {
+    let id = hold_id(&path)?;
+    // The body is optional; when present it must be a JSON object.
+    let body: ConfirmBody = if body.iter().all(u8::is_ascii_whitespace) {
+        ConfirmBody::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| AppError::BadRequest(format!("The body is not valid JSON: {e}")))?
+    };
+    let details = OrderRequest::check_contact(body.email.as_deref(), body.name.as_deref())?;
+    match holds::confirm(&state.db, id, details.name(), details.email()).await {
+        Ok(confirmed) => {
+            let mut res = HttpResponse::Created();
+            res.insert_header((
+                header::LOCATION,
+                format!("/api/v1/orders/{}", confirmed.order.id),
+            ));
+            if confirmed.replayed {
+                res.insert_header((REPLAYED_HEADER, "true"));
             }
-            res
+            Ok(res.json(confirmed.order))
         }
-    })
+        Err(holds::HoldError::Insufficient(shortages)) => Ok(insufficient(&req, &shortages)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub async fn delete_hold(
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, AppError> {
+    holds::release(&state.db, &state.redis, hold_id(&path)?, "api").await?;
+    Ok(HttpResponse::NoContent().finish())
 }
 
 pub async fn get_order(

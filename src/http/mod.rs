@@ -47,13 +47,29 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .route("/cart/update", web::post().to(shop::post_cart_update))
         .route("/checkout", web::get().to(shop::get_checkout))
         .route("/checkout", web::post().to(shop::post_checkout))
+        .route("/checkout/{id}", web::get().to(shop::get_checkout_hold))
+        .route(
+            "/checkout/{id}/confirm",
+            web::post().to(shop::post_checkout_confirm),
+        )
+        .route(
+            "/checkout/{id}/cancel",
+            web::post().to(shop::post_checkout_cancel),
+        )
         .route("/orders/{id}", web::get().to(shop::get_order))
         .service(
             web::scope("/api/v1")
                 .route("/products", web::get().to(api::get_products))
                 .route("/products/{sku}", web::get().to(api::get_product))
                 .route("/orders", web::post().to(api::post_orders))
-                .route("/orders/{id}", web::get().to(api::get_order)),
+                .route("/orders/{id}", web::get().to(api::get_order))
+                .route("/holds", web::post().to(api::post_holds))
+                .route("/holds/{id}", web::get().to(api::get_hold))
+                .route("/holds/{id}", web::delete().to(api::delete_hold))
+                .route(
+                    "/holds/{id}/confirm",
+                    web::post().to(api::post_hold_confirm),
+                ),
         )
         .route("/healthz", web::get().to(health::get_healthz))
         .route("/readyz", web::get().to(health::get_readyz))

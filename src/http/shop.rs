@@ -1,8 +1,10 @@
 //! The shopping flow in pages: cart, checkout, order confirmation.
 //!
-//! The cart lives in a cookie. The checkout form carries its lines and a fresh idempotency
-//! key in hidden fields, so submitting it twice, refreshing the POST, or going back and
-//! submitting again all name the same order, and the server answers with that one order.
+//! The cart lives in a cookie. Its "Checkout" button carries the lines and a fresh
+//! idempotency key, and places a hold: the stock is the shopper's while they fill in their
+//! details, with a countdown. Placing the order confirms the hold; the hold id makes that
+//! idempotent, so submitting twice, refreshing the POST, or going back and submitting again
+//! all show the same single order.
 
 use std::time::{Duration, Instant};
 
@@ -16,6 +18,7 @@ use uuid::Uuid;
 use super::{AppState, Chrome};
 use crate::catalog::{Sku, format_cents};
 use crate::error::AppError;
+use crate::holds::{self, Hold, HoldError};
 use crate::idempotency::{IdempotencyKey, Scope};
 use crate::orders::{
     self, MAX_LINES, Order, OrderError, OrderRequest, Placement, Quantity, Shortage,
@@ -222,95 +225,61 @@ struct CartPage {
     lines: Vec<CartLine>,
     total: String,
     max_quantity: i32,
+    /// A fresh idempotency key for the "Checkout" form.
+    key: String,
+    encoded_lines: String,
+    error: Option<String>,
+    shortages: Vec<Shortage>,
+}
+
+async fn cart_page(
+    req: &HttpRequest,
+    state: &AppState,
+    error: Option<String>,
+    shortages: Vec<Shortage>,
+) -> Result<CartPage, AppError> {
+    let cart = Cart::from_request(req);
+    let lines = cart_lines(state, &cart).await?;
+    Ok(CartPage {
+        chrome: Chrome::new(req),
+        total: total(&lines),
+        lines,
+        max_quantity: max_quantity(state),
+        key: IdempotencyKey::generate().as_str().to_string(),
+        encoded_lines: cart.encode(),
+        error,
+        shortages,
+    })
 }
 
 pub async fn get_cart(
     req: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, AppError> {
-    let lines = cart_lines(&state, &Cart::from_request(&req)).await?;
-    let page = CartPage {
-        chrome: Chrome::new(&req),
-        total: total(&lines),
-        lines,
-        max_quantity: max_quantity(&state),
-    };
-    html(StatusCode::OK, &page)
+    html(
+        StatusCode::OK,
+        &cart_page(&req, &state, None, Vec::new()).await?,
+    )
 }
 
-#[derive(Template)]
-#[template(path = "shop/checkout.html")]
-struct CheckoutPage {
-    chrome: Chrome,
-    lines: Vec<CartLine>,
-    total: String,
-    encoded_lines: String,
-    key: String,
-    name: String,
-    email: String,
-    error: Option<String>,
-    shortages: Vec<Shortage>,
-}
-
-impl CheckoutPage {
-    fn any_short(&self) -> bool {
-        self.lines.iter().any(CartLine::short)
-    }
-}
-
-async fn checkout_page(
-    req: &HttpRequest,
-    state: &AppState,
-    cart: &Cart,
-    form: Option<&CheckoutForm>,
-    error: Option<String>,
-    shortages: Vec<Shortage>,
-) -> Result<CheckoutPage, AppError> {
-    let lines = cart_lines(state, cart).await?;
-    Ok(CheckoutPage {
-        chrome: Chrome::new(req),
-        total: total(&lines),
-        encoded_lines: cart.encode(),
-        lines,
-        // Every rendering of the form is a new attempt with a new key.
-        key: IdempotencyKey::generate().as_str().to_string(),
-        name: form.map(|f| f.name.clone()).unwrap_or_default(),
-        email: form.map(|f| f.email.clone()).unwrap_or_default(),
-        error,
-        shortages,
-    })
-}
-
-pub async fn get_checkout(
-    req: HttpRequest,
-    state: web::Data<AppState>,
-) -> Result<HttpResponse, AppError> {
-    let cart = Cart::from_request(&req);
-    if cart.lines.is_empty() {
-        return Ok(see_other("/cart"));
-    }
-    let page = checkout_page(&req, &state, &cart, None, None, Vec::new()).await?;
-    html(StatusCode::OK, &page)
+/// `/checkout` itself is the cart's "Checkout" button; a GET just goes to the cart.
+pub async fn get_checkout() -> HttpResponse {
+    see_other("/cart")
 }
 
 #[derive(Deserialize)]
-pub struct CheckoutForm {
+pub struct StartCheckoutForm {
     key: String,
     lines: String,
-    #[serde(default)]
-    name: String,
-    #[serde(default)]
-    email: String,
 }
 
-/// How long a repeated submission waits for the first one to finish.
-const WAIT_FOR_FIRST_SUBMISSION: Duration = Duration::from_secs(10);
-
+/// Starts checkout: places a hold on the cart's lines, so the stock is the shopper's while
+/// they fill in the form. Pressing the button twice places one hold.
 #[tracing::instrument(skip_all)]
 pub async fn post_checkout(
     req: HttpRequest,
     state: web::Data<AppState>,
-    form: web::Form<CheckoutForm>,
+    form: web::Form<StartCheckoutForm>,
 ) -> Result<HttpResponse, AppError> {
     let key = IdempotencyKey::parse(&form.key).map_err(|_| {
         AppError::BadRequest("This checkout form is damaged; please start checkout again.".into())
@@ -321,67 +290,180 @@ pub async fn post_checkout(
             "This checkout form has no products in it; please start checkout again.".into(),
         ));
     }
-    let invalid = |message: String| async {
-        let page =
-            checkout_page(&req, &state, &cart, Some(&form), Some(message), Vec::new()).await?;
-        html(StatusCode::UNPROCESSABLE_ENTITY, &page)
-    };
-    if form.name.trim().is_empty() {
-        return invalid("Please tell us your name.".into()).await;
-    }
-    if form.email.trim().is_empty() {
-        return invalid("Please give an email address for the receipt.".into()).await;
-    }
     let lines = cart
         .lines
         .iter()
         .map(|(s, n)| (s.clone(), i64::from(*n)))
         .collect();
-    let request = match OrderRequest::new(
-        lines,
-        Some(&form.email),
-        Some(&form.name),
-        max_quantity(&state),
-    ) {
-        Ok(request) => request,
-        Err(e) => return invalid(crate::error::sentence(&e.0)).await,
-    };
+    let request = OrderRequest::new(lines, None, None, max_quantity(&state))?;
 
-    // A second submission of the same form waits for the first and shows its order.
+    // A second press of the same button waits for the first and goes where it went.
     let started = Instant::now();
     let placement = loop {
-        match orders::place_order(state.order_deps(), Scope::Page, &key, &request).await {
+        match orders::place_hold(state.order_deps(), Scope::Page, &key, &request).await {
             Err(OrderError::InFlight) if started.elapsed() < WAIT_FOR_FIRST_SUBMISSION => {
                 tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(OrderError::KeyReused) => {
-                return invalid(
-                    "This checkout form was already used for a different order. \
-                     Please check the order below and submit again."
-                        .into(),
-                )
-                .await;
             }
             other => break other?,
         }
     };
     match placement {
-        Placement::Placed { order, .. } => Ok(HttpResponse::SeeOther()
-            .insert_header((header::LOCATION, format!("/orders/{}", order.id)))
-            .cookie(Cart::default().cookie())
-            .finish()),
+        Placement::Held { hold, .. } => Ok(see_other(&format!("/checkout/{}", hold.id))),
+        Placement::Placed { order, .. } => Ok(see_other(&format!("/orders/{}", order.id))),
         Placement::Insufficient { shortages, .. } => {
-            let page = checkout_page(
-                &req,
-                &state,
-                &cart,
-                Some(&form),
-                Some("Some products sold out while you were checking out.".into()),
-                shortages,
-            )
-            .await?;
+            let message = "Some products are no longer available in the quantity you chose.";
+            let page = cart_page(&req, &state, Some(message.into()), shortages).await?;
             html(StatusCode::CONFLICT, &page)
         }
+    }
+}
+
+/// How long a repeated submission waits for the first one to finish.
+const WAIT_FOR_FIRST_SUBMISSION: Duration = Duration::from_secs(10);
+
+#[derive(Template)]
+#[template(path = "shop/checkout.html")]
+struct CheckoutPage {
+    chrome: Chrome,
+    hold: Hold,
+    name: String,
+    email: String,
+    error: Option<String>,
+    shortages: Vec<Shortage>,
+}
+
+fn parse_hold_id(raw: &str) -> Result<Uuid, AppError> {
+    Uuid::parse_str(raw).map_err(|_| AppError::not_found("We have no checkout with this number."))
+}
+
+async fn find_hold(state: &AppState, id: Uuid) -> Result<Hold, AppError> {
+    holds::db::find_hold(&state.db, id)
+        .await?
+        .ok_or_else(|| AppError::not_found("We have no checkout with this number."))
+}
+
+pub async fn get_checkout_hold(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, AppError> {
+    let hold = find_hold(&state, parse_hold_id(&path)?).await?;
+    if let Some(order_id) = hold.order_id {
+        return Ok(see_other(&format!("/orders/{order_id}")));
+    }
+    let page = CheckoutPage {
+        chrome: Chrome::new(&req),
+        name: hold.customer_name.clone().unwrap_or_default(),
+        email: hold.email.clone().unwrap_or_default(),
+        hold,
+        error: None,
+        shortages: Vec::new(),
+    };
+    html(StatusCode::OK, &page)
+}
+
+#[derive(Deserialize)]
+pub struct ConfirmForm {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    email: String,
+}
+
+/// Places the order: the hold becomes an order once, however often this is sent.
+#[tracing::instrument(skip_all)]
+pub async fn post_checkout_confirm(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    form: web::Form<ConfirmForm>,
+) -> Result<HttpResponse, AppError> {
+    let id = parse_hold_id(&path)?;
+    let again = |status, error: &str, shortages| {
+        checkout_again(
+            &req,
+            &state,
+            id,
+            &form,
+            status,
+            error.to_string(),
+            shortages,
+        )
+    };
+    if form.name.trim().is_empty() {
+        return again(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Please tell us your name.",
+            vec![],
+        )
+        .await;
+    }
+    if form.email.trim().is_empty() {
+        return again(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Please give an email address for the receipt.",
+            vec![],
+        )
+        .await;
+    }
+    let contact = match OrderRequest::check_contact(Some(&form.email), Some(&form.name)) {
+        Ok(contact) => contact,
+        Err(e) => {
+            let message = crate::error::sentence(&e.0);
+            return again(StatusCode::UNPROCESSABLE_ENTITY, &message, vec![]).await;
+        }
+    };
+    match holds::confirm(&state.db, id, contact.name(), contact.email()).await {
+        Ok(confirmed) => Ok(HttpResponse::SeeOther()
+            .insert_header((header::LOCATION, format!("/orders/{}", confirmed.order.id)))
+            .cookie(Cart::default().cookie())
+            .finish()),
+        Err(HoldError::Insufficient(shortages)) => {
+            let message = "Your reservation expired, and meanwhile these products sold out.";
+            again(StatusCode::CONFLICT, message, shortages).await
+        }
+        Err(HoldError::NotFound) => {
+            Err(AppError::not_found("We have no checkout with this number."))
+        }
+        Err(HoldError::Released) => {
+            let message = "You cancelled this checkout. Start again from your cart.";
+            again(StatusCode::CONFLICT, message, vec![]).await
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The checkout page again, with what went wrong.
+async fn checkout_again(
+    req: &HttpRequest,
+    state: &AppState,
+    id: Uuid,
+    form: &ConfirmForm,
+    status: StatusCode,
+    error: String,
+    shortages: Vec<Shortage>,
+) -> Result<HttpResponse, AppError> {
+    let page = CheckoutPage {
+        chrome: Chrome::new(req),
+        hold: find_hold(state, id).await?,
+        name: form.name.clone(),
+        email: form.email.clone(),
+        error: Some(error),
+        shortages,
+    };
+    html(status, &page)
+}
+
+/// Leaves checkout: the held stock goes back on sale at once.
+pub async fn post_checkout_cancel(
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, AppError> {
+    let id = parse_hold_id(&path)?;
+    match holds::release(&state.db, &state.redis, id, "shopper").await {
+        Ok(_) => Ok(see_other("/cart")),
+        Err(HoldError::AlreadyConfirmed(order_id)) => Ok(see_other(&format!("/orders/{order_id}"))),
+        Err(e) => Err(e.into()),
     }
 }
 

@@ -61,7 +61,11 @@ impl IdempotencyKey {
 /// Who a key belongs to: API clients and checkout forms have separate key spaces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
+    /// API orders.
     Api,
+    /// API holds.
+    ApiHold,
+    /// Checkout forms (which place holds).
     Page,
 }
 
@@ -69,6 +73,7 @@ impl Scope {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Api => "api",
+            Self::ApiHold => "api-hold",
             Self::Page => "page",
         }
     }

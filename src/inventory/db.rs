@@ -66,9 +66,9 @@ pub enum Take {
     StaleFence { last_fence: i64 },
 }
 
-/// Takes `quantity` units of `sku` with one conditional statement: the row changes only if
-/// enough is available and, with a `fence`, only if no newer lease has written it. Writes
-/// the ledger row in the same transaction.
+/// Takes `quantity` units of `sku` for an order with one conditional statement: the row
+/// changes only if enough is available and, with a `fence`, only if no newer lease has
+/// written it. Writes the ledger row in the same transaction.
 pub async fn take_stock(
     conn: &mut PgConnection,
     sku: &Sku,
@@ -92,11 +92,105 @@ pub async fn take_stock(
     .bind(fence)
     .fetch_optional(&mut *conn)
     .await?;
-    if let Some(left) = left {
-        record_movement(conn, sku, -quantity, "order", reference, actor).await?;
-        return Ok(Take::Taken { left });
+    match left {
+        Some(left) => {
+            record_movement(conn, sku, -quantity, 0, "order", reference, actor).await?;
+            Ok(Take::Taken { left })
+        }
+        None => why_not(conn, sku, quantity, fence).await,
     }
-    // Nothing changed: say why, from the row as this transaction now sees it.
+}
+
+/// Reserves `quantity` units of `sku` for a hold: `reserved += quantity` under the same
+/// conditions as [`take_stock`].
+pub async fn reserve_stock(
+    conn: &mut PgConnection,
+    sku: &Sku,
+    quantity: i32,
+    fence: Option<i64>,
+    reference: &str,
+    actor: &str,
+) -> sqlx::Result<Take> {
+    let left: Option<i32> = sqlx::query_scalar(
+        r#"update stock
+              set reserved = reserved + $2,
+                  last_fence = greatest(last_fence, $3),
+                  updated_at = now()
+            where sku = $1
+              and on_hand - reserved >= $2
+              and ($3::bigint is null or last_fence <= $3)
+        returning on_hand - reserved"#,
+    )
+    .bind(sku.as_str())
+    .bind(quantity)
+    .bind(fence)
+    .fetch_optional(&mut *conn)
+    .await?;
+    match left {
+        Some(left) => {
+            record_movement(conn, sku, 0, quantity, "hold", reference, actor).await?;
+            Ok(Take::Taken { left })
+        }
+        None => why_not(conn, sku, quantity, fence).await,
+    }
+}
+
+/// Sells units that a hold reserved: `on_hand −= q, reserved −= q`. False when fewer than
+/// `quantity` units are reserved (which a locked, active hold rules out).
+pub async fn sell_reserved(
+    conn: &mut PgConnection,
+    sku: &Sku,
+    quantity: i32,
+    reference: &str,
+    actor: &str,
+) -> sqlx::Result<bool> {
+    let changed = sqlx::query(
+        r#"update stock
+              set on_hand = on_hand - $2, reserved = reserved - $2, updated_at = now()
+            where sku = $1 and reserved >= $2"#,
+    )
+    .bind(sku.as_str())
+    .bind(quantity)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if changed == 1 {
+        record_movement(conn, sku, -quantity, -quantity, "order", reference, actor).await?;
+    }
+    Ok(changed == 1)
+}
+
+/// Returns reserved units to sale (`reserved −= q`); `reason` is `release` or `expire`.
+pub async fn unreserve(
+    conn: &mut PgConnection,
+    sku: &Sku,
+    quantity: i32,
+    reason: &str,
+    reference: &str,
+    actor: &str,
+) -> sqlx::Result<bool> {
+    let changed = sqlx::query(
+        r#"update stock set reserved = reserved - $2, updated_at = now()
+            where sku = $1 and reserved >= $2"#,
+    )
+    .bind(sku.as_str())
+    .bind(quantity)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if changed == 1 {
+        record_movement(conn, sku, 0, -quantity, reason, reference, actor).await?;
+    }
+    Ok(changed == 1)
+}
+
+/// Why a conditional update changed nothing, from the row as this transaction sees it.
+async fn why_not(
+    conn: &mut PgConnection,
+    sku: &Sku,
+    quantity: i32,
+    fence: Option<i64>,
+) -> sqlx::Result<Take> {
     let (available, last_fence): (i32, i64) =
         sqlx::query_as("select on_hand - reserved, last_fence from stock where sku = $1")
             .bind(sku.as_str())
@@ -137,27 +231,29 @@ pub async fn take_stock_naive(
         .bind(on_hand - quantity)
         .execute(&mut *conn)
         .await?;
-    record_movement(conn, sku, -quantity, "order", reference, actor).await?;
+    record_movement(conn, sku, -quantity, 0, "order", reference, actor).await?;
     Ok(Take::Taken {
         left: on_hand - quantity - reserved,
     })
 }
 
-/// Appends one ledger row.
+/// Appends one ledger row: `delta` to on_hand, `reserved_delta` to reserved.
 pub async fn record_movement(
     conn: &mut PgConnection,
     sku: &Sku,
     delta: i32,
+    reserved_delta: i32,
     reason: &str,
     reference: &str,
     actor: &str,
 ) -> sqlx::Result<()> {
     sqlx::query(
-        r#"insert into stock_movements (sku, delta, reason, reference, actor)
-           values ($1, $2, $3, $4, $5)"#,
+        r#"insert into stock_movements (sku, delta, reserved_delta, reason, reference, actor)
+           values ($1, $2, $3, $4, $5, $6)"#,
     )
     .bind(sku.as_str())
     .bind(delta)
+    .bind(reserved_delta)
     .bind(reason)
     .bind(reference)
     .bind(actor)

@@ -5,7 +5,7 @@
 pub mod db;
 mod place;
 
-pub use place::{OrderDeps, OrderError, Placement, place_order};
+pub use place::{OrderDeps, OrderError, Placement, place_hold, place_order};
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -102,20 +102,9 @@ impl OrderRequest {
                 Ok(RequestLine { sku, quantity })
             })
             .collect::<Result<Vec<_>, InvalidOrder>>()?;
-        let email = email.map(str::trim).filter(|e| !e.is_empty());
-        if let Some(email) = email {
-            validate_email(email)?;
-        }
-        let name = name.map(str::trim).filter(|n| !n.is_empty());
-        if let Some(name) = name
-            && name.chars().count() > 200
-        {
-            return Err(InvalidOrder("name must be at most 200 characters".into()));
-        }
         Ok(Self {
             lines,
-            email: email.map(str::to_string),
-            name: name.map(str::to_string),
+            ..Self::check_contact(email, name)?
         })
     }
 
@@ -153,6 +142,25 @@ impl OrderRequest {
             }
         };
         Self::new(lines, text("email")?, text("name")?, max_quantity)
+    }
+
+    /// Checks contact details alone (for confirming a hold); the result has no lines.
+    pub fn check_contact(email: Option<&str>, name: Option<&str>) -> Result<Self, InvalidOrder> {
+        let email = email.map(str::trim).filter(|e| !e.is_empty());
+        if let Some(email) = email {
+            validate_email(email)?;
+        }
+        let name = name.map(str::trim).filter(|n| !n.is_empty());
+        if let Some(name) = name
+            && name.chars().count() > 200
+        {
+            return Err(InvalidOrder("name must be at most 200 characters".into()));
+        }
+        Ok(Self {
+            lines: Vec::new(),
+            email: email.map(str::to_string),
+            name: name.map(str::to_string),
+        })
     }
 
     pub fn lines(&self) -> &[RequestLine] {

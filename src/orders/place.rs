@@ -22,8 +22,9 @@ use super::db::{self, OrderProduct};
 use super::{Order, OrderLine, OrderRequest, Shortage};
 use crate::catalog::Sku;
 use crate::config::{OrderStrategy, Settings};
+use crate::holds::Hold;
 use crate::idempotency::{self, Begin, Claim, IdempotencyKey, Scope, StoredResponse};
-use crate::inventory::db::{Take, take_stock, take_stock_naive};
+use crate::inventory::db::{Take, reserve_stock, take_stock, take_stock_naive};
 use crate::locking::{Acquire, Lease, Redis};
 use crate::metrics::Metrics;
 
@@ -36,11 +37,20 @@ pub struct OrderDeps<'a> {
     pub metrics: &'a Metrics,
 }
 
+/// What a request asks for: stock sold now, or stock held for a while.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Intent {
+    Order,
+    Hold,
+}
+
 /// A decided outcome; stored under the key and replayed for retries.
 #[derive(Debug, Clone)]
 pub enum Placement {
     /// The order exists (201).
     Placed { order: Order, replayed: bool },
+    /// The hold exists (201).
+    Held { hold: Hold, replayed: bool },
     /// Not enough stock for these SKUs; nothing was written (409).
     Insufficient {
         shortages: Vec<Shortage>,
@@ -53,6 +63,8 @@ pub enum Placement {
 pub enum OrderError {
     #[error("no product with SKU {}", .0.join(", "))]
     UnknownSkus(Vec<String>),
+    #[error("{0}")]
+    OverCap(String),
     #[error("this idempotency key was already used for a different request")]
     KeyReused,
     #[error("a request with this idempotency key is still being processed; retry shortly")]
@@ -68,7 +80,7 @@ pub enum OrderError {
 impl OrderError {
     fn outcome(&self) -> &'static str {
         match self {
-            Self::UnknownSkus(_) => "invalid",
+            Self::UnknownSkus(_) | Self::OverCap(_) => "invalid",
             Self::KeyReused => "key_reused",
             Self::InFlight => "in_flight",
             Self::Busy | Self::TimedOut => "busy",
@@ -88,16 +100,42 @@ pub async fn place_order(
     key: &IdempotencyKey,
     request: &OrderRequest,
 ) -> Result<Placement, OrderError> {
-    let result = place(deps, scope, key, request).await;
-    let outcome = match &result {
+    let result = place(deps, scope, key, request, Intent::Order).await;
+    count(deps, &result);
+    result
+}
+
+/// Places a checkout hold for `request` under `key`: the same path as an order, with
+/// `reserved += q` instead of `on_hand −= q`, and a cap per SKU.
+#[tracing::instrument(skip_all, fields(scope = scope.as_str(), lines = request.lines().len()))]
+pub async fn place_hold(
+    deps: OrderDeps<'_>,
+    scope: Scope,
+    key: &IdempotencyKey,
+    request: &OrderRequest,
+) -> Result<Placement, OrderError> {
+    let cap = deps.settings.hold_max_per_sku;
+    if let Some(line) = request.lines().iter().find(|l| l.quantity.get() > cap) {
+        return Err(OrderError::OverCap(format!(
+            "a checkout can hold at most {cap} of {} (asked for {})",
+            line.sku,
+            line.quantity.get()
+        )));
+    }
+    place(deps, scope, key, request, Intent::Hold).await
+}
+
+fn count(deps: OrderDeps<'_>, result: &Result<Placement, OrderError>) {
+    let outcome = match result {
         Ok(Placement::Placed { replayed: true, .. })
+        | Ok(Placement::Held { replayed: true, .. })
         | Ok(Placement::Insufficient { replayed: true, .. }) => "replayed",
         Ok(Placement::Placed { .. }) => "placed",
+        Ok(Placement::Held { .. }) => "held",
         Ok(Placement::Insufficient { .. }) => "insufficient",
         Err(e) => e.outcome(),
     };
     deps.metrics.orders.with_label_values(&[outcome]).inc();
-    result
 }
 
 async fn place(
@@ -105,6 +143,7 @@ async fn place(
     scope: Scope,
     key: &IdempotencyKey,
     request: &OrderRequest,
+    intent: Intent,
 ) -> Result<Placement, OrderError> {
     let skus = request.skus();
     let products = db::products_for(deps.db, &skus).await?;
@@ -125,13 +164,13 @@ async fn place(
             Begin::Started(claim) => claim,
             Begin::Replay(stored) => {
                 deps.metrics.idempotent_replays.inc();
-                return replay(stored);
+                return replay(stored, intent);
             }
             Begin::Mismatch => return Err(OrderError::KeyReused),
             Begin::InFlight => return Err(OrderError::InFlight),
         };
 
-    let result = place_claimed(deps, &claim, request, &products).await;
+    let result = place_claimed(deps, &claim, request, &products, intent).await;
     if result.is_err() {
         // Not a decided outcome: free the key so a retry starts afresh. (A committed order
         // has already completed the record, which this leaves alone.)
@@ -143,9 +182,15 @@ async fn place(
 }
 
 /// A stored response, as the placement it recorded.
-fn replay(stored: StoredResponse) -> Result<Placement, OrderError> {
+fn replay(stored: StoredResponse, intent: Intent) -> Result<Placement, OrderError> {
     let corrupt = |e: serde_json::Error| OrderError::Database(sqlx::Error::Decode(Box::new(e)));
-    if stored.status == 201 {
+    if stored.status == 201 && intent == Intent::Hold {
+        let hold = serde_json::from_value(stored.body).map_err(corrupt)?;
+        Ok(Placement::Held {
+            hold,
+            replayed: true,
+        })
+    } else if stored.status == 201 {
         let order = serde_json::from_value(stored.body).map_err(corrupt)?;
         Ok(Placement::Placed {
             order,
@@ -187,6 +232,7 @@ async fn place_claimed(
     claim: &Claim,
     request: &OrderRequest,
     products: &[OrderProduct],
+    intent: Intent,
 ) -> Result<Placement, OrderError> {
     let s = deps.settings;
     // A plain read is a true answer at the moment it was read: when stock is already
@@ -243,20 +289,20 @@ async fn place_claimed(
         }
         let fence = lease.as_ref().map(|l| l.fence);
         let outcome =
-            tokio::time::timeout(s.tx_timeout, transact(deps, claim, request, fence)).await;
+            tokio::time::timeout(s.tx_timeout, transact(deps, claim, request, fence, intent)).await;
         release(deps.redis, lease.as_ref()).await;
 
         match outcome {
             Err(_) => return Err(OrderError::TimedOut),
             Ok(Err(e)) => return Err(e),
-            Ok(Ok(Tx::Placed { order, sold_out })) => {
+            Ok(Ok(Tx::Done {
+                placement,
+                sold_out,
+            })) => {
                 for sku in &sold_out {
                     deps.redis.hint_sold_out(sku).await;
                 }
-                return Ok(Placement::Placed {
-                    order,
-                    replayed: false,
-                });
+                return Ok(placement);
             }
             Ok(Ok(Tx::Short(shortages))) => {
                 for short in shortages.iter().filter(|s| s.available == 0) {
@@ -287,17 +333,23 @@ async fn release(redis: &Redis, lease: Option<&Lease>) {
 }
 
 enum Tx {
-    Placed { order: Order, sold_out: Vec<Sku> },
+    Done {
+        placement: Placement,
+        sold_out: Vec<Sku>,
+    },
     Short(Vec<Shortage>),
-    StaleFence { last_fence: i64 },
+    StaleFence {
+        last_fence: i64,
+    },
 }
 
-/// The one transaction of an order.
+/// The one transaction of an order or hold.
 async fn transact(
     deps: OrderDeps<'_>,
     claim: &Claim,
     request: &OrderRequest,
     fence: Option<i64>,
+    intent: Intent,
 ) -> Result<Tx, OrderError> {
     let naive = deps.settings.order_strategy == OrderStrategy::NaiveUnsafe;
     let order_id = Uuid::new_v4();
@@ -310,10 +362,12 @@ async fn transact(
     // Lines are sorted by SKU: every order locks stock rows in the same order.
     for line in request.lines() {
         let q = line.quantity.get();
-        let take = if naive {
-            take_stock_naive(&mut tx, &line.sku, q, &reference, actor).await?
-        } else {
-            take_stock(&mut tx, &line.sku, q, fence, &reference, actor).await?
+        let take = match intent {
+            Intent::Hold => reserve_stock(&mut tx, &line.sku, q, fence, &reference, actor).await?,
+            Intent::Order if naive => {
+                take_stock_naive(&mut tx, &line.sku, q, &reference, actor).await?
+            }
+            Intent::Order => take_stock(&mut tx, &line.sku, q, fence, &reference, actor).await?,
         };
         match take {
             Take::Taken { left } => {
@@ -355,38 +409,81 @@ async fn transact(
             }
         })
         .collect();
-    let order = Order {
-        id: order_id,
-        status: "placed".into(),
-        total_cents: lines
-            .iter()
-            .map(|l| l.unit_price_cents * i64::from(l.quantity))
-            .sum(),
-        lines,
-        email: request.email().map(str::to_string),
-        customer_name: request.name().map(str::to_string),
-        // Microsecond precision, as PostgreSQL stores it, so replays compare equal.
-        created_at: chrono::DateTime::from_timestamp_micros(Utc::now().timestamp_micros())
-            .expect("now is representable"),
-    };
-    match db::insert_order(&mut tx, &order, claim.scope.as_str(), claim.key.as_str()).await {
-        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-            // The key has an order from before its record was purged.
-            return Err(OrderError::KeyReused);
+    let total_cents = lines
+        .iter()
+        .map(|l| l.unit_price_cents * i64::from(l.quantity))
+        .sum();
+    // Microsecond precision, as PostgreSQL stores it, so replays compare equal.
+    let now = chrono::DateTime::from_timestamp_micros(Utc::now().timestamp_micros())
+        .expect("now is representable");
+    let (scope, key) = (claim.scope.as_str(), claim.key.as_str());
+    let (placement, body) = match intent {
+        Intent::Order => {
+            let order = Order {
+                id: order_id,
+                status: "placed".into(),
+                total_cents,
+                lines,
+                email: request.email().map(str::to_string),
+                customer_name: request.name().map(str::to_string),
+                created_at: now,
+            };
+            match db::insert_order(&mut tx, &order, scope, key).await {
+                Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+                    // The key has an order from before its record was purged.
+                    return Err(OrderError::KeyReused);
+                }
+                other => other?,
+            }
+            let body = serde_json::to_value(&order).expect("orders serialise");
+            (
+                Placement::Placed {
+                    order,
+                    replayed: false,
+                },
+                body,
+            )
         }
-        other => other?,
-    }
-    let stored = StoredResponse {
-        status: 201,
-        body: serde_json::to_value(&order).expect("orders serialise"),
+        Intent::Hold => {
+            let ttl = chrono::Duration::from_std(deps.settings.hold_ttl)
+                .expect("hold length fits a chrono duration");
+            let hold = Hold {
+                id: order_id,
+                state: "active".into(),
+                expires_at: now + ttl,
+                lines,
+                total_cents,
+                email: request.email().map(str::to_string),
+                customer_name: request.name().map(str::to_string),
+                order_id: None,
+            };
+            match crate::holds::db::insert_hold(&mut tx, &hold, scope, key).await {
+                Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+                    return Err(OrderError::KeyReused);
+                }
+                other => other?,
+            }
+            let body = serde_json::to_value(&hold).expect("holds serialise");
+            (
+                Placement::Held {
+                    hold,
+                    replayed: false,
+                },
+                body,
+            )
+        }
     };
+    let stored = StoredResponse { status: 201, body };
     if !idempotency::complete(&mut tx, claim, &stored).await? {
         // Our claim was taken over as stale; the other request decides.
         tx.rollback().await?;
         return Err(OrderError::InFlight);
     }
     tx.commit().await?;
-    Ok(Tx::Placed { order, sold_out })
+    Ok(Tx::Done {
+        placement,
+        sold_out,
+    })
 }
 
 async fn store_insufficient(

@@ -108,7 +108,7 @@ async fn a_shopper_checks_out_double_clicks_goes_back_and_resubmits_yet_orders_o
         .await
         .unwrap();
     assert_eq!(cart_link, "Cart 3");
-    b.find(Locator::LinkText("Checkout"))
+    b.find(Locator::Id("checkout"))
         .await
         .unwrap()
         .click()

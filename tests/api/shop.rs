@@ -58,6 +58,20 @@ enum Body {
 async fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
     let app = spawn_app().await;
     app.add_product("GOOD-1", "Good", 1_000, 5).await;
+    // A hold to confirm with bad details.
+    let res = app
+        .client
+        .post(app.url("/api/v1/holds"))
+        .header("Idempotency-Key", "setup")
+        .json(&serde_json::json!({"lines": [{"sku": "GOOD-1", "quantity": 1}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 201);
+    let hold: serde_json::Value = res.json().await.unwrap();
+    let hold_id = hold["id"].as_str().unwrap().to_string();
+    let confirm = format!("/checkout/{hold_id}/confirm");
+    let api_confirm = format!("/api/v1/holds/{hold_id}/confirm");
     let before = snapshot(&app).await;
     let long_key = "k".repeat(256);
     let ok_lines = r#"{"lines":[{"sku":"GOOD-1","quantity":1}]}"#;
@@ -196,11 +210,7 @@ async fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
             "/checkout",
             "form without key",
             None,
-            Body::Form(vec![
-                ("lines", "GOOD-1~1"),
-                ("name", "A"),
-                ("email", "a@b.co"),
-            ]),
+            Body::Form(vec![("lines", "GOOD-1~1")]),
             400,
             "form could not be read",
         ),
@@ -208,12 +218,7 @@ async fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
             "/checkout",
             "damaged key",
             None,
-            Body::Form(vec![
-                ("key", ""),
-                ("lines", "GOOD-1~1"),
-                ("name", "A"),
-                ("email", "a@b.co"),
-            ]),
+            Body::Form(vec![("key", ""), ("lines", "GOOD-1~1")]),
             400,
             "damaged",
         ),
@@ -221,66 +226,73 @@ async fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
             "/checkout",
             "no products",
             None,
-            Body::Form(vec![
-                ("key", "p1"),
-                ("lines", ""),
-                ("name", "A"),
-                ("email", "a@b.co"),
-            ]),
+            Body::Form(vec![("key", "p1"), ("lines", "")]),
             422,
             "no products",
         ),
         (
             "/checkout",
-            "above the cap",
+            "above the order cap",
             None,
-            Body::Form(vec![
-                ("key", "p2"),
-                ("lines", "GOOD-1~11"),
-                ("name", "A"),
-                ("email", "a@b.co"),
-            ]),
+            Body::Form(vec![("key", "p2"), ("lines", "GOOD-1~11")]),
             422,
             "at most 10",
         ),
         (
             "/checkout",
+            "above the hold cap",
+            None,
+            Body::Form(vec![("key", "p3"), ("lines", "GOOD-1~6")]),
+            422,
+            "at most 5 of GOOD-1",
+        ),
+        (
+            "/checkout",
             "unknown SKU",
             None,
-            Body::Form(vec![
-                ("key", "p3"),
-                ("lines", "NOPE-1~1"),
-                ("name", "A"),
-                ("email", "a@b.co"),
-            ]),
+            Body::Form(vec![("key", "p4"), ("lines", "NOPE-1~1")]),
             422,
             "NOPE-1",
         ),
         (
-            "/checkout",
+            &confirm,
             "no name",
             None,
-            Body::Form(vec![
-                ("key", "p4"),
-                ("lines", "GOOD-1~1"),
-                ("name", " "),
-                ("email", "a@b.co"),
-            ]),
+            Body::Form(vec![("name", " "), ("email", "a@b.co")]),
             422,
             "your name",
         ),
         (
-            "/checkout",
-            "bad email",
+            &confirm,
+            "no email",
             None,
-            Body::Form(vec![
-                ("key", "p5"),
-                ("lines", "GOOD-1~1"),
-                ("name", "A"),
-                ("email", "a@"),
-            ]),
+            Body::Form(vec![("name", "A")]),
             422,
             "email address",
+        ),
+        (
+            &confirm,
+            "bad email",
+            None,
+            Body::Form(vec![("name", "A"), ("email", "a@")]),
+            422,
+            "email address",
+        ),
+        (
+            "/checkout/not-a-hold/confirm",
+            "malformed hold",
+            None,
+            Body::Form(vec![("name", "A"), ("email", "a@b.co")]),
+            404,
+            "no checkout",
+        ),
+        (
+            "/checkout/6f1c0d9e-0000-4000-8000-000000000000/confirm",
+            "unknown hold",
+            None,
+            Body::Form(vec![("name", "A"), ("email", "a@b.co")]),
+            404,
+            "no checkout",
         ),
         (
             "/cart/add",
@@ -321,6 +333,47 @@ async fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
             Body::Form(vec![("sku", "x y"), ("quantity", "1")]),
             422,
             "not a valid SKU",
+        ),
+        // Holds API
+        (
+            "/api/v1/holds",
+            "no key",
+            None,
+            Body::Json(ok_lines),
+            400,
+            "Idempotency-Key header is required",
+        ),
+        (
+            "/api/v1/holds",
+            "above the hold cap",
+            Some("h1"),
+            Body::Json(r#"{"lines":[{"sku":"GOOD-1","quantity":6}]}"#),
+            422,
+            "at most 5 of GOOD-1",
+        ),
+        (
+            &api_confirm,
+            "confirm with a broken body",
+            None,
+            Body::Raw("application/json", "{oops"),
+            400,
+            "not valid JSON",
+        ),
+        (
+            &api_confirm,
+            "confirm with a bad email",
+            None,
+            Body::Json(r#"{"email":"x"}"#),
+            422,
+            "email",
+        ),
+        (
+            "/api/v1/holds/6f1c0d9e-0000-4000-8000-000000000000/confirm",
+            "confirm an unknown hold",
+            None,
+            Body::Json("{}"),
+            404,
+            "No such reservation",
         ),
     ];
     for (path, name, key, body, status, words) in cases {
@@ -372,7 +425,7 @@ async fn add_to_cart(app: &TestApp, sku: &str, quantity: &str) -> reqwest::Respo
         .unwrap()
 }
 
-/// The hidden fields of the checkout form.
+/// The value of the hidden field `name` in `html`.
 fn hidden(html: &str, name: &str) -> String {
     let marker = format!(r#"name="{name}" value=""#);
     let start = html
@@ -382,8 +435,26 @@ fn hidden(html: &str, name: &str) -> String {
     html[start..start + html[start..].find('"').unwrap()].to_string()
 }
 
+/// POSTs a form; returns status and `Location`.
+async fn post_form(app: &TestApp, path: &str, body: &str) -> (u16, String) {
+    let res = app
+        .client
+        .post(app.url(path))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let location = res
+        .headers()
+        .get("location")
+        .map(|l| l.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    (res.status().as_u16(), location)
+}
+
 #[tokio::test]
-async fn a_checkout_form_submitted_twice_at_once_makes_one_order_and_both_see_it() {
+async fn checkout_pressed_twice_holds_once_and_placing_the_order_twice_orders_once() {
     let app = spawn_app().await;
     app.seed_demo().await;
     assert_eq!(
@@ -407,56 +478,60 @@ async fn a_checkout_form_submitted_twice_at_once_makes_one_order_and_both_see_it
         "{cart}"
     );
 
-    let (_, checkout) = app.get_text("/checkout").await;
-    let body = form(&[
-        ("key", &hidden(&checkout, "key")),
-        ("lines", &hidden(&checkout, "lines").replace("&#124;", "|")),
-        ("name", "Ada"),
-        ("email", "ada@example.com"),
+    // "Checkout", pressed five times at once: one hold.
+    let start = form(&[
+        ("key", &hidden(&cart, "key")),
+        ("lines", &hidden(&cart, "lines")),
     ]);
-    let submit = || {
-        app.client
-            .post(app.url("/checkout"))
-            .header("content-type", "application/x-www-form-urlencoded")
-            .body(body.clone())
-            .send()
-    };
-    let answers = join_all((0..5).map(|_| submit())).await;
-    let locations: Vec<String> = answers
-        .iter()
-        .map(|r| {
-            assert_eq!(r.as_ref().unwrap().status().as_u16(), 303);
-            r.as_ref().unwrap().headers()["location"]
-                .to_str()
-                .unwrap()
-                .to_string()
-        })
-        .collect();
+    let answers = join_all((0..5).map(|_| post_form(&app, "/checkout", &start))).await;
+    let hold_page = &answers[0].1;
+    assert!(hold_page.starts_with("/checkout/"), "{answers:?}");
     assert!(
-        locations.iter().all(|l| *l == locations[0]),
-        "{locations:?}"
+        answers.iter().all(|a| a == &(303, hold_page.clone())),
+        "{answers:?}"
+    );
+    assert_eq!(app.count("select count(*) from holds").await, 1);
+    assert_eq!(app.stock("MG-STONE-350").await, (80, 2), "two mugs held");
+
+    let (status, page) = app.get_text(hold_page).await;
+    assert_eq!(status, 200);
+    assert!(page.contains("Held for you for"), "{page}");
+
+    // "Place order", sent five times at once, and once more later (a refreshed POST).
+    let details = form(&[("name", "Ada"), ("email", "ada@example.com")]);
+    let confirm = format!("{hold_page}/confirm");
+    let answers = join_all((0..5).map(|_| post_form(&app, &confirm, &details))).await;
+    let order_page = &answers[0].1;
+    assert!(order_page.starts_with("/orders/"), "{answers:?}");
+    assert!(
+        answers.iter().all(|a| a == &(303, order_page.clone())),
+        "{answers:?}"
+    );
+    assert_eq!(
+        post_form(&app, &confirm, &details).await,
+        (303, order_page.clone())
     );
     assert_eq!(app.count("select count(*) from orders").await, 1);
 
-    // A refresh of the POST later, too.
-    let again = submit().await.unwrap();
-    assert_eq!(again.headers()["location"].to_str().unwrap(), locations[0]);
-    assert_eq!(app.count("select count(*) from orders").await, 1);
-
-    let (status, page) = app.get_text(&locations[0]).await;
+    let (status, page) = app.get_text(order_page).await;
     assert_eq!(status, 200);
     assert!(page.contains("Thank you, Ada!"), "{page}");
     assert!(page.contains("$72.50"));
-    assert_eq!(app.stock("MG-STONE-350").await.0, 78);
+    assert_eq!(app.stock("MG-STONE-350").await, (78, 0));
+    // The hold page now leads to the order.
+    assert_eq!(
+        app.get(hold_page).await.headers()["location"],
+        order_page.as_str()
+    );
     app.assert_invariants().await;
 }
 
 #[tokio::test]
-async fn checkout_tells_the_shopper_what_is_left_when_stock_runs_out() {
+async fn checkout_tells_the_shopper_what_is_left_before_they_type_anything() {
     let app = spawn_app().await;
     app.add_product("LAST-1", "Last one", 5_000, 2).await;
     add_to_cart(&app, "LAST-1", "2").await;
-    let (_, checkout) = app.get_text("/checkout").await;
+    let (_, cart) = app.get_text("/cart").await;
     // Someone else buys one meanwhile.
     assert_eq!(
         app.post_order("other", &[("LAST-1", 1)])
@@ -471,10 +546,8 @@ async fn checkout_tells_the_shopper_what_is_left_when_stock_runs_out() {
         .post(app.url("/checkout"))
         .header("content-type", "application/x-www-form-urlencoded")
         .body(form(&[
-            ("key", &hidden(&checkout, "key")),
-            ("lines", "LAST-1~2"),
-            ("name", "Bo"),
-            ("email", "bo@example.com"),
+            ("key", &hidden(&cart, "key")),
+            ("lines", &hidden(&cart, "lines")),
         ]))
         .send()
         .await
@@ -482,12 +555,46 @@ async fn checkout_tells_the_shopper_what_is_left_when_stock_runs_out() {
     assert_eq!(res.status().as_u16(), 409);
     let html = res.text().await.unwrap();
     assert!(html.contains("only 1 left"), "{html}");
-    assert!(html.contains("Adjust your cart"));
-    assert_eq!(app.count("select count(*) from orders").await, 1);
-
-    let (_, cart) = app.get_text("/cart").await;
     assert!(
-        cart.contains("Only 1 left"),
-        "the cart shows what is left: {cart}"
+        html.contains("Only 1 left — please lower the quantity"),
+        "{html}"
     );
+    assert_eq!(app.count("select count(*) from holds").await, 0);
+    assert_eq!(app.stock("LAST-1").await, (1, 0));
+}
+
+#[tokio::test]
+async fn cancelling_checkout_puts_the_items_back_on_sale() {
+    let app = spawn_app().await;
+    app.add_product("CXL-1", "Cancellable", 5_000, 1).await;
+    add_to_cart(&app, "CXL-1", "1").await;
+    let (_, cart) = app.get_text("/cart").await;
+    let start = form(&[
+        ("key", &hidden(&cart, "key")),
+        ("lines", &hidden(&cart, "lines")),
+    ]);
+    let (_, hold_page) = post_form(&app, "/checkout", &start).await;
+    let (_, product) = app.get_text("/products/CXL-1").await;
+    assert!(product.contains("Sold out"), "held by this shopper");
+
+    assert_eq!(
+        post_form(&app, &format!("{hold_page}/cancel"), "").await,
+        (303, "/cart".into())
+    );
+    let (_, product) = app.get_text("/products/CXL-1").await;
+    assert!(product.contains("Only 1 left"), "{product}");
+    // Cancelling again is a no-op; placing the cancelled order is refused.
+    assert_eq!(
+        post_form(&app, &format!("{hold_page}/cancel"), "").await.0,
+        303
+    );
+    let details = form(&[("name", "Ada"), ("email", "ada@example.com")]);
+    assert_eq!(
+        post_form(&app, &format!("{hold_page}/confirm"), &details)
+            .await
+            .0,
+        409
+    );
+    assert_eq!(app.count("select count(*) from orders").await, 0);
+    app.assert_invariants().await;
 }

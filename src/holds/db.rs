@@ -1,0 +1,174 @@
+//! Hold SQL.
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use super::Hold;
+use crate::orders::OrderLine;
+
+/// Inserts a hold and its lines.
+pub async fn insert_hold(
+    conn: &mut PgConnection,
+    hold: &Hold,
+    scope: &str,
+    key: &str,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        r#"insert into holds
+             (id, state, expires_at, email, customer_name, idempotency_scope, idempotency_key)
+           values ($1, $2, $3, $4, $5, $6, $7)"#,
+    )
+    .bind(hold.id)
+    .bind(&hold.state)
+    .bind(hold.expires_at)
+    .bind(&hold.email)
+    .bind(&hold.customer_name)
+    .bind(scope)
+    .bind(key)
+    .execute(&mut *conn)
+    .await?;
+    let skus: Vec<&str> = hold.lines.iter().map(|l| l.sku.as_str()).collect();
+    let quantities: Vec<i32> = hold.lines.iter().map(|l| l.quantity).collect();
+    let prices: Vec<i64> = hold.lines.iter().map(|l| l.unit_price_cents).collect();
+    sqlx::query(
+        r#"insert into hold_lines (hold_id, sku, quantity, unit_price_cents)
+           select $1, * from unnest($2::text[], $3::int[], $4::bigint[])"#,
+    )
+    .bind(hold.id)
+    .bind(skus)
+    .bind(quantities)
+    .bind(prices)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+#[derive(sqlx::FromRow)]
+struct HoldRow {
+    id: Uuid,
+    state: String,
+    expires_at: DateTime<Utc>,
+    email: Option<String>,
+    customer_name: Option<String>,
+    order_id: Option<Uuid>,
+}
+
+async fn lines_of(conn: impl sqlx::PgExecutor<'_>, id: Uuid) -> sqlx::Result<Vec<OrderLine>> {
+    sqlx::query_as(
+        r#"select l.sku, p.name, l.quantity, l.unit_price_cents
+             from hold_lines l join products p on p.sku = l.sku
+            where l.hold_id = $1
+            order by l.sku"#,
+    )
+    .bind(id)
+    .fetch_all(conn)
+    .await
+}
+
+fn assemble(row: HoldRow, lines: Vec<OrderLine>) -> Hold {
+    Hold {
+        id: row.id,
+        state: row.state,
+        expires_at: row.expires_at,
+        total_cents: lines
+            .iter()
+            .map(|l| l.unit_price_cents * i64::from(l.quantity))
+            .sum(),
+        lines,
+        email: row.email,
+        customer_name: row.customer_name,
+        order_id: row.order_id,
+    }
+}
+
+const SELECT_HOLD: &str =
+    "select id, state, expires_at, email, customer_name, order_id from holds where id = $1";
+
+/// One hold with its lines.
+pub async fn find_hold(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<Hold>> {
+    let Some(row): Option<HoldRow> = sqlx::query_as(SELECT_HOLD)
+        .bind(id)
+        .fetch_optional(pool)
+        .await?
+    else {
+        return Ok(None);
+    };
+    let lines = lines_of(pool, id).await?;
+    Ok(Some(assemble(row, lines)))
+}
+
+/// One hold, its row locked until the transaction ends: confirm, cancel and the sweeper
+/// serialise on this lock, so each hold changes state once.
+pub async fn lock_hold(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<Option<Hold>> {
+    let Some(row): Option<HoldRow> = sqlx::query_as(
+        "select id, state, expires_at, email, customer_name, order_id from holds where id = $1 for update",
+    )
+    .bind(id)
+    .fetch_optional(&mut *conn)
+    .await?
+    else {
+        return Ok(None);
+    };
+    let lines = lines_of(&mut *conn, id).await?;
+    Ok(Some(assemble(row, lines)))
+}
+
+/// Moves a locked hold to `state`.
+pub async fn set_state(
+    conn: &mut PgConnection,
+    id: Uuid,
+    state: &str,
+    order_id: Option<Uuid>,
+) -> sqlx::Result<()> {
+    sqlx::query("update holds set state = $2, order_id = $3, updated_at = now() where id = $1")
+        .bind(id)
+        .bind(state)
+        .bind(order_id)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Up to `limit` expired active holds, locked; holds another process or a confirming
+/// shopper has locked are skipped, not waited for.
+pub async fn claim_expired(conn: &mut PgConnection, limit: i64) -> sqlx::Result<Vec<Uuid>> {
+    sqlx::query_scalar(
+        r#"select id from holds
+            where state = 'active' and expires_at < now()
+            order by expires_at
+            limit $1
+            for update skip locked"#,
+    )
+    .bind(limit)
+    .fetch_all(conn)
+    .await
+}
+
+/// Lines of `holds`, per hold and SKU.
+pub async fn lines_of_many(
+    conn: &mut PgConnection,
+    holds: &[Uuid],
+) -> sqlx::Result<Vec<(Uuid, String, i32)>> {
+    sqlx::query_as("select hold_id, sku, quantity from hold_lines where hold_id = any($1)")
+        .bind(holds)
+        .fetch_all(conn)
+        .await
+}
+
+/// Active holds, soonest expiry first (for the admin pages).
+pub async fn active_holds(pool: &PgPool, limit: i64) -> sqlx::Result<Vec<Hold>> {
+    let ids: Vec<Uuid> = sqlx::query_scalar(
+        "select id from holds where state = 'active' order by expires_at limit $1",
+    )
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    let mut holds = Vec::with_capacity(ids.len());
+    for id in ids {
+        if let Some(hold) = find_hold(pool, id).await? {
+            holds.push(hold);
+        }
+    }
+    Ok(holds)
+}

@@ -1,0 +1,308 @@
+//! Checkout holds (DESIGN.md section 4). A hold reserves stock for a shopper for a while:
+//! placing one goes through the same idempotency, leases and conditional update as an
+//! order ([`crate::orders::place_hold`]), with `reserved += q` instead of `on_hand −= q`.
+//!
+//! A hold then changes state exactly once, under its row lock:
+//! - **confirm** turns it into an order (`reserved −= q, on_hand −= q`, order, ledger, one
+//!   commit); confirming again returns the same order. After expiry the order is placed
+//!   from free stock if there is enough, else it is refused;
+//! - **release** (the shopper cancels) returns the stock at once; again is a no-op;
+//! - the **sweeper**, in every process, claims expired holds with `FOR UPDATE SKIP LOCKED`
+//!   in batches and returns their stock, so several processes never release one twice.
+
+pub mod db;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::catalog::{Sku, format_cents};
+use crate::inventory::db::{Take, sell_reserved, take_stock, unreserve};
+use crate::locking::Redis;
+use crate::orders::{Order, OrderLine, Shortage};
+
+/// A hold as pages and the API show it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hold {
+    pub id: Uuid,
+    /// `active`, `confirmed`, `released` or `expired`.
+    pub state: String,
+    pub expires_at: DateTime<Utc>,
+    pub lines: Vec<OrderLine>,
+    pub total_cents: i64,
+    pub email: Option<String>,
+    pub customer_name: Option<String>,
+    /// The order a confirmed hold became.
+    pub order_id: Option<Uuid>,
+}
+
+impl Hold {
+    /// Whole seconds left, 0 once expired.
+    pub fn seconds_left(&self) -> i64 {
+        (self.expires_at - Utc::now()).num_seconds().max(0)
+    }
+
+    /// `"9:41"`.
+    pub fn time_left(&self) -> String {
+        let s = self.seconds_left();
+        format!("{}:{:02}", s / 60, s % 60)
+    }
+
+    pub fn is_active(&self) -> bool {
+        self.state == "active" && self.expires_at > Utc::now()
+    }
+
+    pub fn total(&self) -> String {
+        format_cents(self.total_cents)
+    }
+}
+
+/// Why a hold could not be confirmed or released.
+#[derive(Debug, thiserror::Error)]
+pub enum HoldError {
+    #[error("no such reservation")]
+    NotFound,
+    #[error("this reservation was cancelled")]
+    Released,
+    #[error("this reservation has already become an order")]
+    AlreadyConfirmed(Uuid),
+    /// Confirmed after expiry, and the free stock no longer covers it.
+    #[error("the reservation expired and not enough stock is left")]
+    Insufficient(Vec<Shortage>),
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+}
+
+/// A confirmed hold's order; `replayed` when it was confirmed before.
+#[derive(Debug, Clone)]
+pub struct Confirmed {
+    pub order: Order,
+    pub replayed: bool,
+}
+
+/// Turns hold `id` into an order, with the shopper's details when given.
+#[tracing::instrument(skip_all, fields(hold = %id))]
+pub async fn confirm(
+    db: &PgPool,
+    id: Uuid,
+    name: Option<&str>,
+    email: Option<&str>,
+) -> Result<Confirmed, HoldError> {
+    let mut tx = db.begin().await?;
+    let hold = db::lock_hold(&mut tx, id)
+        .await?
+        .ok_or(HoldError::NotFound)?;
+    match hold.state.as_str() {
+        "confirmed" => {
+            tx.rollback().await?;
+            let order_id = hold.order_id.expect("confirmed holds have an order");
+            let order = crate::orders::db::find_order(db, order_id)
+                .await?
+                .ok_or(HoldError::NotFound)?;
+            return Ok(Confirmed {
+                order,
+                replayed: true,
+            });
+        }
+        "released" => return Err(HoldError::Released),
+        _ => {}
+    }
+
+    let order_id = Uuid::new_v4();
+    let reference = order_id.to_string();
+    let live = hold.state == "active" && hold.expires_at > Utc::now();
+    if live {
+        // Lines are sorted by SKU, like every other writer of stock rows.
+        for line in &hold.lines {
+            let sku = Sku::parse(&line.sku).expect("stored SKUs are valid");
+            if !sell_reserved(&mut tx, &sku, line.quantity, &reference, "shopper").await? {
+                return Err(HoldError::Database(sqlx::Error::Protocol(format!(
+                    "hold {id} has fewer than {} units of {sku} reserved",
+                    line.quantity
+                ))));
+            }
+        }
+    } else {
+        // Expired: return what it still reserves, then buy from free stock like a new order.
+        if hold.state == "active" {
+            for line in &hold.lines {
+                let sku = Sku::parse(&line.sku).expect("stored SKUs are valid");
+                unreserve(
+                    &mut tx,
+                    &sku,
+                    line.quantity,
+                    "expire",
+                    &id.to_string(),
+                    "shopper",
+                )
+                .await?;
+            }
+        }
+        let mut shortages = Vec::new();
+        for line in &hold.lines {
+            let sku = Sku::parse(&line.sku).expect("stored SKUs are valid");
+            if let Take::Short { available } =
+                take_stock(&mut tx, &sku, line.quantity, None, &reference, "shopper").await?
+            {
+                shortages.push(Shortage {
+                    sku: line.sku.clone(),
+                    requested: line.quantity,
+                    available: available.max(0),
+                });
+            }
+        }
+        if !shortages.is_empty() {
+            // Nothing is kept; the sweeper releases the expired hold on its own schedule.
+            tx.rollback().await?;
+            return Err(HoldError::Insufficient(shortages));
+        }
+    }
+
+    let order = Order {
+        id: order_id,
+        status: "placed".into(),
+        lines: hold.lines.clone(),
+        total_cents: hold.total_cents,
+        email: email.map(str::to_string).or(hold.email.clone()),
+        customer_name: name.map(str::to_string).or(hold.customer_name.clone()),
+        created_at: DateTime::from_timestamp_micros(Utc::now().timestamp_micros())
+            .expect("now is representable"),
+    };
+    crate::orders::db::insert_order(&mut tx, &order, "hold", &id.to_string()).await?;
+    db::set_state(&mut tx, id, "confirmed", Some(order_id)).await?;
+    tx.commit().await?;
+    Ok(Confirmed {
+        order,
+        replayed: false,
+    })
+}
+
+/// What `release` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Released {
+    Now,
+    /// It was released or expired before; nothing changed.
+    Already,
+}
+
+/// Cancels hold `id` and returns its stock at once.
+#[tracing::instrument(skip_all, fields(hold = %id))]
+pub async fn release(
+    db: &PgPool,
+    redis: &Redis,
+    id: Uuid,
+    actor: &str,
+) -> Result<Released, HoldError> {
+    let mut tx = db.begin().await?;
+    let hold = db::lock_hold(&mut tx, id)
+        .await?
+        .ok_or(HoldError::NotFound)?;
+    match hold.state.as_str() {
+        "confirmed" => return Err(HoldError::AlreadyConfirmed(hold.order_id.unwrap_or(id))),
+        "released" | "expired" => return Ok(Released::Already),
+        _ => {}
+    }
+    for line in &hold.lines {
+        let sku = Sku::parse(&line.sku).expect("stored SKUs are valid");
+        unreserve(
+            &mut tx,
+            &sku,
+            line.quantity,
+            "release",
+            &id.to_string(),
+            actor,
+        )
+        .await?;
+    }
+    db::set_state(&mut tx, id, "released", None).await?;
+    tx.commit().await?;
+    for line in &hold.lines {
+        if let Ok(sku) = Sku::parse(&line.sku) {
+            redis.clear_sold_out(&sku).await;
+        }
+    }
+    Ok(Released::Now)
+}
+
+/// Releases up to `batch` expired holds in one transaction; returns how many.
+pub async fn sweep_batch(db: &PgPool, redis: &Redis, batch: i64) -> sqlx::Result<usize> {
+    let mut tx = db.begin().await?;
+    let ids = db::claim_expired(&mut tx, batch).await?;
+    if ids.is_empty() {
+        tx.rollback().await?;
+        return Ok(0);
+    }
+    let lines = db::lines_of_many(&mut tx, &ids).await?;
+    // One update per SKU, in SKU order (the order every writer locks stock rows in).
+    let mut per_sku: BTreeMap<String, i32> = BTreeMap::new();
+    for (_, sku, quantity) in &lines {
+        *per_sku.entry(sku.clone()).or_default() += quantity;
+    }
+    for (sku, quantity) in &per_sku {
+        sqlx::query("update stock set reserved = reserved - $2, updated_at = now() where sku = $1")
+            .bind(sku)
+            .bind(quantity)
+            .execute(&mut *tx)
+            .await?;
+    }
+    // One ledger row per hold line.
+    let skus: Vec<&str> = lines.iter().map(|(_, s, _)| s.as_str()).collect();
+    let deltas: Vec<i32> = lines.iter().map(|(_, _, q)| -q).collect();
+    let references: Vec<String> = lines.iter().map(|(h, _, _)| h.to_string()).collect();
+    sqlx::query(
+        r#"insert into stock_movements (sku, delta, reserved_delta, reason, reference, actor)
+           select sku, 0, d, 'expire', r, 'sweeper'
+             from unnest($1::text[], $2::int[], $3::text[]) as t(sku, d, r)"#,
+    )
+    .bind(skus)
+    .bind(deltas)
+    .bind(references)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("update holds set state = 'expired', updated_at = now() where id = any($1)")
+        .bind(&ids)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    for sku in per_sku.keys() {
+        if let Ok(sku) = Sku::parse(sku) {
+            redis.clear_sold_out(&sku).await;
+        }
+    }
+    Ok(ids.len())
+}
+
+/// Releases every expired hold, batch after batch; returns how many.
+pub async fn sweep(db: &PgPool, redis: &Redis, batch: i64) -> sqlx::Result<usize> {
+    let mut total = 0;
+    loop {
+        let n = sweep_batch(db, redis, batch).await?;
+        total += n;
+        if (n as i64) < batch {
+            return Ok(total);
+        }
+    }
+}
+
+/// Holds released per sweeper transaction.
+pub const SWEEP_BATCH: i64 = 500;
+
+/// Runs the sweeper every `interval` for the life of the process.
+pub fn spawn_sweeper(db: PgPool, redis: Redis, interval: Duration) {
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(interval);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            match sweep(&db, &redis, SWEEP_BATCH).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(released = n, "released expired holds"),
+                Err(e) => tracing::warn!(error = %e, "hold sweep failed"),
+            }
+        }
+    });
+}
