@@ -5,6 +5,7 @@ mod browser;
 mod catalogue;
 mod health;
 mod helpers;
+mod holds;
 mod orders;
 mod process;
 mod shop;
