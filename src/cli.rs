@@ -4,13 +4,13 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use clap::{Args, Parser, Subcommand};
 
 use crate::catalog;
 use crate::config::{OrderStrategy, Settings};
 use crate::local::{LocalOptions, LocalServices};
-use crate::startup::{Application, MIGRATOR, connect_database};
+use crate::startup::{self, Application, connect_database};
 use crate::telemetry;
 
 /// Stockade: inventory and checkout reservations that never oversell.
@@ -182,15 +182,14 @@ async fn shutdown_signal() {
 }
 
 async fn migrate(settings: Settings) -> anyhow::Result<()> {
-    let db = connect_database(&settings).await?;
-    MIGRATOR.run(&db).await.context("migration failed")?;
+    startup::migrate(&settings).await?;
     println!("migrations applied");
     Ok(())
 }
 
 async fn seed(settings: Settings) -> anyhow::Result<()> {
+    startup::migrate(&settings).await?;
     let db = connect_database(&settings).await?;
-    MIGRATOR.run(&db).await.context("migration failed")?;
     let added = catalog::seed_demo(&db).await?;
     println!("added {added} demo products");
     Ok(())

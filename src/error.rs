@@ -80,6 +80,9 @@ impl AppError {
     /// The message a person may see; server errors say nothing internal.
     pub fn public_message(&self) -> String {
         match self {
+            Self::Database(e) if is_transient(e) => {
+                "We are very busy right now; please try again in a moment.".into()
+            }
             Self::Database(_) | Self::Internal(_) => {
                 "Something went wrong on our side. Please try again; if it keeps happening, \
                  quote the request id below."
@@ -107,6 +110,7 @@ impl ResponseError for AppError {
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Database(e) if is_transient(e) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Database(_) | Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -117,6 +121,7 @@ impl ResponseError for AppError {
         let retry_after = match self {
             Self::Conflict { retry_after, .. } => *retry_after,
             Self::Unavailable { retry_after, .. } => Some(*retry_after),
+            Self::Database(e) if is_transient(e) => Some(1),
             _ => None,
         };
         if let Some(secs) = retry_after {
@@ -124,6 +129,22 @@ impl ResponseError for AppError {
                 .insert(RETRY_AFTER, HeaderValue::from(secs.max(1)));
         }
         res
+    }
+}
+
+/// Database failures that load or a passing fault causes, and a retry may not meet: no
+/// free connection, a timeout, a lock or serialisation conflict, a dropped connection.
+pub fn is_transient(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => true,
+        sqlx::Error::Database(db) => matches!(
+            db.code().as_deref(),
+            // query_canceled (statement timeout), lock_not_available, serialization_failure,
+            // deadlock_detected, too_many_connections, idle-in-transaction timeout,
+            // admin_shutdown, cannot_connect_now
+            Some("57014" | "55P03" | "40001" | "40P01" | "53300" | "25P03" | "57P01" | "57P03")
+        ),
+        _ => false,
     }
 }
 

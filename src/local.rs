@@ -47,33 +47,65 @@ pub struct LocalPostgres {
     pub data_dir: PathBuf,
     /// True when this start created the cluster (first start).
     pub created: bool,
+    /// The superuser's password (clusters created before passwords were used have none).
+    password: Option<String>,
 }
 
 impl LocalPostgres {
-    /// Starts (creating on first use) the cluster whose data lives in `dir`.
-    pub fn start(dir: &Path, port: Option<u16>, ephemeral: bool) -> anyhow::Result<Self> {
+    /// Starts (creating on first use) the cluster whose data lives in `wanted`.
+    pub fn start(wanted: &Path, port: Option<u16>, ephemeral: bool) -> anyhow::Result<Self> {
         let bin = postgres_bin_dir()?;
         let owner = service_user()?;
-        let dir = cluster_dir(dir, owner.as_ref())?;
-        stop_leftover(&dir.join("postmaster.pid"), "postgres")?;
+        let dir = private_dir(wanted, owner.as_ref())?;
+        stop_leftover(&dir.join("postmaster.pid"), "postgres", &dir)?;
 
+        // The password lives beside the data folder, readable by this user only.
+        let password_file = wanted.with_file_name(format!(
+            "{}.password",
+            wanted
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("postgres")
+        ));
         let created = !dir.join("PG_VERSION").exists();
         if created {
             tracing::info!(dir = %dir.display(), "creating PostgreSQL cluster");
+            let password = uuid::Uuid::new_v4().simple().to_string();
+            write_private(&password_file, &password)?;
+            // initdb (running as the cluster's owner) reads the password from a file in a
+            // private folder beside the cluster; both go as soon as it is done.
+            let secret_dir = dir
+                .parent()
+                .unwrap_or(Path::new("/tmp"))
+                .join(format!(".initdb-{}", uuid::Uuid::new_v4().simple()));
+            fs::create_dir(&secret_dir)?;
+            fs::set_permissions(&secret_dir, fs::Permissions::from_mode(0o700))?;
+            let pwfile = secret_dir.join("password");
+            write_private(&pwfile, &password)?;
+            if let Some(owner) = &owner {
+                nix::unistd::chown(&secret_dir, Some(owner.uid), Some(owner.gid))?;
+                nix::unistd::chown(&pwfile, Some(owner.uid), Some(owner.gid))?;
+            }
             let mut initdb = Command::new(bin.join("initdb"));
-            initdb.arg("-D").arg(&dir).args([
-                "-U",
-                PG_USER,
-                "--auth=trust",
-                "-E",
-                "UTF8",
-                "--no-locale",
-            ]);
+            initdb
+                .arg("-D")
+                .arg(&dir)
+                .args([
+                    "-U",
+                    PG_USER,
+                    "--auth=scram-sha-256",
+                    "-E",
+                    "UTF8",
+                    "--no-locale",
+                ])
+                .arg(format!("--pwfile={}", pwfile.display()));
             if ephemeral {
                 initdb.arg("--no-sync");
             }
             run_as(&mut initdb, owner.as_ref());
-            let out = initdb.output().context("could not run initdb")?;
+            let out = initdb.output().context("could not run initdb");
+            let _ = fs::remove_dir_all(&secret_dir);
+            let out = out?;
             if !out.status.success() {
                 bail!(
                     "initdb failed:\n{}{}",
@@ -102,11 +134,15 @@ impl LocalPostgres {
         }
         run_as(&mut cmd, owner.as_ref());
         let child = cmd.spawn().context("could not start postgres")?;
+        let password = fs::read_to_string(&password_file)
+            .ok()
+            .map(|p| p.trim().to_string());
         let mut pg = Self {
             child: Some(child),
             port,
             data_dir: dir,
             created,
+            password,
         };
         pg.wait_until_accepting()?;
         Ok(pg)
@@ -114,7 +150,13 @@ impl LocalPostgres {
 
     /// URL of `database` on this cluster.
     pub fn url(&self, database: &str) -> String {
-        format!("postgres://{PG_USER}@127.0.0.1:{}/{database}", self.port)
+        match &self.password {
+            Some(pw) => format!(
+                "postgres://{PG_USER}:{pw}@127.0.0.1:{}/{database}",
+                self.port
+            ),
+            None => format!("postgres://{PG_USER}@127.0.0.1:{}/{database}", self.port),
+        }
     }
 
     fn wait_until_accepting(&mut self) -> anyhow::Result<()> {
@@ -161,21 +203,49 @@ impl Drop for LocalPostgres {
 pub struct LocalRedis {
     child: Option<Child>,
     pub port: u16,
+    /// Where the files are (may differ from `wanted` when run as root).
     pub dir: PathBuf,
+    /// The folder asked for; pass it to `start` again to restart on the same password.
+    pub wanted: PathBuf,
+    password: String,
 }
 
 impl LocalRedis {
-    /// Starts Redis with its files in `dir`. Leases are short-lived, so nothing is persisted.
-    pub fn start(dir: &Path, port: Option<u16>) -> anyhow::Result<Self> {
+    /// Starts Redis with its files in `wanted`. Leases are short-lived, so nothing is
+    /// persisted. As root it runs as the unprivileged service user; it always requires a
+    /// password, kept beside the folder.
+    pub fn start(wanted: &Path, port: Option<u16>) -> anyhow::Result<Self> {
         let bin = find_binary("redis-server").context(
             "redis-server not found: install Redis (Debian/Ubuntu: apt-get install redis-server)",
         )?;
-        fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        let dir = dir.canonicalize()?;
+        let owner = service_user()?;
+        let dir = private_dir(wanted, owner.as_ref())?;
         let pidfile = dir.join("redis.pid");
-        stop_leftover(&pidfile, "redis-server")?;
+        stop_leftover(&pidfile, "redis-server", &dir)?;
+        let password_file = wanted.with_file_name(format!(
+            "{}.password",
+            wanted
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("redis")
+        ));
+        let password = match fs::read_to_string(&password_file) {
+            Ok(p) if !p.trim().is_empty() => p.trim().to_string(),
+            _ => {
+                let p = uuid::Uuid::new_v4().simple().to_string();
+                write_private(&password_file, &p)?;
+                p
+            }
+        };
+        // The password goes in a config file, not the command line other users can read.
+        let config = dir.join("redis.conf");
+        write_private(&config, &format!("requirepass {password}\n"))?;
+        if let Some(owner) = &owner {
+            nix::unistd::chown(&config, Some(owner.uid), Some(owner.gid))?;
+        }
         let port = port.map_or_else(free_port, Ok)?;
-        let child = Command::new(bin)
+        let mut cmd = Command::new(bin);
+        cmd.arg(&config)
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
             .arg("--dir")
@@ -187,20 +257,22 @@ impl LocalRedis {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
-            .process_group(0)
-            .spawn()
-            .context("could not start redis-server")?;
+            .process_group(0);
+        run_as(&mut cmd, owner.as_ref());
+        let child = cmd.spawn().context("could not start redis-server")?;
         let mut redis = Self {
             child: Some(child),
             port,
             dir,
+            wanted: wanted.to_path_buf(),
+            password,
         };
         redis.wait_until_accepting()?;
         Ok(redis)
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        format!("redis://:{}@127.0.0.1:{}", self.password, self.port)
     }
 
     fn wait_until_accepting(&mut self) -> anyhow::Result<()> {
@@ -364,9 +436,25 @@ fn run_as(cmd: &mut Command, user: Option<&User>) {
     }
 }
 
-/// The cluster folder, created with the right owner. As root, falls back to
+/// Writes `content` to `path`, readable and writable by its owner only.
+fn write_private(path: &Path, content: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    file.write_all(content.as_bytes())?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o600))?;
+    Ok(())
+}
+
+/// A server's folder, created with the right owner and mode 0700. As root, falls back to
 /// `/var/lib/stockade/<hash>` when `owner` cannot reach `wanted`.
-fn cluster_dir(wanted: &Path, owner: Option<&User>) -> anyhow::Result<PathBuf> {
+fn private_dir(wanted: &Path, owner: Option<&User>) -> anyhow::Result<PathBuf> {
     fs::create_dir_all(wanted).with_context(|| format!("cannot create {}", wanted.display()))?;
     let wanted = wanted.canonicalize()?;
     let Some(owner) = owner else {
@@ -411,8 +499,9 @@ fn reachable(dir: &Path, user: &User) -> bool {
     })
 }
 
-/// Stops a server an earlier, killed run left behind, found through its pid file.
-fn stop_leftover(pidfile: &Path, command: &str) -> anyhow::Result<()> {
+/// Stops a server an earlier, killed run left behind, found through its pid file. The
+/// process must be `command` working in `dir`, so a reused pid is never signalled.
+fn stop_leftover(pidfile: &Path, command: &str, dir: &Path) -> anyhow::Result<()> {
     let Ok(text) = fs::read_to_string(pidfile) else {
         return Ok(());
     };
@@ -424,7 +513,8 @@ fn stop_leftover(pidfile: &Path, command: &str) -> anyhow::Result<()> {
         return Ok(());
     };
     let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-    if comm.trim() != command {
+    let cwd = fs::read_link(format!("/proc/{pid}/cwd")).ok();
+    if comm.trim() != command || cwd.as_deref() != Some(dir) {
         return Ok(()); // stale file; the server cleans it up itself
     }
     tracing::warn!(

@@ -37,11 +37,8 @@ impl Application {
     /// Connects to PostgreSQL (and migrates it) and Redis, and binds the listener.
     /// `settings.database_url` and `settings.redis_url` must be set; local mode fills them in.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        migrate(&settings).await?;
         let db = connect_database(&settings).await?;
-        MIGRATOR
-            .run(&db)
-            .await
-            .context("could not apply database migrations")?;
         let redis_url = settings
             .redis_url
             .as_deref()
@@ -56,7 +53,11 @@ impl Application {
             0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
             n => n,
         };
-        spawn_idempotency_purge(db.clone(), settings.idempotency_ttl_hours);
+        spawn_idempotency_purge(
+            db.clone(),
+            settings.idempotency_ttl_hours,
+            crate::orders::stale_after(&settings),
+        );
         crate::holds::spawn_sweeper(db.clone(), redis.clone(), settings.sweep_interval);
         let state = web::Data::new(AppState {
             db,
@@ -128,10 +129,15 @@ pub async fn connect_database(settings: &Settings) -> anyhow::Result<PgPool> {
     let options: PgConnectOptions = url
         .parse()
         .with_context(|| "DATABASE_URL cannot be parsed".to_string())?;
-    let timeout_ms = settings.statement_timeout.as_millis().to_string();
-    let options = options
-        .application_name("stockade")
-        .options([("statement_timeout", timeout_ms.as_str())]);
+    // Every statement ends before the transaction's own deadline; a session left idle in a
+    // transaction (a frozen process) is ended by the server, releasing its row locks.
+    let statement_ms = settings.statement_timeout.as_millis().to_string();
+    let tx_ms = settings.tx_timeout.as_millis().to_string();
+    let options = options.application_name("stockade").options([
+        ("statement_timeout", statement_ms.as_str()),
+        ("lock_timeout", statement_ms.as_str()),
+        ("idle_in_transaction_session_timeout", tx_ms.as_str()),
+    ]);
     PgPoolOptions::new()
         .max_connections(settings.db_pool_size)
         .acquire_timeout(std::time::Duration::from_secs(5))
@@ -168,17 +174,35 @@ fn form_error(e: actix_web::error::UrlencodedError) -> AppError {
 
 /// Deletes idempotency records past their time, every ten minutes, in every process (the
 /// delete is idempotent, so several processes doing it is harmless).
-fn spawn_idempotency_purge(db: PgPool, ttl_hours: u32) {
+fn spawn_idempotency_purge(db: PgPool, ttl_hours: u32, stale_after: std::time::Duration) {
     let ttl = std::time::Duration::from_secs(u64::from(ttl_hours) * 3600);
     tokio::spawn(async move {
         let mut every = tokio::time::interval(std::time::Duration::from_secs(600));
         loop {
             every.tick().await;
-            match crate::idempotency::purge(&db, ttl).await {
+            match crate::idempotency::purge(&db, ttl, stale_after).await {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(purged = n, "purged old idempotency keys"),
                 Err(e) => tracing::warn!(error = %e, "idempotency purge failed"),
             }
         }
     });
+}
+
+/// Applies the migrations on a connection of its own, without the request timeouts.
+pub async fn migrate(settings: &Settings) -> anyhow::Result<()> {
+    use sqlx::Connection;
+    let url = settings
+        .database_url
+        .as_deref()
+        .context("DATABASE_URL is not set")?;
+    let mut conn = sqlx::PgConnection::connect(url)
+        .await
+        .context("could not connect to PostgreSQL (DATABASE_URL)")?;
+    MIGRATOR
+        .run(&mut conn)
+        .await
+        .context("could not apply database migrations")?;
+    conn.close().await?;
+    Ok(())
 }

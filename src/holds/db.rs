@@ -172,3 +172,12 @@ pub async fn active_holds(pool: &PgPool, limit: i64) -> sqlx::Result<Vec<Hold>> 
     }
     Ok(holds)
 }
+
+/// The hold placed under an idempotency key, if any.
+pub async fn hold_for_key(pool: &PgPool, scope: &str, key: &str) -> sqlx::Result<Option<Uuid>> {
+    sqlx::query_scalar("select id from holds where idempotency_scope = $1 and idempotency_key = $2")
+        .bind(scope)
+        .bind(key)
+        .fetch_optional(pool)
+        .await
+}

@@ -6,8 +6,8 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::AppState;
 use super::middleware::problem_response;
+use super::{AppState, detached};
 use crate::catalog::{self, ProductView, Sku};
 use crate::error::AppError;
 use crate::holds;
@@ -85,7 +85,11 @@ pub async fn post_orders(
 ) -> Result<HttpResponse, AppError> {
     let key = idempotency_key(&req)?;
     let request = OrderRequest::from_json(&body, state.settings.max_line_quantity)?;
-    let placement = orders::place_order(state.order_deps(), Scope::Api, &key, &request).await?;
+    let state = state.into_inner();
+    let placement = detached(async move {
+        orders::place_order(state.order_deps(), Scope::Api, &key, &request).await
+    })
+    .await??;
     Ok(placement_response(&req, placement))
 }
 
@@ -97,7 +101,11 @@ pub async fn post_holds(
 ) -> Result<HttpResponse, AppError> {
     let key = idempotency_key(&req)?;
     let request = OrderRequest::from_json(&body, state.settings.max_line_quantity)?;
-    let placement = orders::place_hold(state.order_deps(), Scope::ApiHold, &key, &request).await?;
+    let state = state.into_inner();
+    let placement = detached(async move {
+        orders::place_hold(state.order_deps(), Scope::ApiHold, &key, &request).await
+    })
+    .await??;
     Ok(placement_response(&req, placement))
 }
 
@@ -186,7 +194,11 @@ pub async fn post_hold_confirm(
             .map_err(|e| AppError::BadRequest(format!("The body is not valid JSON: {e}")))?
     };
     let details = OrderRequest::check_contact(body.email.as_deref(), body.name.as_deref())?;
-    match holds::confirm(&state.db, id, details.name(), details.email()).await {
+    let db = state.db.clone();
+    let confirmed =
+        detached(async move { holds::confirm(&db, id, details.name(), details.email()).await })
+            .await?;
+    match confirmed {
         Ok(confirmed) => {
             let mut res = HttpResponse::Created();
             res.insert_header((
@@ -207,7 +219,9 @@ pub async fn delete_hold(
     state: web::Data<AppState>,
     path: web::Path<String>,
 ) -> Result<HttpResponse, AppError> {
-    holds::release(&state.db, &state.redis, hold_id(&path)?, "api").await?;
+    let id = hold_id(&path)?;
+    let state = state.into_inner();
+    detached(async move { holds::release(&state.db, &state.redis, id, "api").await }).await??;
     Ok(HttpResponse::NoContent().finish())
 }
 

@@ -30,14 +30,20 @@ pub async fn get_readyz(state: web::Data<AppState>) -> HttpResponse {
         match tokio::time::timeout(CHECK_TIMEOUT, sqlx::query("select 1").execute(&state.db)).await
         {
             Ok(Ok(_)) => "ok".to_string(),
-            Ok(Err(e)) => format!("unreachable: {e}"),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "readiness: PostgreSQL unreachable");
+                "unreachable".to_string()
+            }
             Err(_) => "unreachable: no answer within 2 s".to_string(),
         }
     };
     let redis = async {
         match tokio::time::timeout(CHECK_TIMEOUT, state.redis.ping()).await {
             Ok(Ok(())) => "ok".to_string(),
-            Ok(Err(e)) => format!("unreachable: {e}"),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "readiness: Redis unreachable");
+                "unreachable".to_string()
+            }
             Err(_) => "unreachable: no answer within 2 s".to_string(),
         }
     };

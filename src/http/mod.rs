@@ -38,6 +38,17 @@ impl AppState {
     }
 }
 
+/// Runs `work` as a task of its own, so it runs to the end (committing or cleaning up
+/// its idempotency key and leases) even when the client goes away and the handler is
+/// dropped.
+pub async fn detached<T: 'static>(
+    work: impl Future<Output = T> + 'static,
+) -> Result<T, crate::error::AppError> {
+    actix_web::rt::spawn(work)
+        .await
+        .map_err(|e| crate::error::AppError::Internal(anyhow::anyhow!("request task failed: {e}")))
+}
+
 /// Every route of the application.
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/", web::get().to(pages::get_catalogue))

@@ -15,7 +15,7 @@ use askama::Template;
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::{AppState, Chrome};
+use super::{AppState, Chrome, detached};
 use crate::catalog::{Sku, format_cents};
 use crate::error::AppError;
 use crate::holds::{self, Hold, HoldError};
@@ -23,6 +23,9 @@ use crate::idempotency::{IdempotencyKey, Scope};
 use crate::orders::{
     self, MAX_LINES, Order, OrderError, OrderRequest, Placement, Quantity, Shortage,
 };
+
+/// Most units of one product a cart line may carry.
+const MAX_CART_QUANTITY: i32 = 10_000;
 
 /// Name of the cart cookie.
 pub const CART_COOKIE: &str = "cart";
@@ -40,7 +43,11 @@ impl Cart {
             .split('|')
             .filter_map(|entry| {
                 let (sku, n) = entry.split_once('~')?;
-                let n: i32 = n.parse().ok().filter(|n| *n > 0)?;
+                // A cookie is client input: quantities beyond any order's reach are dropped.
+                let n: i32 = n
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=MAX_CART_QUANTITY).contains(n))?;
                 Some((Sku::parse(sku).ok()?, n))
             })
             .take(MAX_LINES)
@@ -297,16 +304,24 @@ pub async fn post_checkout(
         .collect();
     let request = OrderRequest::new(lines, None, None, max_quantity(&state))?;
 
-    // A second press of the same button waits for the first and goes where it went.
-    let started = Instant::now();
-    let placement = loop {
-        match orders::place_hold(state.order_deps(), Scope::Page, &key, &request).await {
-            Err(OrderError::InFlight) if started.elapsed() < WAIT_FOR_FIRST_SUBMISSION => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
+    // A second press of the same button waits for the first and goes where it went; a
+    // first press that died is taken over once its record goes stale.
+    let shared = state.clone().into_inner();
+    let placement = detached(async move {
+        let deadline =
+            Instant::now() + orders::stale_after(&shared.settings) + Duration::from_secs(1);
+        let mut pause = Duration::from_millis(20);
+        loop {
+            match orders::place_hold(shared.order_deps(), Scope::Page, &key, &request).await {
+                Err(OrderError::InFlight) if Instant::now() < deadline => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                }
+                other => return other,
             }
-            other => break other?,
         }
-    };
+    })
+    .await??;
     match placement {
         Placement::Held { hold, .. } => Ok(see_other(&format!("/checkout/{}", hold.id))),
         Placement::Placed { order, .. } => Ok(see_other(&format!("/orders/{}", order.id))),
@@ -317,9 +332,6 @@ pub async fn post_checkout(
         }
     }
 }
-
-/// How long a repeated submission waits for the first one to finish.
-const WAIT_FOR_FIRST_SUBMISSION: Duration = Duration::from_secs(10);
 
 #[derive(Template)]
 #[template(path = "shop/checkout.html")]
@@ -413,7 +425,11 @@ pub async fn post_checkout_confirm(
             return again(StatusCode::UNPROCESSABLE_ENTITY, &message, vec![]).await;
         }
     };
-    match holds::confirm(&state.db, id, contact.name(), contact.email()).await {
+    let db = state.db.clone();
+    let confirmed =
+        detached(async move { holds::confirm(&db, id, contact.name(), contact.email()).await })
+            .await?;
+    match confirmed {
         Ok(confirmed) => Ok(HttpResponse::SeeOther()
             .insert_header((header::LOCATION, format!("/orders/{}", confirmed.order.id)))
             .cookie(Cart::default().cookie())
@@ -460,7 +476,11 @@ pub async fn post_checkout_cancel(
     path: web::Path<String>,
 ) -> Result<HttpResponse, AppError> {
     let id = parse_hold_id(&path)?;
-    match holds::release(&state.db, &state.redis, id, "shopper").await {
+    let shared = state.into_inner();
+    let released =
+        detached(async move { holds::release(&shared.db, &shared.redis, id, "shopper").await })
+            .await?;
+    match released {
         Ok(_) => Ok(see_other("/cart")),
         Err(HoldError::AlreadyConfirmed(order_id)) => Ok(see_other(&format!("/orders/{order_id}"))),
         Err(e) => Err(e.into()),
@@ -519,7 +539,7 @@ mod tests {
 
     #[test]
     fn damaged_cart_entries_are_skipped() {
-        let cart = Cart::decode("A-1~2|garbage|B 2~1|C-3~-1|D-4~x|E-5~3");
+        let cart = Cart::decode("A-1~2|garbage|B 2~1|C-3~-1|D-4~x|E-5~3|F-6~2147483647");
         assert_eq!(cart.encode(), "A-1~2|E-5~3");
     }
 }

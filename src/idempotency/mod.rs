@@ -243,13 +243,34 @@ pub async fn abandon(pool: &PgPool, claim: &Claim) -> sqlx::Result<()> {
     Ok(())
 }
 
-/// Deletes completed records older than `ttl`; returns how many.
-pub async fn purge(pool: &PgPool, ttl: Duration) -> sqlx::Result<u64> {
+/// The stored response of the claimed key, if its request completed (used after a
+/// transaction whose outcome is unknown, e.g. cut off during COMMIT).
+pub async fn completed(pool: &PgPool, claim: &Claim) -> sqlx::Result<Option<StoredResponse>> {
+    let row: Option<(i16, serde_json::Value)> = sqlx::query_as(
+        r#"select response_status, response_body from idempotency_keys
+            where scope = $1 and key = $2 and state = 'completed'"#,
+    )
+    .bind(claim.scope.as_str())
+    .bind(claim.key.as_str())
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.map(|(status, body)| StoredResponse {
+        status: status as u16,
+        body,
+    }))
+}
+
+/// Deletes completed records older than `ttl`, and in-flight records whose request died
+/// longer than `stale_after` ago (they never have an order: completing the record is part
+/// of the order's transaction). Returns how many.
+pub async fn purge(pool: &PgPool, ttl: Duration, stale_after: Duration) -> sqlx::Result<u64> {
     Ok(sqlx::query(
         r#"delete from idempotency_keys
-            where created_at < now() - make_interval(secs => $1) and state = 'completed'"#,
+            where (state = 'completed' and created_at < now() - make_interval(secs => $1))
+               or (state = 'in_flight' and locked_at < now() - make_interval(secs => $2))"#,
     )
     .bind(ttl.as_secs_f64())
+    .bind(stale_after.as_secs_f64())
     .execute(pool)
     .await?
     .rows_affected())

@@ -77,6 +77,27 @@ pub async fn take_stock(
     reference: &str,
     actor: &str,
 ) -> sqlx::Result<Take> {
+    for _ in 0..RETRIES {
+        // None: stock came back between the update and the look at why it failed (read
+        // committed takes a new snapshot per statement), so the update may succeed now.
+        if let Some(done) = take_stock_once(conn, sku, quantity, fence, reference, actor).await? {
+            return Ok(done);
+        }
+    }
+    why_not_final(conn, sku).await
+}
+
+/// How often a conditional update is retried when stock moved under it.
+const RETRIES: usize = 3;
+
+async fn take_stock_once(
+    conn: &mut PgConnection,
+    sku: &Sku,
+    quantity: i32,
+    fence: Option<i64>,
+    reference: &str,
+    actor: &str,
+) -> sqlx::Result<Option<Take>> {
     let left: Option<i32> = sqlx::query_scalar(
         r#"update stock
               set on_hand = on_hand - $2,
@@ -84,7 +105,7 @@ pub async fn take_stock(
                   updated_at = now()
             where sku = $1
               and on_hand - reserved >= $2
-              and ($3::bigint is null or last_fence <= $3)
+              and ($3::bigint is null or last_fence < $3)
         returning on_hand - reserved"#,
     )
     .bind(sku.as_str())
@@ -95,7 +116,7 @@ pub async fn take_stock(
     match left {
         Some(left) => {
             record_movement(conn, sku, -quantity, 0, "order", reference, actor).await?;
-            Ok(Take::Taken { left })
+            Ok(Some(Take::Taken { left }))
         }
         None => why_not(conn, sku, quantity, fence).await,
     }
@@ -111,6 +132,25 @@ pub async fn reserve_stock(
     reference: &str,
     actor: &str,
 ) -> sqlx::Result<Take> {
+    for _ in 0..RETRIES {
+        // None: stock came back between the update and the look at why it failed (read
+        // committed takes a new snapshot per statement), so the update may succeed now.
+        if let Some(done) = reserve_stock_once(conn, sku, quantity, fence, reference, actor).await?
+        {
+            return Ok(done);
+        }
+    }
+    why_not_final(conn, sku).await
+}
+
+async fn reserve_stock_once(
+    conn: &mut PgConnection,
+    sku: &Sku,
+    quantity: i32,
+    fence: Option<i64>,
+    reference: &str,
+    actor: &str,
+) -> sqlx::Result<Option<Take>> {
     let left: Option<i32> = sqlx::query_scalar(
         r#"update stock
               set reserved = reserved + $2,
@@ -118,7 +158,7 @@ pub async fn reserve_stock(
                   updated_at = now()
             where sku = $1
               and on_hand - reserved >= $2
-              and ($3::bigint is null or last_fence <= $3)
+              and ($3::bigint is null or last_fence < $3)
         returning on_hand - reserved"#,
     )
     .bind(sku.as_str())
@@ -129,7 +169,7 @@ pub async fn reserve_stock(
     match left {
         Some(left) => {
             record_movement(conn, sku, 0, quantity, "hold", reference, actor).await?;
-            Ok(Take::Taken { left })
+            Ok(Some(Take::Taken { left }))
         }
         None => why_not(conn, sku, quantity, fence).await,
     }
@@ -184,23 +224,33 @@ pub async fn unreserve(
     Ok(changed == 1)
 }
 
+/// After the retries: report what is available now (stock keeps moving; say so honestly).
+async fn why_not_final(conn: &mut PgConnection, sku: &Sku) -> sqlx::Result<Take> {
+    let available: i32 = sqlx::query_scalar("select on_hand - reserved from stock where sku = $1")
+        .bind(sku.as_str())
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(Take::Short { available })
+}
+
 /// Why a conditional update changed nothing, from the row as this transaction sees it.
 async fn why_not(
     conn: &mut PgConnection,
     sku: &Sku,
     quantity: i32,
     fence: Option<i64>,
-) -> sqlx::Result<Take> {
+) -> sqlx::Result<Option<Take>> {
     let (available, last_fence): (i32, i64) =
         sqlx::query_as("select on_hand - reserved, last_fence from stock where sku = $1")
             .bind(sku.as_str())
             .fetch_one(&mut *conn)
             .await?;
     Ok(match fence {
-        Some(fence) if last_fence > fence && available >= quantity => {
-            Take::StaleFence { last_fence }
+        Some(fence) if last_fence >= fence && available >= quantity => {
+            Some(Take::StaleFence { last_fence })
         }
-        _ => Take::Short { available },
+        _ if available >= quantity => None,
+        _ => Some(Take::Short { available }),
     })
 }
 

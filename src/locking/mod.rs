@@ -149,11 +149,16 @@ return released
 "#;
 
 /// Raises the fence counter to at least ARGV[1] (after Redis lost it, e.g. a restart).
+/// Callers add a wide margin, past any token a holder from before the restart may still
+/// carry.
 const RAISE_FENCE: &str = r#"
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
 if current < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end
 return 1
 "#;
+
+/// How far the fence counter jumps past the highest token seen once Redis has lost it.
+pub const FENCE_EPOCH: i64 = 1_000_000;
 
 /// How long the sold-out hint lives; stale hints only cost one database read.
 const SOLD_OUT_HINT_TTL_MS: u64 = 30_000;
@@ -199,6 +204,15 @@ impl Redis {
                 Err(e) => {
                     tracing::debug!(error = %e, "lease script failed");
                     self.note(false);
+                    // The script may have run before the answer was lost: undo what this
+                    // token may hold, or other buyers would wait for its TTL.
+                    let orphan = Lease {
+                        keys: lease_keys,
+                        token,
+                        fence: 0,
+                    };
+                    let redis = self.clone();
+                    tokio::spawn(async move { redis.release(&orphan).await });
                     return Acquire::Degraded;
                 }
             }
@@ -234,12 +248,13 @@ impl Redis {
         }
     }
 
-    /// Makes every later fencing token greater than `at_least`.
-    pub async fn raise_fence(&self, at_least: i64) {
+    /// Makes every later fencing token greater than `seen` by a wide margin
+    /// ([`FENCE_EPOCH`]), so it also passes any token issued before Redis lost its counter.
+    pub async fn raise_fence(&self, seen: i64) {
         let mut conn = self.conn();
         let result = Script::new(RAISE_FENCE)
             .key(self.fence_key())
-            .arg(at_least)
+            .arg(seen.saturating_add(FENCE_EPOCH))
             .invoke_async::<i64>(&mut conn)
             .await;
         if let Err(e) = result {

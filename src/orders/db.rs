@@ -112,3 +112,14 @@ pub async fn find_order(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<Order>> 
         created_at: row.created_at,
     }))
 }
+
+/// The order placed under an idempotency key, if any.
+pub async fn order_for_key(pool: &PgPool, scope: &str, key: &str) -> sqlx::Result<Option<Uuid>> {
+    sqlx::query_scalar(
+        "select id from orders where idempotency_scope = $1 and idempotency_key = $2",
+    )
+    .bind(scope)
+    .bind(key)
+    .fetch_optional(pool)
+    .await
+}

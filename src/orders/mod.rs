@@ -5,7 +5,7 @@
 pub mod db;
 mod place;
 
-pub use place::{OrderDeps, OrderError, Placement, place_hold, place_order};
+pub use place::{OrderDeps, OrderError, Placement, place_hold, place_order, stale_after};
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};

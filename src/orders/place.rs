@@ -138,6 +138,12 @@ fn count(deps: OrderDeps<'_>, result: &Result<Placement, OrderError>) {
     deps.metrics.orders.with_label_values(&[outcome]).inc();
 }
 
+/// How long an in-flight idempotency record is trusted before a retry may take it over:
+/// longer than any request can still be working on it.
+pub fn stale_after(s: &Settings) -> Duration {
+    s.lease_wait + s.lease_ttl + s.fault_pause_after_lease + Duration::from_secs(5)
+}
+
 async fn place(
     deps: OrderDeps<'_>,
     scope: Scope,
@@ -145,53 +151,131 @@ async fn place(
     request: &OrderRequest,
     intent: Intent,
 ) -> Result<Placement, OrderError> {
-    let skus = request.skus();
-    let products = db::products_for(deps.db, &skus).await?;
-    let unknown: Vec<String> = skus
-        .iter()
-        .filter(|s| !products.iter().any(|p| p.sku == s.as_str()))
-        .map(|s| s.to_string())
-        .collect();
-    if !unknown.is_empty() {
-        return Err(OrderError::UnknownSkus(unknown));
-    }
-
-    let s = deps.settings;
-    let stale_after =
-        s.lease_wait + s.lease_ttl + s.fault_pause_after_lease + Duration::from_secs(5);
-    let claim =
-        match idempotency::begin(deps.db, scope, key, &request.fingerprint(), stale_after).await? {
-            Begin::Started(claim) => claim,
-            Begin::Replay(stored) => {
-                deps.metrics.idempotent_replays.inc();
-                return replay(stored, intent);
-            }
-            Begin::Mismatch => return Err(OrderError::KeyReused),
-            Begin::InFlight => return Err(OrderError::InFlight),
-        };
-
-    let result = place_claimed(deps, &claim, request, &products, intent).await;
-    if result.is_err() {
-        // Not a decided outcome: free the key so a retry starts afresh. (A committed order
-        // has already completed the record, which this leaves alone.)
-        if let Err(e) = idempotency::abandon(deps.db, &claim).await {
-            tracing::warn!(error = %e, "could not release an idempotency key");
+    let fingerprint = request.fingerprint();
+    let claim = match idempotency::begin(
+        deps.db,
+        scope,
+        key,
+        &fingerprint,
+        stale_after(deps.settings),
+    )
+    .await?
+    {
+        Begin::Started(claim) => claim,
+        Begin::Replay(stored) => {
+            deps.metrics.idempotent_replays.inc();
+            return replay(deps, stored, intent).await;
         }
+        Begin::Mismatch => return Err(OrderError::KeyReused),
+        Begin::InFlight => return Err(OrderError::InFlight),
+    };
+
+    let result = async {
+        // A key whose record was purged may still have its order: that is the answer.
+        if let Some(placement) = existing(deps, &claim, intent).await? {
+            deps.metrics.idempotent_replays.inc();
+            return Ok(placement);
+        }
+        let skus = request.skus();
+        let products = db::products_for(deps.db, &skus).await?;
+        let unknown: Vec<String> = skus
+            .iter()
+            .filter(|s| !products.iter().any(|p| p.sku == s.as_str()))
+            .map(|s| s.to_string())
+            .collect();
+        if !unknown.is_empty() {
+            return Err(OrderError::UnknownSkus(unknown));
+        }
+        place_claimed(deps, &claim, request, &products, intent).await
     }
-    result
+    .await;
+
+    let Err(error) = result else {
+        return result;
+    };
+    // Not a decided outcome: free the key so a retry starts afresh. This waits for a
+    // transaction cut off by its timeout to end; a committed order has completed the
+    // record, which this leaves alone.
+    if let Err(e) = idempotency::abandon(deps.db, &claim).await {
+        tracing::warn!(error = %e, "could not release an idempotency key");
+    }
+    if matches!(error, OrderError::TimedOut | OrderError::Database(_))
+        && let Ok(Some(stored)) = idempotency::completed(deps.db, &claim).await
+    {
+        // The transaction committed after all (the timeout fired during COMMIT, or the
+        // connection broke after it): answer with what it did.
+        return replay(deps, stored, intent).await;
+    }
+    Err(error)
 }
 
-/// A stored response, as the placement it recorded.
-fn replay(stored: StoredResponse, intent: Intent) -> Result<Placement, OrderError> {
+/// The order or hold already made under the claimed key (its record purged since), stored
+/// again under the key and returned.
+async fn existing(
+    deps: OrderDeps<'_>,
+    claim: &Claim,
+    intent: Intent,
+) -> Result<Option<Placement>, OrderError> {
+    let (scope, key) = (claim.scope.as_str(), claim.key.as_str());
+    let (placement, body) = match intent {
+        Intent::Order => {
+            let Some(id) = db::order_for_key(deps.db, scope, key).await? else {
+                return Ok(None);
+            };
+            let Some(order) = db::find_order(deps.db, id).await? else {
+                return Ok(None);
+            };
+            let body = serde_json::to_value(&order).expect("orders serialise");
+            (
+                Placement::Placed {
+                    order,
+                    replayed: true,
+                },
+                body,
+            )
+        }
+        Intent::Hold => {
+            let Some(id) = crate::holds::db::hold_for_key(deps.db, scope, key).await? else {
+                return Ok(None);
+            };
+            let Some(hold) = crate::holds::db::find_hold(deps.db, id).await? else {
+                return Ok(None);
+            };
+            let body = serde_json::to_value(&hold).expect("holds serialise");
+            (
+                Placement::Held {
+                    hold,
+                    replayed: true,
+                },
+                body,
+            )
+        }
+    };
+    let mut conn = deps.db.acquire().await?;
+    idempotency::complete(&mut conn, claim, &StoredResponse { status: 201, body }).await?;
+    Ok(Some(placement))
+}
+
+/// The placement a stored response recorded, with the order or hold as it is now (it may
+/// have been confirmed, cancelled or expired since).
+async fn replay(
+    deps: OrderDeps<'_>,
+    stored: StoredResponse,
+    intent: Intent,
+) -> Result<Placement, OrderError> {
     let corrupt = |e: serde_json::Error| OrderError::Database(sqlx::Error::Decode(Box::new(e)));
     if stored.status == 201 && intent == Intent::Hold {
-        let hold = serde_json::from_value(stored.body).map_err(corrupt)?;
+        let hold: Hold = serde_json::from_value(stored.body).map_err(corrupt)?;
+        let hold = crate::holds::db::find_hold(deps.db, hold.id)
+            .await?
+            .unwrap_or(hold);
         Ok(Placement::Held {
             hold,
             replayed: true,
         })
     } else if stored.status == 201 {
-        let order = serde_json::from_value(stored.body).map_err(corrupt)?;
+        let order: Order = serde_json::from_value(stored.body).map_err(corrupt)?;
+        let order = db::find_order(deps.db, order.id).await?.unwrap_or(order);
         Ok(Placement::Placed {
             order,
             replayed: true,
@@ -276,6 +360,10 @@ async fn place_claimed(
                             return store_insufficient(deps, claim, shortages).await;
                         }
                         deps.redis.clear_sold_out(&sku).await;
+                        attempts += 1;
+                        if attempts >= MAX_ATTEMPTS || Instant::now() >= deadline {
+                            return Err(OrderError::Busy);
+                        }
                         continue;
                     }
                 }
@@ -397,18 +485,19 @@ async fn transact(
         .lines()
         .iter()
         .map(|line| {
+            // A product deactivated since the check at the start cannot be sold.
             let product = products
                 .iter()
                 .find(|p| p.sku == line.sku.as_str())
-                .expect("products were checked before the transaction");
-            OrderLine {
+                .ok_or_else(|| OrderError::UnknownSkus(vec![line.sku.to_string()]))?;
+            Ok(OrderLine {
                 sku: product.sku.clone(),
                 name: product.name.clone(),
                 quantity: line.quantity.get(),
                 unit_price_cents: product.price_cents,
-            }
+            })
         })
-        .collect();
+        .collect::<Result<_, OrderError>>()?;
     let total_cents = lines
         .iter()
         .map(|l| l.unit_price_cents * i64::from(l.quantity))

@@ -11,14 +11,15 @@ use std::time::Duration;
 use actix_web::dev::ServerHandle;
 use sqlx::PgPool;
 use stockade::config::{LogFormat, Settings};
-use stockade::local::{LocalPostgres, LocalRedis, PG_USER, create_database};
+use stockade::local::{LocalPostgres, LocalRedis, create_database};
 use stockade::startup::{Application, MIGRATOR};
 use tokio::sync::OnceCell;
 use uuid::Uuid;
 
 /// The servers of this test run.
 pub struct Servers {
-    pub pg_port: u16,
+    /// `postgres://user:password@host:port/` — append a database name.
+    pub pg_base: String,
     pub redis_url: String,
     pub root: PathBuf,
 }
@@ -66,7 +67,7 @@ pub async fn servers() -> &'static Servers {
             .await
             .unwrap();
             let servers = Servers {
-                pg_port: pg.port,
+                pg_base: pg.url(""),
                 redis_url: redis.url(),
                 root,
             };
@@ -87,7 +88,7 @@ pub async fn servers() -> &'static Servers {
 
 impl Servers {
     pub fn url(&self, database: &str) -> String {
-        format!("postgres://{PG_USER}@127.0.0.1:{}/{database}", self.pg_port)
+        format!("{}{database}", self.pg_base)
     }
 }
 
@@ -248,7 +249,7 @@ impl TestApp {
     /// Starts this app's own Redis again, empty, on the same port.
     pub async fn restart_redis(&mut self) {
         let old = self.own_redis.take().expect("app has its own Redis");
-        let (dir, port) = (old.dir.clone(), old.port);
+        let (dir, port) = (old.wanted.clone(), old.port);
         drop(old);
         let redis =
             tokio::task::spawn_blocking(move || LocalRedis::start(&dir, Some(port)).unwrap())
