@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::catalog;
 use crate::config::{OrderStrategy, Settings};
+use crate::loadtest::{self, CheckArgs, LoadtestArgs};
 use crate::local::{LocalOptions, LocalServices};
 use crate::startup::{self, Application, connect_database};
 use crate::telemetry;
@@ -30,6 +31,10 @@ enum Command {
     Migrate,
     /// Add the demo catalogue to DATABASE_URL (existing products are kept).
     Seed,
+    /// Load servers with virtual buyers, check the invariants, write a report.
+    Loadtest(Box<LoadtestArgs>),
+    /// Check the invariants (I1–I6) of a database, optionally against a run's client log.
+    Check(CheckArgs),
 }
 
 #[derive(Debug, Args)]
@@ -70,15 +75,33 @@ impl Cli {
                 Command::Serve(args) => serve(settings, args).await,
                 Command::Migrate => migrate(settings).await,
                 Command::Seed => seed(settings).await,
+                Command::Loadtest(args) => verdict(loadtest::loadtest(*args).await),
+                Command::Check(args) => verdict(loadtest::check_command(args).await),
             }
         });
         match result {
             Ok(()) => ExitCode::SUCCESS,
+            Err(e) if e.is::<InvariantsFailed>() => {
+                eprintln!("stockade: some invariants FAILED (see above)");
+                ExitCode::from(3)
+            }
             Err(e) => {
                 eprintln!("stockade: {e:#}");
                 ExitCode::FAILURE
             }
         }
+    }
+}
+
+/// Some invariant failed (exit status 3); the details were printed.
+#[derive(Debug, thiserror::Error)]
+#[error("invariants failed")]
+struct InvariantsFailed;
+
+fn verdict(passed: anyhow::Result<bool>) -> anyhow::Result<()> {
+    match passed? {
+        true => Ok(()),
+        false => Err(InvariantsFailed.into()),
     }
 }
 

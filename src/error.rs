@@ -83,6 +83,11 @@ impl AppError {
             Self::Database(e) if is_transient(e) => {
                 "We are very busy right now; please try again in a moment.".into()
             }
+            Self::Database(e) if is_check_violation(e) => {
+                "Stock changed while this was being done, and the database refused it; \
+                 nothing was changed. Please try again."
+                    .into()
+            }
             Self::Database(_) | Self::Internal(_) => {
                 "Something went wrong on our side. Please try again; if it keeps happening, \
                  quote the request id below."
@@ -111,6 +116,7 @@ impl ResponseError for AppError {
             Self::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Database(e) if is_transient(e) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Database(e) if is_check_violation(e) => StatusCode::CONFLICT,
             Self::Database(_) | Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -130,6 +136,12 @@ impl ResponseError for AppError {
         }
         res
     }
+}
+
+/// A CHECK constraint refused a write: the stock guard said no (only reachable through
+/// the naive strategy's read-then-write, which can compute a stale value).
+pub fn is_check_violation(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("23514"))
 }
 
 /// Database failures that load or a passing fault causes, and a retry may not meet: no

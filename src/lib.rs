@@ -20,6 +20,8 @@ pub mod http;
 pub mod idempotency;
 /// Stock levels and the append-only ledger of every movement.
 pub mod inventory;
+/// The load tester, the invariant checker and the report.
+pub mod loadtest;
 /// Local mode: PostgreSQL and Redis as child processes.
 pub mod local;
 /// Redis: the shared connection and the per-SKU leases.

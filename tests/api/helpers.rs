@@ -371,127 +371,37 @@ impl Drop for TestApp {
     }
 }
 
-/// A `stockade serve` process of the built binary, for cross-process tests.
-pub struct ServerProcess {
-    pub address: String,
-    child: Option<Child>,
-    pub stdout: Vec<String>,
+pub use stockade::loadtest::servers::ServerProcess;
+
+/// Runs `stockade serve` (the built binary) with exactly `env` (plus `PATH`).
+pub async fn serve(env: &[(&str, String)], args: &[&str]) -> ServerProcess {
+    let mut env = env.to_vec();
+    env.push((
+        "STOCKADE_LOG",
+        std::env::var("TEST_LOG").unwrap_or_else(|_| "warn".into()),
+    ));
+    ServerProcess::start(
+        std::path::Path::new(env!("CARGO_BIN_EXE_stockade")),
+        &env,
+        args,
+    )
+    .await
+    .unwrap()
 }
 
-impl ServerProcess {
-    /// The value printed after `label:` at startup (e.g. `PostgreSQL`).
-    pub fn printed(&self, label: &str) -> Option<String> {
-        self.stdout.iter().find_map(|l| {
-            let rest = l.trim().strip_prefix(label)?.strip_prefix(':')?;
-            Some(rest.trim().to_string())
-        })
-    }
-
-    /// Runs `stockade serve` with exactly `env` (plus `PATH`), and waits for its URL.
-    pub async fn start(env: &[(&str, String)], args: &[&str]) -> ServerProcess {
-        use std::io::{BufRead, BufReader};
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_stockade"));
-        cmd.arg("serve")
-            .args(args)
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env(
-                "STOCKADE_LOG",
-                std::env::var("TEST_LOG").unwrap_or_else(|_| "warn".into()),
-            )
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("spawn stockade");
-        let stdout = child.stdout.take().unwrap();
-        let (address, lines) = tokio::task::spawn_blocking(move || {
-            let mut reader = BufReader::new(stdout);
-            let mut lines = Vec::new();
-            let mut line = String::new();
-            while reader.read_line(&mut line).unwrap_or(0) > 0 {
-                lines.push(line.trim_end().to_string());
-                if line.starts_with("Press Ctrl-C") {
-                    // Keep draining so the child never blocks on a full pipe.
-                    std::thread::spawn(move || std::io::copy(&mut reader, &mut std::io::sink()));
-                    let url = lines.iter().find_map(|l| {
-                        let url = l.trim().strip_prefix("Storefront:")?;
-                        Some(url.trim().trim_end_matches('/').to_string())
-                    });
-                    return (url, lines);
-                }
-                line.clear();
-            }
-            (None, lines)
-        })
-        .await
-        .unwrap();
-        let address = address.unwrap_or_else(|| panic!("server did not start: {lines:?}"));
-        ServerProcess {
-            address,
-            child: Some(child),
-            stdout: lines,
-        }
-    }
-
-    /// A process serving `app`'s database and Redis prefix.
-    pub async fn for_app(app: &TestApp, extra: &[(&str, String)], args: &[&str]) -> ServerProcess {
-        let s = &app.settings;
-        let mut env = vec![
-            ("DATABASE_URL", s.database_url.clone().unwrap()),
-            ("REDIS_URL", s.redis_url.clone().unwrap()),
-            ("STOCKADE_REDIS_PREFIX", s.redis_prefix.clone()),
-            ("STOCKADE_LISTEN", "127.0.0.1:0".into()),
-            ("STOCKADE_WORKERS", "2".into()),
-            ("STOCKADE_DB_POOL_SIZE", "8".into()),
-        ];
-        env.extend(extra.iter().cloned());
-        ServerProcess::start(&env, args).await
-    }
-
-    /// SIGTERM, then wait for a clean exit; returns whether it exited successfully.
-    pub fn stop(&mut self) -> bool {
-        let Some(mut child) = self.child.take() else {
-            return true;
-        };
-        // SAFETY: plain signal to our own child process.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                return status.success();
-            }
-            if std::time::Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl ServerProcess {
-    /// The process id, e.g. to read its memory use.
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
-    }
-
-    /// Peak resident memory (VmHWM) in KiB.
-    pub fn peak_rss_kib(&self) -> Option<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-    }
-}
-
-impl Drop for ServerProcess {
-    fn drop(&mut self) {
-        self.stop();
-    }
+/// A `stockade serve` process serving `app`'s database and Redis prefix.
+pub async fn serve_app(app: &TestApp, extra: &[(&str, String)], args: &[&str]) -> ServerProcess {
+    let s = &app.settings;
+    let mut env = vec![
+        ("DATABASE_URL", s.database_url.clone().unwrap()),
+        ("REDIS_URL", s.redis_url.clone().unwrap()),
+        ("STOCKADE_REDIS_PREFIX", s.redis_prefix.clone()),
+        ("STOCKADE_LISTEN", "127.0.0.1:0".into()),
+        ("STOCKADE_WORKERS", "2".into()),
+        ("STOCKADE_DB_POOL_SIZE", "8".into()),
+    ];
+    env.extend(extra.iter().cloned());
+    serve(&env, args).await
 }
 
 static CHROMEDRIVER: Mutex<Option<Child>> = Mutex::new(None);

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use uuid::Uuid;
 
-use crate::helpers::{ServerProcess, TestApp, spawn_app, spawn_app_with, test_settings};
+use crate::helpers::{TestApp, serve_app, spawn_app, spawn_app_with, test_settings};
 
 /// POSTs an API hold.
 async fn post_hold(
@@ -69,8 +69,8 @@ async fn three_hundred_shoppers_hold_fifty_units_then_thirty_confirm_and_twenty_
         ("STOCKADE_SWEEP_INTERVAL_MS", "200".to_string()),
     ];
     let servers = [
-        ServerProcess::for_app(&app, &extra, &[]).await,
-        ServerProcess::for_app(&app, &extra, &[]).await,
+        serve_app(&app, &extra, &[]).await,
+        serve_app(&app, &extra, &[]).await,
     ];
     let client = reqwest::Client::new();
     let answers = join_all((0..300).map(|i| {
@@ -160,8 +160,8 @@ async fn competing_sweepers_release_each_expired_hold_exactly_once() {
 
     // Two server processes sweep every 20 ms, and this test sweeps too, all at once.
     let extra = [("STOCKADE_SWEEP_INTERVAL_MS", "20".to_string())];
-    let _a = ServerProcess::for_app(&app, &extra, &[]).await;
-    let _b = ServerProcess::for_app(&app, &extra, &[]).await;
+    let _a = serve_app(&app, &extra, &[]).await;
+    let _b = serve_app(&app, &extra, &[]).await;
     let redis = stockade::locking::Redis::connect_lazy(
         app.settings.redis_url.as_deref().unwrap(),
         &app.settings.redis_prefix,

@@ -6,6 +6,7 @@ mod catalogue;
 mod health;
 mod helpers;
 mod holds;
+mod loadtest;
 mod orders;
 mod process;
 mod shop;

@@ -7,8 +7,8 @@ use rand::seq::SliceRandom;
 use stockade::config::OrderStrategy;
 
 use crate::helpers::{
-    ServerProcess, TestApp, post_order_to, spawn_app, spawn_app_with, spawn_app_with_own_redis,
-    test_settings,
+    ServerProcess, TestApp, post_order_to, serve_app, spawn_app, spawn_app_with,
+    spawn_app_with_own_redis, test_settings,
 };
 
 /// What a hot-SKU race ended with.
@@ -35,8 +35,8 @@ async fn hot_sku_race(strategy: &str, stock: i32, buyers: usize) -> (TestApp, Ra
         &[]
     };
     let servers = [
-        ServerProcess::for_app(&app, &extra, args).await,
-        ServerProcess::for_app(&app, &extra, args).await,
+        serve_app(&app, &extra, args).await,
+        serve_app(&app, &extra, args).await,
     ];
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(buyers)
@@ -160,8 +160,8 @@ async fn multi_sku_orders_in_random_line_order_never_deadlock() {
         app.add_product(sku, sku, 1_000, 40).await;
     }
     let servers = [
-        ServerProcess::for_app(&app, &[], &[]).await,
-        ServerProcess::for_app(&app, &[], &[]).await,
+        serve_app(&app, &[], &[]).await,
+        serve_app(&app, &[], &[]).await,
     ];
     let client = reqwest::Client::new();
     let answers = join_all((0..120).map(|i| {

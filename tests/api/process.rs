@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use crate::helpers::{ServerProcess, servers};
+use crate::helpers::{serve, servers};
 
 fn stockade(env: &[(&str, &str)], args: &[&str]) -> std::process::Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_stockade"));
@@ -57,7 +57,7 @@ async fn local_mode_keeps_its_data_across_a_restart_and_leaves_no_servers_behind
         ("STOCKADE_LISTEN", "127.0.0.1:0".to_string()),
     ];
 
-    let mut first = ServerProcess::start(&env, &[]).await;
+    let mut first = serve(&env, &[]).await;
     let db_url = first
         .printed("PostgreSQL")
         .expect("local mode prints its database");
@@ -84,7 +84,7 @@ async fn local_mode_keeps_its_data_across_a_restart_and_leaves_no_servers_behind
         processes_using(&data_dir)
     );
 
-    let mut second = ServerProcess::start(&env, &[]).await;
+    let mut second = serve(&env, &[]).await;
     let (status, html) = fetch(&second.address, "/").await;
     assert_eq!(status, 200);
     assert!(

@@ -1,0 +1,286 @@
+//! `stockade check`: the invariants of DESIGN.md section 2, read from PostgreSQL (and
+//! Redis, and the client log of a run when there is one). Each prints PASS or FAIL with
+//! the rows that break it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+use sqlx::PgPool;
+
+use super::run::LogEntry;
+
+/// The verdict on one invariant.
+#[derive(Debug, Clone, Serialize)]
+pub struct Verdict {
+    pub id: &'static str,
+    pub name: &'static str,
+    pub pass: bool,
+    /// Offending rows, one line each (at most [`MAX_ROWS`] shown).
+    pub rows: Vec<String>,
+    /// How many offending rows there were in all.
+    pub violations: usize,
+}
+
+/// Most offending rows kept per invariant.
+pub const MAX_ROWS: usize = 20;
+
+fn verdict(id: &'static str, name: &'static str, mut rows: Vec<String>) -> Verdict {
+    let violations = rows.len();
+    rows.truncate(MAX_ROWS);
+    Verdict {
+        id,
+        name,
+        pass: violations == 0,
+        rows,
+        violations,
+    }
+}
+
+/// Per SKU: what was supplied, sold, and is on hand.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct SkuBalance {
+    pub sku: String,
+    /// initial + restocks ± adjustments + cancellations: every ledger movement but sales.
+    pub supplied: i64,
+    /// Units in order lines.
+    pub sold: i64,
+    pub on_hand: i32,
+    pub reserved: i32,
+    pub ledger_on_hand: i64,
+    pub ledger_reserved: i64,
+    /// Units the ledger records as sold.
+    pub ledger_sold: i64,
+}
+
+impl SkuBalance {
+    /// Units sold beyond what ever existed.
+    pub fn oversold(&self) -> i64 {
+        (self.sold - self.supplied).max(0)
+    }
+}
+
+/// Stock, ledger and sales per SKU.
+pub async fn balances(db: &PgPool) -> sqlx::Result<Vec<SkuBalance>> {
+    sqlx::query_as(
+        r#"select s.sku, s.on_hand, s.reserved,
+                  coalesce((select sum(m.delta) from stock_movements m
+                             where m.sku = s.sku and m.reason <> 'order'), 0)::bigint as supplied,
+                  coalesce((select sum(l.quantity) from order_lines l
+                             where l.sku = s.sku), 0)::bigint as sold,
+                  coalesce((select sum(m.delta) from stock_movements m where m.sku = s.sku), 0)::bigint
+                      as ledger_on_hand,
+                  coalesce((select sum(m.reserved_delta) from stock_movements m where m.sku = s.sku), 0)::bigint
+                      as ledger_reserved,
+                  coalesce((select -sum(m.delta) from stock_movements m
+                             where m.sku = s.sku and m.reason = 'order'), 0)::bigint as ledger_sold
+             from stock s
+            order by s.sku"#,
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// Where to look for leftover lease keys.
+#[derive(Debug, Clone)]
+pub struct RedisTarget {
+    pub url: String,
+    pub prefix: String,
+}
+
+/// Checks I1–I6. `log` is the client log of a run (I4, I5 need it); `redis` is where the
+/// servers keep their leases (I6).
+pub async fn check(
+    db: &PgPool,
+    log: Option<&[LogEntry]>,
+    redis: Option<&RedisTarget>,
+) -> anyhow::Result<Vec<Verdict>> {
+    let balances = balances(db).await?;
+    let mut verdicts = Vec::new();
+
+    // I1: conservation — the ledger sums to the stock row; sales match order lines.
+    let rows = balances
+        .iter()
+        .filter_map(|b| {
+            let mut problems = Vec::new();
+            if i64::from(b.on_hand) != b.ledger_on_hand {
+                problems.push(format!(
+                    "on_hand {} but the ledger sums to {}",
+                    b.on_hand, b.ledger_on_hand
+                ));
+            }
+            if i64::from(b.reserved) != b.ledger_reserved {
+                problems.push(format!(
+                    "reserved {} but the ledger sums to {}",
+                    b.reserved, b.ledger_reserved
+                ));
+            }
+            if b.sold != b.ledger_sold {
+                problems.push(format!(
+                    "{} units in orders but {} sold in the ledger",
+                    b.sold, b.ledger_sold
+                ));
+            }
+            (!problems.is_empty()).then(|| format!("{}: {}", b.sku, problems.join("; ")))
+        })
+        .collect();
+    verdicts.push(verdict(
+        "I1",
+        "ledger conservation: initial + restocks − adjustments = on_hand + sold",
+        rows,
+    ));
+
+    // I2: never below zero, never more sold than existed.
+    let mut rows: Vec<String> = balances
+        .iter()
+        .filter(|b| b.on_hand < 0 || b.reserved < 0 || b.reserved > b.on_hand)
+        .map(|b| format!("{}: on_hand {}, reserved {}", b.sku, b.on_hand, b.reserved))
+        .collect();
+    rows.extend(balances.iter().filter(|b| b.oversold() > 0).map(|b| {
+        format!(
+            "{}: oversold by {} ({} sold, {} ever supplied)",
+            b.sku,
+            b.oversold(),
+            b.sold,
+            b.supplied
+        )
+    }));
+    verdicts.push(verdict(
+        "I2",
+        "no negative stock, no unit sold twice (oversell)",
+        rows,
+    ));
+
+    // I3: at most one order per idempotency key; the client never saw two ids for one key.
+    let mut rows: Vec<String> = sqlx::query_as::<_, (String, String, i64)>(
+        r#"select idempotency_scope, idempotency_key, count(*) from orders
+            group by 1, 2 having count(*) > 1"#,
+    )
+    .fetch_all(db)
+    .await?
+    .into_iter()
+    .map(|(scope, key, n)| format!("{scope}/{key}: {n} orders"))
+    .collect();
+    if let Some(log) = log {
+        let mut ids: BTreeMap<(&str, &str), BTreeSet<&str>> = BTreeMap::new();
+        for e in log.iter().filter(|e| e.status == 201) {
+            if let Some(id) = &e.id {
+                ids.entry((e.kind.as_str(), e.key.as_str()))
+                    .or_default()
+                    .insert(id);
+            }
+        }
+        rows.extend(
+            ids.iter()
+                .filter(|(_, ids)| ids.len() > 1)
+                .map(|((kind, key), ids)| format!("{kind} key {key}: answered with {ids:?}")),
+        );
+    }
+    verdicts.push(verdict("I3", "at most one order per idempotency key", rows));
+
+    if let Some(log) = log {
+        // I4: every acknowledged order exists.
+        let acknowledged: BTreeSet<uuid::Uuid> = log
+            .iter()
+            .filter(|e| e.status == 201 && e.kind != "hold")
+            .filter_map(|e| e.id.as_deref()?.parse().ok())
+            .collect();
+        let ids: Vec<uuid::Uuid> = acknowledged.iter().copied().collect();
+        let found: BTreeSet<uuid::Uuid> =
+            sqlx::query_scalar("select id from orders where id = any($1)")
+                .bind(&ids)
+                .fetch_all(db)
+                .await?
+                .into_iter()
+                .collect();
+        let rows = acknowledged
+            .difference(&found)
+            .map(|id| format!("order {id} was acknowledged with 201 but does not exist"))
+            .collect();
+        verdicts.push(verdict("I4", "every acknowledged order exists", rows));
+
+        // I5: a key the client was definitely refused on (and never told "created") has no
+        // order; keys that only ever saw no answer may go either way.
+        let mut per_key: BTreeMap<&str, (bool, bool)> = BTreeMap::new();
+        for e in log.iter().filter(|e| e.kind == "order") {
+            let (created, refused) = per_key.entry(e.key.as_str()).or_default();
+            *created |= e.outcome == "created";
+            *refused |= matches!(e.outcome.as_str(), "sold-out" | "rejected");
+        }
+        let refused: Vec<&str> = per_key
+            .iter()
+            .filter(|(_, (created, refused))| *refused && !created)
+            .map(|(key, _)| *key)
+            .collect();
+        let rows = sqlx::query_as::<_, (String, uuid::Uuid)>(
+            "select idempotency_key, id from orders where idempotency_scope = 'api' and idempotency_key = any($1)",
+        )
+        .bind(&refused)
+        .fetch_all(db)
+        .await?
+        .into_iter()
+        .map(|(key, id)| format!("key {key} was refused, yet order {id} exists"))
+        .collect();
+        verdicts.push(verdict(
+            "I5",
+            "no order for a request the client was told failed",
+            rows,
+        ));
+    }
+
+    // I6: quiet state — no leases left, no idle transactions, no expired holds still active.
+    let mut rows: Vec<String> = sqlx::query_scalar::<_, String>(
+        r#"select format('%s hold(s) expired but still active, the oldest since %s',
+                         count(*), min(expires_at))
+             from holds where state = 'active' and expires_at < now() - interval '5 seconds'
+           having count(*) > 0"#,
+    )
+    .fetch_all(db)
+    .await?;
+    rows.extend(
+        sqlx::query_scalar::<_, String>(
+            r#"select format('session %s idle in transaction since %s', pid, xact_start)
+                 from pg_stat_activity
+                where state like 'idle in transaction%' and datname = current_database()
+                  and pid <> pg_backend_pid()"#,
+        )
+        .fetch_all(db)
+        .await?,
+    );
+    if let Some(redis) = redis {
+        let client = redis::Client::open(redis.url.as_str())?;
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{}lease:*", redis.prefix))
+            .query_async(&mut conn)
+            .await?;
+        rows.extend(
+            keys.into_iter()
+                .map(|k| format!("lease key {k} left behind")),
+        );
+    }
+    verdicts.push(verdict(
+        "I6",
+        "quiet state: no leases, idle transactions or expired active holds",
+        rows,
+    ));
+    Ok(verdicts)
+}
+
+/// Prints each verdict; returns whether all passed.
+pub fn print(verdicts: &[Verdict]) -> bool {
+    for v in verdicts {
+        println!(
+            "{} {}  {}",
+            if v.pass { "PASS" } else { "FAIL" },
+            v.id,
+            v.name
+        );
+        for row in &v.rows {
+            println!("       {row}");
+        }
+        if v.violations > v.rows.len() {
+            println!("       … and {} more", v.violations - v.rows.len());
+        }
+    }
+    verdicts.iter().all(|v| v.pass)
+}

@@ -1,0 +1,614 @@
+//! `stockade loadtest`: flash-sale scenarios against one or many servers, the invariant
+//! checker (`stockade check`), and the report.
+//!
+//! With `--target` URLs it loads those servers (and, given `DATABASE_URL`, sets up stock
+//! and checks the invariants afterwards). Without targets it brings its own: PostgreSQL and
+//! Redis (local mode, or the given URLs) and `--servers` `stockade serve` processes, once
+//! per strategy with `--compare`.
+
+pub mod check;
+pub mod report;
+pub mod run;
+pub mod servers;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Args, ValueEnum};
+use sqlx::PgPool;
+
+use self::check::RedisTarget;
+use self::report::{Report, StrategyRun};
+use self::run::{Live, Plan};
+use self::servers::ServerProcess;
+use crate::catalog::Sku;
+use crate::local::{LocalOptions, LocalServices};
+
+/// What the buyers buy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scenario {
+    /// One hot SKU with little stock, far more buyers than units.
+    FlashSale,
+    /// Orders spread over many SKUs, some with several lines.
+    Catalogue,
+    /// Both at once: every other buyer is in the flash sale.
+    Mixed,
+}
+
+/// `stockade loadtest` options.
+#[derive(Debug, Clone, Args, serde::Serialize)]
+pub struct LoadtestArgs {
+    /// Base URL of a server to load, e.g. http://127.0.0.1:8080; repeat for several (buyers
+    /// are spread over them). Without any, the load tester starts its own servers.
+    #[arg(long = "target")]
+    pub targets: Vec<String>,
+    #[arg(long, value_enum, default_value = "flash-sale")]
+    pub scenario: Scenario,
+    /// Units of the hot SKU (and of each catalogue SKU) set before the run.
+    #[arg(long, default_value_t = 100)]
+    pub stock: i32,
+    /// Buyers in all (each places one order, or one hold and its confirmation).
+    #[arg(long, default_value_t = 2000)]
+    pub buyers: u64,
+    /// Closed loop: buyers shopping at the same time.
+    #[arg(long, default_value_t = 64)]
+    pub concurrency: usize,
+    /// Open loop: buyers arriving per second, whatever the servers do (overrides
+    /// --concurrency); latency counts from each buyer's intended start.
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Stop sending new buyers after this many seconds.
+    #[arg(long, default_value_t = 60)]
+    pub duration: u64,
+    /// Units per order line (catalogue lines take 1 to this many).
+    #[arg(long, default_value_t = 1)]
+    pub quantity: i64,
+    /// Share of buyers who time out at once and retry with the same key.
+    #[arg(long, default_value_t = 0.1)]
+    pub retry_share: f64,
+    /// Share of buyers who send their order twice at once with one key.
+    #[arg(long, default_value_t = 0.1)]
+    pub double_submit_share: f64,
+    /// Share of buyers who reuse their key with a changed body (expect 422).
+    #[arg(long, default_value_t = 0.02)]
+    pub changed_body_share: f64,
+    /// Share of buyers who reserve with a hold, then confirm it.
+    #[arg(long, default_value_t = 0.1)]
+    pub hold_share: f64,
+    /// Client timeout per request, in milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    pub timeout_ms: u64,
+    /// PostgreSQL of the servers under test: for setting stock and checking invariants.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// Redis of the servers under test: for the leftover-lease check.
+    #[arg(long, env = "REDIS_URL", hide_env_values = true)]
+    pub redis_url: Option<String>,
+    /// Redis key prefix of the servers under test.
+    #[arg(long, default_value = "stockade:")]
+    pub redis_prefix: String,
+    /// Leave the stock as it is (no setup through DATABASE_URL).
+    #[arg(long)]
+    pub no_setup: bool,
+    /// Run the scenario once per strategy, on fresh stock, and compare (needs no targets).
+    #[arg(long)]
+    pub compare: bool,
+    /// Strategies to run: the servers' own when loading targets; the list for --compare.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "naive-unsafe,pg-atomic,redis-lock"
+    )]
+    pub strategies: Vec<String>,
+    /// Server processes to start when there are no targets.
+    #[arg(long, default_value_t = 2)]
+    pub servers: usize,
+    /// Folder for report.json, report.html and client-log.jsonl.
+    #[arg(long, default_value = "loadtest-report")]
+    pub out: PathBuf,
+    /// No progress bar (for CI).
+    #[arg(long)]
+    pub quiet: bool,
+    /// Seed for the buyers' choices, for repeatable runs.
+    #[arg(long, default_value_t = 2026)]
+    pub seed: u64,
+}
+
+/// The hot SKU of the flash sale.
+pub const HOT_SKU: &str = "FLASH-DROP";
+/// How many SKUs the catalogue scenario spreads over.
+pub const CATALOGUE_SKUS: usize = 20;
+
+impl LoadtestArgs {
+    fn plan(&self, targets: Vec<String>, run_id: String) -> Plan {
+        Plan {
+            targets,
+            scenario: self.scenario,
+            hot_sku: HOT_SKU.to_string(),
+            catalogue: (1..=CATALOGUE_SKUS).map(|i| format!("LT-{i:04}")).collect(),
+            buyers: self.buyers,
+            concurrency: self.concurrency.max(1),
+            rate: self.rate,
+            duration: Duration::from_secs(self.duration),
+            quantity: self.quantity.max(1),
+            retry_share: self.retry_share,
+            double_submit_share: self.double_submit_share,
+            changed_body_share: self.changed_body_share,
+            hold_share: self.hold_share,
+            timeout: Duration::from_millis(self.timeout_ms),
+            seed: self.seed,
+            run_id,
+        }
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        let shares = [
+            ("--retry-share", self.retry_share),
+            ("--double-submit-share", self.double_submit_share),
+            ("--changed-body-share", self.changed_body_share),
+            ("--hold-share", self.hold_share),
+        ];
+        for (flag, share) in shares {
+            if !(0.0..=1.0).contains(&share) {
+                bail!("{flag} must be between 0 and 1 (got {share})");
+            }
+        }
+        if shares.iter().map(|(_, s)| s).sum::<f64>() > 1.0 {
+            bail!("the behaviour shares add up to more than 1");
+        }
+        if self.rate.is_some_and(|r| !(r > 0.0 && r.is_finite())) {
+            bail!("--rate must be a positive number of buyers per second");
+        }
+        if self.stock < 0 {
+            bail!("--stock must not be negative");
+        }
+        if self.compare && !self.targets.is_empty() {
+            bail!("--compare starts its own servers; leave out --target");
+        }
+        Ok(())
+    }
+}
+
+/// Runs `stockade loadtest`; returns whether every invariant held.
+pub async fn loadtest(args: LoadtestArgs) -> anyhow::Result<bool> {
+    let report = run_report(&args).await?;
+    print!("{}", report::summary(&report));
+    report::write(&report, &args.out)?;
+    let all_passed = report.runs.iter().all(StrategyRun::passed);
+    println!("\nreport: {}", args.out.join("report.html").display());
+    Ok(all_passed)
+}
+
+/// Runs the load test and returns its report, without printing or writing it (beyond the
+/// client logs in `args.out`).
+pub async fn run_report(args: &LoadtestArgs) -> anyhow::Result<Report> {
+    args.validate()?;
+    if args.targets.is_empty() {
+        self_hosted(args).await
+    } else {
+        against_targets(args).await
+    }
+}
+
+async fn against_targets(args: &LoadtestArgs) -> anyhow::Result<Report> {
+    let targets: Vec<String> = args
+        .targets
+        .iter()
+        .map(|t| t.trim_end_matches('/').to_string())
+        .collect();
+    let db = match &args.database_url {
+        Some(url) => Some(PgPool::connect(url).await.context("DATABASE_URL")?),
+        None => None,
+    };
+    let redis = args.redis_url.clone().map(|url| RedisTarget {
+        url,
+        prefix: args.redis_prefix.clone(),
+    });
+    let label = args
+        .strategies
+        .first()
+        .cloned()
+        .filter(|_| args.strategies.len() == 1);
+    let run = one_run(
+        args,
+        &targets,
+        db.as_ref(),
+        redis.as_ref(),
+        label.unwrap_or_else(|| "servers".into()),
+    )
+    .await?;
+    Ok(Report {
+        title: format!(
+            "Stockade load test: {} against {}",
+            scenario_name(args.scenario),
+            targets.join(", ")
+        ),
+        scenario: scenario_name(args.scenario).into(),
+        parameters: serde_json::to_value(args)?,
+        runs: vec![run],
+    })
+}
+
+async fn self_hosted(args: &LoadtestArgs) -> anyhow::Result<Report> {
+    // PostgreSQL and Redis: the given ones, or throwaway local ones.
+    let mut local = None;
+    let (database_url, redis_url) = match (&args.database_url, &args.redis_url) {
+        (Some(db), Some(redis)) => (db.clone(), redis.clone()),
+        _ => {
+            let dir =
+                std::env::temp_dir().join(format!("stockade-loadtest-{}", std::process::id()));
+            eprintln!("starting PostgreSQL and Redis in {}", dir.display());
+            let options = LocalOptions {
+                ephemeral: true,
+                ..LocalOptions::default()
+            };
+            let services = LocalServices::start(&dir, &options).await?;
+            let urls = (services.database_url(), services.redis_url());
+            local = Some((services, dir));
+            urls
+        }
+    };
+    let strategies = if args.compare {
+        args.strategies.clone()
+    } else {
+        vec![
+            args.strategies
+                .last()
+                .cloned()
+                .unwrap_or_else(|| "redis-lock".into()),
+        ]
+    };
+    let exe = std::env::current_exe().context("cannot find the stockade executable")?;
+    let mut runs = Vec::new();
+    for strategy in &strategies {
+        // Each strategy sells on fresh stock in a database of its own, so one strategy's
+        // oversell does not stain the next one's ledger.
+        let database_url = match fresh_database(&database_url, strategy).await {
+            Ok(url) => url,
+            Err(e) => {
+                eprintln!("cannot create a database per strategy ({e:#}); sharing {database_url}");
+                database_url.clone()
+            }
+        };
+        crate::startup::migrate(&crate::config::Settings {
+            database_url: Some(database_url.clone()),
+            ..crate::config::Settings::default()
+        })
+        .await?;
+        let db = PgPool::connect(&database_url).await?;
+        let prefix = format!("loadtest-{}:", uuid::Uuid::new_v4().simple());
+        let env = vec![
+            ("DATABASE_URL", database_url.clone()),
+            ("REDIS_URL", redis_url.clone()),
+            ("STOCKADE_REDIS_PREFIX", prefix.clone()),
+            ("STOCKADE_LISTEN", "127.0.0.1:0".to_string()),
+            ("STOCKADE_ORDER_STRATEGY", strategy.clone()),
+            ("STOCKADE_LOG", "warn".to_string()),
+        ];
+        let flags: &[&str] = if strategy == "naive-unsafe" {
+            &["--allow-unsafe"]
+        } else {
+            &[]
+        };
+        let mut servers = Vec::new();
+        for _ in 0..args.servers.max(1) {
+            servers.push(ServerProcess::start(&exe, &env, flags).await?);
+        }
+        let targets: Vec<String> = servers.iter().map(|s| s.address.clone()).collect();
+        eprintln!(
+            "{strategy}: {} server process(es) at {}",
+            servers.len(),
+            targets.join(", ")
+        );
+        let redis = RedisTarget {
+            url: redis_url.clone(),
+            prefix,
+        };
+        let run = one_run(args, &targets, Some(&db), Some(&redis), strategy.clone()).await;
+        for server in &mut servers {
+            server.stop();
+        }
+        db.close().await;
+        runs.push(run?);
+    }
+    if let Some((services, dir)) = local {
+        tokio::task::spawn_blocking(move || services.stop()).await?;
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    let title = if args.compare {
+        format!(
+            "Stockade strategies compared: {}",
+            scenario_name(args.scenario)
+        )
+    } else {
+        format!("Stockade load test: {}", scenario_name(args.scenario))
+    };
+    Ok(Report {
+        title,
+        scenario: scenario_name(args.scenario).into(),
+        parameters: serde_json::to_value(args)?,
+        runs,
+    })
+}
+
+/// Creates a new database beside the one `url` names; returns its URL.
+async fn fresh_database(url: &str, strategy: &str) -> anyhow::Result<String> {
+    use sqlx::Connection;
+    let (head, query) = url.split_once('?').map_or((url, ""), |(h, q)| (h, q));
+    let (base, _) = head
+        .rsplit_once('/')
+        .context("DATABASE_URL has no database name")?;
+    let name = format!(
+        "loadtest_{}_{}",
+        strategy.replace('-', "_"),
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    let mut conn = sqlx::PgConnection::connect(url).await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(r#"create database "{name}""#)))
+        .execute(&mut conn)
+        .await?;
+    conn.close().await?;
+    Ok(match query {
+        "" => format!("{base}/{name}"),
+        q => format!("{base}/{name}?{q}"),
+    })
+}
+
+fn scenario_name(s: Scenario) -> &'static str {
+    match s {
+        Scenario::FlashSale => "flash-sale",
+        Scenario::Catalogue => "catalogue",
+        Scenario::Mixed => "mixed",
+    }
+}
+
+/// Setup, run with progress, checks.
+async fn one_run(
+    args: &LoadtestArgs,
+    targets: &[String],
+    db: Option<&PgPool>,
+    redis: Option<&RedisTarget>,
+    strategy: String,
+) -> anyhow::Result<StrategyRun> {
+    if let Some(db) = db.filter(|_| !args.no_setup) {
+        setup(db, args).await?;
+    }
+    let run_id = format!("lt-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let plan = args.plan(targets.to_vec(), run_id);
+    let live = Arc::new(Live::default());
+    let progress = (!args.quiet).then(|| progress_bar(&plan, live.clone(), strategy.clone()));
+    let result = run::run(&plan, live).await;
+    if let Some((bar, task)) = progress {
+        task.abort();
+        bar.finish_and_clear();
+    }
+    let result = result?;
+    std::fs::create_dir_all(&args.out)?;
+    let log_path = args.out.join(format!("client-log-{strategy}.jsonl"));
+    let mut log = String::new();
+    for entry in &result.log {
+        log.push_str(&serde_json::to_string(entry)?);
+        log.push('\n');
+    }
+    std::fs::write(&log_path, log)?;
+
+    let (verdicts, balances) = match db {
+        Some(db) => {
+            // Let the last releases and sweeps land before judging the quiet state.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let verdicts = check::check(db, Some(&result.log), redis).await?;
+            println!(
+                "\ninvariants after {strategy} ({} requests):",
+                result.requests
+            );
+            check::print(&verdicts);
+            (verdicts, check::balances(db).await?)
+        }
+        None => {
+            eprintln!("no DATABASE_URL: invariants not checked");
+            (Vec::new(), Vec::new())
+        }
+    };
+    Ok(StrategyRun {
+        strategy,
+        result,
+        verdicts,
+        balances,
+    })
+}
+
+fn progress_bar(
+    plan: &Plan,
+    live: Arc<Live>,
+    strategy: String,
+) -> (indicatif::ProgressBar, tokio::task::JoinHandle<()>) {
+    let bar = indicatif::ProgressBar::new(plan.buyers);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{prefix:>12} [{elapsed_precise}] {bar:30.green/white} {pos}/{len} buyers {msg}",
+        )
+        .expect("valid template")
+        .progress_chars("█▉ "),
+    );
+    bar.set_prefix(strategy);
+    let shown = bar.clone();
+    let started = std::time::Instant::now();
+    let task = tokio::spawn(async move {
+        loop {
+            let requests = live.requests.load(Ordering::Relaxed);
+            let created = live.created.load(Ordering::Relaxed);
+            let secs = started.elapsed().as_secs_f64().max(1e-3);
+            shown.set_position(
+                live.requests
+                    .load(Ordering::Relaxed)
+                    .min(shown.length().unwrap_or(u64::MAX)),
+            );
+            shown.set_message(format!(
+                "| {:.0} orders/s | created {created} · sold out {} · other {} | {requests} requests | stock left {}",
+                created as f64 / secs,
+                live.sold_out.load(Ordering::Relaxed),
+                live.other.load(Ordering::Relaxed),
+                live.available.load(Ordering::Relaxed),
+            ));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    (bar, task)
+}
+
+/// Sets the scenario's SKUs to `args.stock` units, through the ledger: products are created
+/// when missing, active holds on them released, and the difference recorded as an
+/// adjustment by `loadtest`.
+pub async fn setup(db: &PgPool, args: &LoadtestArgs) -> anyhow::Result<()> {
+    let mut skus = vec![(
+        HOT_SKU.to_string(),
+        "Flash Drop: Numbered Edition".to_string(),
+        19_900,
+    )];
+    if args.scenario != Scenario::FlashSale {
+        skus.extend((1..=CATALOGUE_SKUS).map(|i| {
+            (
+                format!("LT-{i:04}"),
+                format!("Load-test item {i}"),
+                1_000 + 100 * i as i64,
+            )
+        }));
+    }
+    for (sku, name, price) in skus {
+        let sku = Sku::parse(&sku)?;
+        set_stock(db, &sku, &name, price, args.stock).await?;
+    }
+    Ok(())
+}
+
+async fn set_stock(
+    db: &PgPool,
+    sku: &Sku,
+    name: &str,
+    price: i64,
+    units: i32,
+) -> anyhow::Result<()> {
+    let mut tx = db.begin().await?;
+    let created = sqlx::query(
+        "insert into products (sku, name, price_cents) values ($1, $2, $3) on conflict (sku) do nothing",
+    )
+    .bind(sku.as_str())
+    .bind(name)
+    .bind(price)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected()
+        == 1;
+    if created {
+        crate::inventory::db::create_stock(&mut tx, sku, units, "loadtest").await?;
+        tx.commit().await?;
+        return Ok(());
+    }
+    tx.commit().await?;
+    // Free what active holds keep, then adjust on_hand to the wanted number.
+    let holds: Vec<uuid::Uuid> = sqlx::query_scalar(
+        r#"select distinct h.id from holds h join hold_lines l on l.hold_id = h.id
+            where h.state = 'active' and l.sku = $1"#,
+    )
+    .bind(sku.as_str())
+    .fetch_all(db)
+    .await?;
+    for hold in holds {
+        let mut tx = db.begin().await?;
+        if let Some(h) = crate::holds::db::lock_hold(&mut tx, hold).await?
+            && h.state == "active"
+        {
+            for line in &h.lines {
+                let line_sku = Sku::parse(&line.sku)?;
+                crate::inventory::db::unreserve(
+                    &mut tx,
+                    &line_sku,
+                    line.quantity,
+                    "release",
+                    &hold.to_string(),
+                    "loadtest",
+                )
+                .await?;
+            }
+            crate::holds::db::set_state(&mut tx, hold, "released", None).await?;
+        }
+        tx.commit().await?;
+    }
+    let mut tx = db.begin().await?;
+    let (on_hand, reserved): (i32, i32) =
+        sqlx::query_as("select on_hand, reserved from stock where sku = $1 for update")
+            .bind(sku.as_str())
+            .fetch_one(&mut *tx)
+            .await?;
+    let target = units.max(reserved);
+    if target != on_hand {
+        sqlx::query("update stock set on_hand = $2, updated_at = now() where sku = $1")
+            .bind(sku.as_str())
+            .bind(target)
+            .execute(&mut *tx)
+            .await?;
+        crate::inventory::db::record_movement(
+            &mut tx,
+            sku,
+            target - on_hand,
+            0,
+            "adjust",
+            "load test setup",
+            "loadtest",
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// `stockade check` options.
+#[derive(Debug, Clone, Args)]
+pub struct CheckArgs {
+    /// PostgreSQL to check.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+    /// Redis whose lease keys to look for.
+    #[arg(long, env = "REDIS_URL", hide_env_values = true)]
+    pub redis_url: Option<String>,
+    #[arg(long, default_value = "stockade:")]
+    pub redis_prefix: String,
+    /// A client log of a run (client-log-*.jsonl) for the checks that need one (I4, I5).
+    #[arg(long)]
+    pub client_log: Option<PathBuf>,
+}
+
+/// Runs `stockade check`; returns whether every invariant held.
+pub async fn check_command(args: CheckArgs) -> anyhow::Result<bool> {
+    let db = PgPool::connect(&args.database_url)
+        .await
+        .context("DATABASE_URL")?;
+    let log = match &args.client_log {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            let mut entries = Vec::new();
+            for (i, line) in text
+                .lines()
+                .enumerate()
+                .filter(|(_, l)| !l.trim().is_empty())
+            {
+                entries.push(serde_json::from_str(line).with_context(|| {
+                    format!("{}:{}: not a client log entry", path.display(), i + 1)
+                })?);
+            }
+            Some(entries)
+        }
+        None => None,
+    };
+    let redis = args.redis_url.map(|url| RedisTarget {
+        url,
+        prefix: args.redis_prefix,
+    });
+    let verdicts = check::check(&db, log.as_deref(), redis.as_ref()).await?;
+    Ok(check::print(&verdicts))
+}

@@ -1,0 +1,400 @@
+//! The report of a run: a terminal summary, a JSON file, and a self-contained HTML page
+//! with SVG charts (plotters) that needs no network to view.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use plotters::prelude::*;
+use serde::Serialize;
+
+use super::check::{SkuBalance, Verdict};
+use super::run::RunResult;
+
+/// One run of one strategy, with its verdicts.
+#[derive(Debug, Clone, Serialize)]
+pub struct StrategyRun {
+    pub strategy: String,
+    pub result: RunResult,
+    pub verdicts: Vec<Verdict>,
+    pub balances: Vec<SkuBalance>,
+}
+
+impl StrategyRun {
+    pub fn oversold(&self) -> i64 {
+        self.balances.iter().map(SkuBalance::oversold).sum()
+    }
+
+    pub fn passed(&self) -> bool {
+        self.verdicts.iter().all(|v| v.pass)
+    }
+
+    /// Orders per second over the whole run.
+    pub fn orders_per_second(&self) -> f64 {
+        self.result.orders_acknowledged as f64 / self.result.wall_seconds.max(1e-9)
+    }
+}
+
+/// Everything written to `report.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub title: String,
+    pub scenario: String,
+    pub parameters: serde_json::Value,
+    pub runs: Vec<StrategyRun>,
+}
+
+/// The terminal summary.
+pub fn summary(report: &Report) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "\n{}", report.title);
+    let _ = writeln!(
+        out,
+        "{:<14} {:>8} {:>8} {:>9} {:>9} {:>8} {:>9} {:>9} {:>9} {:>9} {:>6}",
+        "strategy",
+        "requests",
+        "orders",
+        "oversold",
+        "orders/s",
+        "req/s",
+        "p50 ms",
+        "p90 ms",
+        "p99 ms",
+        "max ms",
+        "check"
+    );
+    for run in &report.runs {
+        let r = &run.result;
+        let _ = writeln!(
+            out,
+            "{:<14} {:>8} {:>8} {:>9} {:>9.1} {:>8.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>6}",
+            run.strategy,
+            r.requests,
+            r.orders_acknowledged,
+            run.oversold(),
+            run.orders_per_second(),
+            r.requests as f64 / r.wall_seconds.max(1e-9),
+            r.latency_ms.p50,
+            r.latency_ms.p90,
+            r.latency_ms.p99,
+            r.latency_ms.max,
+            if run.passed() { "PASS" } else { "FAIL" }
+        );
+    }
+    for run in &report.runs {
+        let r = &run.result;
+        let outcomes: Vec<String> = r.outcomes.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        let _ = writeln!(
+            out,
+            "{}: {} in {:.1} s; answers: {}; p99.9 {:.1} ms",
+            run.strategy,
+            r.requests,
+            r.wall_seconds,
+            outcomes.join(", "),
+            r.latency_ms.p999
+        );
+        if let Some(offered) = r.offered_rate {
+            let _ = writeln!(
+                out,
+                "{}: open loop, offered {offered:.1} buyers/s, achieved {:.1} buyers/s (latency from intended start)",
+                run.strategy, r.achieved_rate
+            );
+        }
+    }
+    out
+}
+
+/// Writes `report.json` and `report.html` into `dir`.
+pub fn write(report: &Report, dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("report.json"), serde_json::to_vec_pretty(report)?)?;
+    std::fs::write(dir.join("report.html"), html(report)?)?;
+    Ok(())
+}
+
+const COLOURS: [RGBColor; 4] = [
+    RGBColor(31, 58, 52),
+    RGBColor(196, 120, 20),
+    RGBColor(155, 44, 44),
+    RGBColor(60, 110, 180),
+];
+
+fn colour_of(strategy: &str, i: usize) -> RGBColor {
+    match strategy {
+        "naive-unsafe" => COLOURS[2],
+        "pg-atomic" => COLOURS[1],
+        "redis-lock" => COLOURS[0],
+        _ => COLOURS[i % COLOURS.len()],
+    }
+}
+
+type Series<'a> = (&'a str, RGBColor, Vec<(f64, f64)>);
+
+/// A line chart of several series as an SVG string.
+fn line_chart(title: &str, y_label: &str, series: &[Series<'_>]) -> anyhow::Result<String> {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (640, 300)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let x_max = series
+            .iter()
+            .flat_map(|(_, _, p)| p.iter().map(|(x, _)| *x))
+            .fold(1.0_f64, f64::max);
+        let y_max = series
+            .iter()
+            .flat_map(|(_, _, p)| p.iter().map(|(_, y)| *y))
+            .fold(1.0_f64, f64::max)
+            * 1.1;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(56)
+            .build_cartesian_2d(0.0..x_max, 0.0..y_max)?;
+        chart
+            .configure_mesh()
+            .x_desc("seconds")
+            .y_desc(y_label)
+            .max_light_lines(0)
+            .bold_line_style(RGBColor(235, 230, 220))
+            .draw()?;
+        for (name, colour, points) in series {
+            let colour = *colour;
+            chart
+                .draw_series(LineSeries::new(
+                    points.iter().copied(),
+                    colour.stroke_width(2),
+                ))?
+                .label(*name)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], colour.stroke_width(2))
+                });
+        }
+        if series.len() > 1 {
+            chart
+                .configure_series_labels()
+                .background_style(WHITE.mix(0.85))
+                .border_style(RGBColor(200, 200, 200))
+                .position(SeriesLabelPosition::UpperRight)
+                .draw()?;
+        }
+        root.present()?;
+    }
+    Ok(svg)
+}
+
+/// A bar chart with one bar per label.
+fn bar_chart(title: &str, bars: &[(String, RGBColor, f64)]) -> anyhow::Result<String> {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (640, 260)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let y_max = bars.iter().map(|(_, _, v)| *v).fold(1.0_f64, f64::max) * 1.15;
+        let n = bars.len().max(1);
+        let labels: Vec<String> = bars.iter().map(|(l, _, _)| l.clone()).collect();
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(56)
+            .build_cartesian_2d((0..n as i32 - 1).into_segmented(), 0.0..y_max)?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(n)
+            .x_label_formatter(&|v| match v {
+                SegmentValue::CenterOf(i) => labels.get(*i as usize).cloned().unwrap_or_default(),
+                _ => String::new(),
+            })
+            .light_line_style(TRANSPARENT)
+            .bold_line_style(RGBColor(235, 230, 220))
+            .draw()?;
+        for (i, (_, colour, value)) in bars.iter().enumerate() {
+            chart.draw_series(std::iter::once(Rectangle::new(
+                [
+                    (SegmentValue::Exact(i as i32), 0.0),
+                    (SegmentValue::Exact(i as i32 + 1), *value),
+                ],
+                colour.filled(),
+            )))?;
+        }
+        root.present()?;
+    }
+    Ok(svg)
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// The HTML report: one file, inline CSS and SVG, no scripts, no network.
+pub fn html(report: &Report) -> anyhow::Result<String> {
+    let runs = &report.runs;
+    let per_run = |f: &dyn Fn(&StrategyRun) -> Vec<(f64, f64)>| -> Vec<Series<'_>> {
+        runs.iter()
+            .enumerate()
+            .map(|(i, r)| (r.strategy.as_str(), colour_of(&r.strategy, i), f(r)))
+            .collect()
+    };
+    let throughput = line_chart(
+        "Orders created per second",
+        "orders/s",
+        &per_run(&|r| {
+            r.result
+                .timeline
+                .iter()
+                .map(|s| (s.t, s.created_per_s))
+                .collect()
+        }),
+    )?;
+    let requests = line_chart(
+        "Requests answered per second",
+        "requests/s",
+        &per_run(&|r| {
+            r.result
+                .timeline
+                .iter()
+                .map(|s| (s.t, s.requests_per_s))
+                .collect()
+        }),
+    )?;
+    let p99 = line_chart(
+        "Latency p99 over time",
+        "ms",
+        &per_run(&|r| r.result.timeline.iter().map(|s| (s.t, s.p99_ms)).collect()),
+    )?;
+    let p50 = line_chart(
+        "Latency p50 over time",
+        "ms",
+        &per_run(&|r| r.result.timeline.iter().map(|s| (s.t, s.p50_ms)).collect()),
+    )?;
+    let stock = line_chart(
+        "Units available during the run",
+        "units",
+        &per_run(&|r| {
+            r.result
+                .stock
+                .iter()
+                .map(|(t, v)| (*t, *v as f64))
+                .collect()
+        }),
+    )?;
+    let mut statuses = String::new();
+    for (i, run) in runs.iter().enumerate() {
+        let bars: Vec<(String, RGBColor, f64)> = run
+            .result
+            .outcomes
+            .iter()
+            .map(|(outcome, n)| (outcome.clone(), colour_of(&run.strategy, i), *n as f64))
+            .collect();
+        statuses.push_str(&bar_chart(
+            &format!("Answers by outcome: {}", run.strategy),
+            &bars,
+        )?);
+    }
+    let compare = if runs.len() > 1 {
+        let bars = |f: &dyn Fn(&StrategyRun) -> f64| -> Vec<(String, RGBColor, f64)> {
+            runs.iter()
+                .enumerate()
+                .map(|(i, r)| (r.strategy.clone(), colour_of(&r.strategy, i), f(r)))
+                .collect()
+        };
+        format!(
+            "<div class=charts>{}{}{}</div>",
+            bar_chart("Units oversold", &bars(&|r| r.oversold() as f64))?,
+            bar_chart("Orders per second", &bars(&|r| r.orders_per_second()))?,
+            bar_chart("Latency p99 (ms)", &bars(&|r| r.result.latency_ms.p99))?,
+        )
+    } else {
+        String::new()
+    };
+
+    let mut rows = String::new();
+    for run in runs {
+        let r = &run.result;
+        let _ = write!(
+            rows,
+            "<tr><th>{}</th><td>{}</td><td>{}</td><td class={}>{}</td><td>{:.1}</td><td>{:.1}</td><td>{:.1}</td><td>{:.1}</td><td>{:.1}</td><td class={}>{}</td></tr>",
+            escape(&run.strategy),
+            r.requests,
+            r.orders_acknowledged,
+            if run.oversold() > 0 { "bad" } else { "good" },
+            run.oversold(),
+            run.orders_per_second(),
+            r.latency_ms.p50,
+            r.latency_ms.p99,
+            r.latency_ms.p999,
+            r.latency_ms.max,
+            if run.passed() { "good" } else { "bad" },
+            if run.passed() { "PASS" } else { "FAIL" },
+        );
+    }
+    let mut verdicts = String::new();
+    for run in runs {
+        let _ = write!(
+            verdicts,
+            "<h3>{}</h3><ul class=verdicts>",
+            escape(&run.strategy)
+        );
+        for v in &run.verdicts {
+            let _ = write!(
+                verdicts,
+                "<li><span class={}>{}</span> <b>{}</b> {}",
+                if v.pass { "good" } else { "bad" },
+                if v.pass { "PASS" } else { "FAIL" },
+                v.id,
+                escape(v.name)
+            );
+            if !v.rows.is_empty() {
+                verdicts.push_str("<ul>");
+                for row in &v.rows {
+                    let _ = write!(verdicts, "<li><code>{}</code></li>", escape(row));
+                }
+                if v.violations > v.rows.len() {
+                    let _ = write!(
+                        verdicts,
+                        "<li>… and {} more</li>",
+                        v.violations - v.rows.len()
+                    );
+                }
+                verdicts.push_str("</ul>");
+            }
+            verdicts.push_str("</li>");
+        }
+        verdicts.push_str("</ul>");
+    }
+    let parameters = escape(&serde_json::to_string_pretty(&report.parameters)?);
+    Ok(format!(
+        r#"<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; color: #1d2320; background: #f7f3ea; margin: 0; }}
+main {{ max-width: 1340px; margin: 0 auto; padding: 1.5rem; }}
+h1 {{ margin: .2rem 0 .4rem; }} .sub {{ color: #5d6661; margin: 0 0 1.2rem; }}
+table {{ border-collapse: collapse; background: #fffdf8; border: 1px solid #e4ddcd; }}
+th, td {{ padding: .45rem .8rem; border-bottom: 1px solid #e4ddcd; text-align: right; font-variant-numeric: tabular-nums; }}
+th:first-child {{ text-align: left; }} thead th {{ color: #5d6661; font-weight: 600; font-size: .85rem; }}
+.good {{ color: #2f7a4f; font-weight: 700; }} .bad {{ color: #b42318; font-weight: 700; }}
+.charts {{ display: grid; grid-template-columns: repeat(auto-fill, minmax(640px, 1fr)); gap: 1rem; margin: 1rem 0; }}
+.charts svg {{ width: 100%; height: auto; border: 1px solid #e4ddcd; border-radius: 10px; background: #fff; }}
+.verdicts li {{ margin: .2rem 0; }} code {{ font-size: .85rem; }}
+pre {{ background: #fffdf8; border: 1px solid #e4ddcd; padding: .8rem; overflow: auto; }}
+</style></head>
+<body><main>
+<h1>{title}</h1>
+<p class=sub>Scenario <b>{scenario}</b> · generated by <code>stockade loadtest</code></p>
+<table><thead><tr><th>strategy</th><th>requests</th><th>orders</th><th>oversold</th><th>orders/s</th><th>p50 ms</th><th>p99 ms</th><th>p99.9 ms</th><th>max ms</th><th>invariants</th></tr></thead>
+<tbody>{rows}</tbody></table>
+{compare}
+<div class=charts>{throughput}{stock}{p50}{p99}{requests}{statuses}</div>
+<h2>Invariants</h2>{verdicts}
+<h2>Parameters</h2><pre>{parameters}</pre>
+</main></body></html>
+"#,
+        title = escape(&report.title),
+        scenario = escape(&report.scenario),
+    ))
+}

@@ -1,0 +1,118 @@
+//! `stockade serve` processes started by the load tester (and the integration tests):
+//! several server processes against one PostgreSQL and Redis, as in production.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+/// A running `stockade serve` child process.
+#[derive(Debug)]
+pub struct ServerProcess {
+    /// Its storefront URL, without a trailing slash.
+    pub address: String,
+    /// What it printed at startup.
+    pub stdout: Vec<String>,
+    child: Option<Child>,
+}
+
+impl ServerProcess {
+    /// Runs `exe serve args…` with exactly `env` (plus `PATH`) and waits until it serves.
+    pub async fn start(exe: &Path, env: &[(&str, String)], args: &[&str]) -> anyhow::Result<Self> {
+        let mut cmd = Command::new(exe);
+        cmd.arg("serve")
+            .args(args)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("cannot run {}", exe.display()))?;
+        let stdout = child.stdout.take().expect("piped stdout");
+        let lines = tokio::task::spawn_blocking(move || {
+            let mut reader = BufReader::new(stdout);
+            let mut lines = Vec::new();
+            let mut line = String::new();
+            while reader.read_line(&mut line).unwrap_or(0) > 0 {
+                lines.push(line.trim_end().to_string());
+                if line.starts_with("Press Ctrl-C") {
+                    // Keep draining so the child never blocks on a full pipe.
+                    std::thread::spawn(move || std::io::copy(&mut reader, &mut std::io::sink()));
+                    break;
+                }
+                line.clear();
+            }
+            lines
+        })
+        .await?;
+        let mut server = Self {
+            address: String::new(),
+            stdout: lines,
+            child: Some(child),
+        };
+        match server.printed("Storefront") {
+            Some(url) => server.address = url.trim_end_matches('/').to_string(),
+            None => {
+                server.stop();
+                bail!("stockade serve did not start: {:?}", server.stdout);
+            }
+        }
+        Ok(server)
+    }
+
+    /// The value printed after `label:` at startup (e.g. `PostgreSQL`).
+    pub fn printed(&self, label: &str) -> Option<String> {
+        self.stdout.iter().find_map(|l| {
+            let rest = l.trim().strip_prefix(label)?.strip_prefix(':')?;
+            Some(rest.trim().to_string())
+        })
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Peak resident memory (VmHWM) in KiB.
+    pub fn peak_rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    }
+
+    /// SIGTERM, then waits for the exit (killing it after 60 s); true on a clean exit.
+    pub fn stop(&mut self) -> bool {
+        let Some(mut child) = self.child.take() else {
+            return true;
+        };
+        let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) => return status.success(),
+                Ok(None) if Instant::now() > deadline => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return false;
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+                Err(_) => return false,
+            }
+        }
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,374 @@
+//! The load tester and the invariant checker.
+
+use clap::Parser;
+use stockade::loadtest::check::{RedisTarget, Verdict, check};
+use stockade::loadtest::run::LogEntry;
+use stockade::loadtest::{LoadtestArgs, run_report};
+
+use crate::helpers::{TestApp, fresh_database, serve_app, spawn_app};
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    args: LoadtestArgs,
+}
+
+/// Load-test arguments as the command line would give them, against `app`'s servers.
+fn args(app: &TestApp, targets: &[String], extra: &[&str]) -> LoadtestArgs {
+    let out = std::env::temp_dir().join(format!("stockade-lt-{}", uuid::Uuid::new_v4().simple()));
+    let mut argv = vec!["loadtest".to_string()];
+    for t in targets {
+        argv.extend(["--target".into(), t.clone()]);
+    }
+    argv.extend([
+        "--database-url".into(),
+        app.settings.database_url.clone().unwrap(),
+        "--redis-url".into(),
+        app.settings.redis_url.clone().unwrap(),
+        "--redis-prefix".into(),
+        app.settings.redis_prefix.clone(),
+        "--out".into(),
+        out.display().to_string(),
+        "--quiet".into(),
+    ]);
+    argv.extend(extra.iter().map(|s| s.to_string()));
+    Cli::parse_from(argv).args
+}
+
+fn failed(verdicts: &[Verdict]) -> Vec<&'static str> {
+    verdicts.iter().filter(|v| !v.pass).map(|v| v.id).collect()
+}
+
+#[tokio::test]
+async fn a_flash_sale_with_retries_and_double_submits_passes_every_invariant() {
+    let app = spawn_app().await;
+    let servers = [
+        serve_app(&app, &[], &[]).await,
+        serve_app(&app, &[], &[]).await,
+    ];
+    let targets: Vec<String> = servers.iter().map(|s| s.address.clone()).collect();
+    let args = args(
+        &app,
+        &targets,
+        &[
+            "--stock",
+            "20",
+            "--buyers",
+            "400",
+            "--concurrency",
+            "48",
+            "--retry-share",
+            "0.2",
+            "--double-submit-share",
+            "0.2",
+            "--changed-body-share",
+            "0.05",
+            "--hold-share",
+            "0.1",
+        ],
+    );
+    let report = run_report(&args).await.unwrap();
+    let run = &report.runs[0];
+    assert!(run.passed(), "{:#?}", run.verdicts);
+    assert_eq!(run.verdicts.len(), 6, "I1–I6 all checked");
+    assert_eq!(
+        run.result.orders_acknowledged, 20,
+        "{:?}",
+        run.result.outcomes
+    );
+    assert_eq!(run.oversold(), 0);
+    for outcome in ["created", "sold-out", "rejected"] {
+        assert!(
+            run.result.outcomes.contains_key(outcome),
+            "{:?}",
+            run.result.outcomes
+        );
+    }
+    // Retries and double submits happened: more requests than buyers.
+    assert!(run.result.requests > 400);
+    assert_eq!(app.stock("FLASH-DROP").await, (0, 0));
+
+    stockade::loadtest::report::write(&report, &args.out).unwrap();
+    let html = std::fs::read_to_string(args.out.join("report.html")).unwrap();
+    assert!(html.contains("<svg") && html.contains("Units available during the run"));
+    assert!(!html.contains("<script"), "the report needs no scripts");
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(args.out.join("report.json")).unwrap()).unwrap();
+    assert_eq!(json["runs"][0]["result"]["orders_acknowledged"], 20);
+}
+
+#[tokio::test]
+async fn the_checker_fails_a_naive_flash_sale_on_oversell() {
+    let app = spawn_app().await;
+    let extra = [("STOCKADE_ORDER_STRATEGY", "naive-unsafe".to_string())];
+    let servers = [
+        serve_app(&app, &extra, &["--allow-unsafe"]).await,
+        serve_app(&app, &extra, &["--allow-unsafe"]).await,
+    ];
+    let targets: Vec<String> = servers.iter().map(|s| s.address.clone()).collect();
+    let args = args(
+        &app,
+        &targets,
+        &[
+            "--stock",
+            "20",
+            "--buyers",
+            "400",
+            "--concurrency",
+            "64",
+            "--hold-share",
+            "0",
+        ],
+    );
+    let report = run_report(&args).await.unwrap();
+    let run = &report.runs[0];
+    assert!(!run.passed());
+    assert!(failed(&run.verdicts).contains(&"I2"), "{:#?}", run.verdicts);
+    assert!(run.oversold() > 0);
+    let i2 = run.verdicts.iter().find(|v| v.id == "I2").unwrap();
+    assert!(
+        i2.rows[0].contains("FLASH-DROP: oversold by"),
+        "{:?}",
+        i2.rows
+    );
+}
+
+#[tokio::test]
+async fn open_loop_keeps_the_offered_rate_and_times_from_the_intended_start() {
+    let app = spawn_app().await;
+    let args = args(
+        &app,
+        std::slice::from_ref(&app.address),
+        &[
+            "--rate",
+            "100",
+            "--buyers",
+            "150",
+            "--stock",
+            "1000",
+            "--retry-share",
+            "0",
+            "--double-submit-share",
+            "0",
+        ],
+    );
+    let report = run_report(&args).await.unwrap();
+    let r = &report.runs[0].result;
+    assert_eq!(r.offered_rate, Some(100.0));
+    println!(
+        "open loop: offered {:.1}/s, achieved {:.1}/s",
+        100.0, r.achieved_rate
+    );
+    assert!(
+        (70.0..=130.0).contains(&r.achieved_rate),
+        "achieved {}",
+        r.achieved_rate
+    );
+    // Buyer i was due at i × 10 ms; its latency counts from then, not from when it was sent.
+    for entry in r.log.iter().filter(|e| e.behaviour == "normal") {
+        let due_ms = entry.buyer as f64 * 10.0;
+        assert!(entry.latency_ms + 1.0 >= entry.at_ms - due_ms, "{entry:?}");
+    }
+    assert!(report.runs[0].passed(), "{:#?}", report.runs[0].verdicts);
+}
+
+fn entry(kind: &str, key: &str, status: u16, outcome: &str, id: Option<String>) -> LogEntry {
+    LogEntry {
+        at_ms: 0.0,
+        buyer: 0,
+        behaviour: "normal".into(),
+        kind: kind.into(),
+        key: key.into(),
+        status,
+        outcome: outcome.into(),
+        id,
+        latency_ms: 1.0,
+        target: 0,
+    }
+}
+
+#[tokio::test]
+async fn the_checker_names_each_kind_of_violation() {
+    let app = spawn_app().await;
+    app.add_product("CHK-1", "Checked", 100, 5).await;
+    let redis = RedisTarget {
+        url: app.settings.redis_url.clone().unwrap(),
+        prefix: app.settings.redis_prefix.clone(),
+    };
+    // A clean state passes.
+    let placed = app.post_order("fine", &[("CHK-1", 1)]).await;
+    let placed: serde_json::Value = placed.json().await.unwrap();
+    let order_id = placed["id"].as_str().unwrap().to_string();
+    let good_log = vec![entry(
+        "order",
+        "fine",
+        201,
+        "created",
+        Some(order_id.clone()),
+    )];
+    let verdicts = check(&app.db, Some(&good_log), Some(&redis)).await.unwrap();
+    assert!(failed(&verdicts).is_empty(), "{verdicts:#?}");
+
+    // I3, I4, I5 from the client log alone.
+    let bad_log = vec![
+        entry("order", "fine", 201, "created", Some(order_id.clone())),
+        entry(
+            "order",
+            "fine",
+            201,
+            "created",
+            Some(uuid::Uuid::new_v4().to_string()),
+        ),
+        entry(
+            "order",
+            "ghost",
+            201,
+            "created",
+            Some(uuid::Uuid::new_v4().to_string()),
+        ),
+        entry("order", "refused", 409, "sold-out", None),
+    ];
+    // An order exists for the key the client was refused on.
+    sqlx::query("update orders set idempotency_key = 'refused' where id = $1::uuid")
+        .bind(&order_id)
+        .execute(&app.db)
+        .await
+        .unwrap();
+    let verdicts = check(&app.db, Some(&bad_log), None).await.unwrap();
+    assert_eq!(failed(&verdicts), ["I3", "I4", "I5"], "{verdicts:#?}");
+
+    // I6: an expired hold still active, a lease left behind, an idle transaction.
+    sqlx::query(
+        "insert into holds (id, state, expires_at, idempotency_scope, idempotency_key) \
+         values (gen_random_uuid(), 'active', now() - interval '1 minute', 't', 'stale')",
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
+    let mut conn = app.redis().await;
+    let _: () = redis::cmd("SET")
+        .arg(format!("{}lease:CHK-1", app.settings.redis_prefix))
+        .arg("someone")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut idle = app.db.begin().await.unwrap();
+    sqlx::query("select 1").execute(&mut *idle).await.unwrap();
+    let verdicts = check(&app.db, None, Some(&redis)).await.unwrap();
+    let i6 = verdicts.iter().find(|v| v.id == "I6").unwrap();
+    assert!(!i6.pass);
+    let rows = i6.rows.join("\n");
+    assert!(rows.contains("expired but still active"), "{rows}");
+    assert!(rows.contains("lease key"), "{rows}");
+    assert!(rows.contains("idle in transaction"), "{rows}");
+    idle.rollback().await.unwrap();
+
+    // I1 and I2: stock changed behind the ledger's back, and more sold than supplied.
+    sqlx::query("update stock set on_hand = on_hand + 7 where sku = 'CHK-1'")
+        .execute(&app.db)
+        .await
+        .unwrap();
+    sqlx::query(
+        "insert into order_lines (order_id, sku, quantity, unit_price_cents) \
+         select id, 'CHK-1', 9, 100 from orders limit 1 on conflict (order_id, sku) \
+         do update set quantity = 9",
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
+    let verdicts = check(&app.db, None, None).await.unwrap();
+    let failing = failed(&verdicts);
+    assert!(
+        failing.contains(&"I1") && failing.contains(&"I2"),
+        "{verdicts:#?}"
+    );
+    let i2 = verdicts.iter().find(|v| v.id == "I2").unwrap();
+    assert!(i2.rows[0].contains("CHK-1: oversold by 4"), "{:?}", i2.rows);
+}
+
+#[tokio::test]
+async fn stockade_check_exits_non_zero_on_a_broken_database() {
+    let url = fresh_database().await;
+    let db = sqlx::PgPool::connect(&url).await.unwrap();
+    let run = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_stockade"))
+            .arg("check")
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap())
+            .env("DATABASE_URL", &url)
+            .output()
+            .unwrap()
+    };
+    let ok = run();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stdout)
+    );
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("PASS I1"));
+    sqlx::query("insert into products (sku, name, price_cents) values ('BRK-1', 'Broken', 1)")
+        .execute(&db)
+        .await
+        .unwrap();
+    sqlx::query("insert into stock (sku, on_hand) values ('BRK-1', 3)")
+        .execute(&db)
+        .await
+        .unwrap();
+    let broken = run();
+    assert_eq!(broken.status.code(), Some(3));
+    let stdout = String::from_utf8_lossy(&broken.stdout);
+    assert!(stdout.contains("FAIL I1"), "{stdout}");
+    assert!(
+        stdout.contains("BRK-1: on_hand 3 but the ledger sums to 0"),
+        "{stdout}"
+    );
+}
+
+#[tokio::test]
+async fn the_loadtest_command_runs_against_targets_and_writes_its_report() {
+    let app = spawn_app().await;
+    let out = std::env::temp_dir().join(format!("stockade-cli-{}", uuid::Uuid::new_v4().simple()));
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_stockade"))
+        .args([
+            "loadtest",
+            "--target",
+            &app.address,
+            "--scenario",
+            "mixed",
+            "--stock",
+            "30",
+        ])
+        .args([
+            "--buyers",
+            "60",
+            "--concurrency",
+            "8",
+            "--quiet",
+            "--quantity",
+            "2",
+        ])
+        .arg("--out")
+        .arg(&out)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap())
+        .env("DATABASE_URL", app.settings.database_url.clone().unwrap())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains("PASS I1") && stdout.contains("strategy"),
+        "{stdout}"
+    );
+    assert!(out.join("report.html").exists() && out.join("report.json").exists());
+    assert!(out.join("client-log-servers.jsonl").exists());
+    // The catalogue SKUs were created with their stock, and sold from.
+    let sold = app
+        .count("select count(*) from order_lines where sku like 'LT-%'")
+        .await;
+    assert!(sold > 0);
+}
