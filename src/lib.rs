@@ -4,6 +4,8 @@
 //! [`orders`] places orders, [`inventory`] guards stock, [`catalog`] describes what is for sale.
 #![forbid(unsafe_code)]
 
+/// Admins: accounts, password hashes, sessions, login throttling.
+pub mod admin;
 /// What is for sale: products, SKUs, prices, the demo catalogue.
 pub mod catalog;
 /// Command-line interface: `serve`, `migrate`, `seed`.

@@ -320,3 +320,141 @@ pub async fn availability(pool: &PgPool, skus: &[Sku]) -> sqlx::Result<Vec<(Stri
         .fetch_all(pool)
         .await
 }
+
+/// What a compare-and-set adjustment found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Adjusted {
+    Done,
+    /// Stock moved since the form was rendered: `on_hand` is the value now.
+    Moved {
+        on_hand: i32,
+    },
+    /// The new value would be below what holds keep reserved.
+    BelowReserved {
+        reserved: i32,
+    },
+}
+
+/// Adds `units` to `sku` (a delivery): a delta, so it never conflicts with sales.
+pub async fn restock(
+    conn: &mut PgConnection,
+    sku: &Sku,
+    units: i32,
+    note: &str,
+    actor: &str,
+) -> sqlx::Result<i32> {
+    let on_hand: i32 = sqlx::query_scalar(
+        "update stock set on_hand = on_hand + $2, updated_at = now() where sku = $1 returning on_hand",
+    )
+    .bind(sku.as_str())
+    .bind(units)
+    .fetch_one(&mut *conn)
+    .await?;
+    record_note(conn, sku, units, "restock", note, actor).await?;
+    Ok(on_hand)
+}
+
+/// Sets `sku`'s on-hand count to `new`, but only if it is still `expected` (the value the
+/// admin saw): a count never overwrites sales made meanwhile.
+pub async fn adjust(
+    conn: &mut PgConnection,
+    sku: &Sku,
+    expected: i32,
+    new: i32,
+    note: &str,
+    actor: &str,
+) -> sqlx::Result<Adjusted> {
+    let changed = sqlx::query(
+        r#"update stock set on_hand = $3, updated_at = now()
+            where sku = $1 and on_hand = $2 and reserved <= $3"#,
+    )
+    .bind(sku.as_str())
+    .bind(expected)
+    .bind(new)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if changed == 1 {
+        if new != expected {
+            record_note(conn, sku, new - expected, "adjust", note, actor).await?;
+        }
+        return Ok(Adjusted::Done);
+    }
+    let (on_hand, reserved): (i32, i32) =
+        sqlx::query_as("select on_hand, reserved from stock where sku = $1")
+            .bind(sku.as_str())
+            .fetch_one(&mut *conn)
+            .await?;
+    Ok(if on_hand != expected {
+        Adjusted::Moved { on_hand }
+    } else {
+        Adjusted::BelowReserved { reserved }
+    })
+}
+
+async fn record_note(
+    conn: &mut PgConnection,
+    sku: &Sku,
+    delta: i32,
+    reason: &str,
+    note: &str,
+    actor: &str,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        r#"insert into stock_movements (sku, delta, reason, note, actor)
+           values ($1, $2, $3, $4, $5)"#,
+    )
+    .bind(sku.as_str())
+    .bind(delta)
+    .bind(reason)
+    .bind(note)
+    .bind(actor)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// One ledger row with the on-hand count after it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Movement {
+    pub id: i64,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    pub delta: i32,
+    pub reserved_delta: i32,
+    pub reason: String,
+    pub note: Option<String>,
+    pub reference: Option<String>,
+    pub actor: String,
+    pub running_on_hand: i64,
+    pub running_reserved: i64,
+}
+
+/// A page of `sku`'s ledger, newest first, with running totals.
+pub async fn ledger(
+    pool: &PgPool,
+    sku: &Sku,
+    limit: i64,
+    offset: i64,
+) -> sqlx::Result<Vec<Movement>> {
+    sqlx::query_as(
+        r#"select * from (
+             select id, created_at, delta, reserved_delta, reason, note, reference, actor,
+                    sum(delta) over (order by id) as running_on_hand,
+                    sum(reserved_delta) over (order by id) as running_reserved
+               from stock_movements where sku = $1) m
+           order by id desc limit $2 offset $3"#,
+    )
+    .bind(sku.as_str())
+    .bind(limit)
+    .bind(offset)
+    .fetch_all(pool)
+    .await
+}
+
+/// How many ledger rows `sku` has.
+pub async fn ledger_len(pool: &PgPool, sku: &Sku) -> sqlx::Result<i64> {
+    sqlx::query_scalar("select count(*) from stock_movements where sku = $1")
+        .bind(sku.as_str())
+        .fetch_one(pool)
+        .await
+}

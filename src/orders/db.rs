@@ -123,3 +123,61 @@ pub async fn order_for_key(pool: &PgPool, scope: &str, key: &str) -> sqlx::Resul
     .fetch_optional(pool)
     .await
 }
+
+/// An order as the admin list shows it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct OrderSummary {
+    pub id: Uuid,
+    pub status: String,
+    pub total_cents: i64,
+    pub email: Option<String>,
+    pub customer_name: Option<String>,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    pub units: i64,
+    pub skus: String,
+}
+
+/// Filters for the admin order list; empty fields match everything.
+#[derive(Debug, Clone, Default)]
+pub struct OrderFilter {
+    pub status: Option<String>,
+    pub sku: Option<String>,
+    pub date: Option<chrono::NaiveDate>,
+}
+
+/// A page of orders, newest first, and how many match in all.
+pub async fn list_orders(
+    pool: &PgPool,
+    filter: &OrderFilter,
+    limit: i64,
+    offset: i64,
+) -> sqlx::Result<(Vec<OrderSummary>, i64)> {
+    const WHERE: &str = r#"
+        where ($1::text is null or o.status = $1)
+          and ($2::text is null or exists (select 1 from order_lines x where x.order_id = o.id and x.sku = $2))
+          and ($3::date is null or (o.created_at at time zone 'UTC')::date = $3)"#;
+    let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        r#"select o.id, o.status, o.total_cents, o.email, o.customer_name, o.created_at,
+                  coalesce((select sum(l.quantity) from order_lines l where l.order_id = o.id), 0)::bigint as units,
+                  coalesce((select string_agg(l.sku, ', ' order by l.sku) from order_lines l where l.order_id = o.id), '') as skus
+             from orders o {WHERE}
+            order by o.created_at desc, o.id
+            limit $4 offset $5"#
+    )))
+    .bind(&filter.status)
+    .bind(&filter.sku)
+    .bind(filter.date)
+    .bind(limit)
+    .bind(offset)
+    .fetch_all(pool)
+    .await?;
+    let total = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "select count(*) from orders o {WHERE}"
+    )))
+    .bind(&filter.status)
+    .bind(&filter.sku)
+    .bind(filter.date)
+    .fetch_one(pool)
+    .await?;
+    Ok((rows, total))
+}

@@ -338,3 +338,62 @@ mod tests {
         }
     }
 }
+
+/// What cancelling did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cancelled {
+    /// Cancelled now; its units are back in stock.
+    Now,
+    /// It was cancelled before; nothing changed.
+    Already,
+}
+
+/// Cancels order `id`, returning its units to stock through `cancel` ledger rows — once,
+/// however many cancel at the same time (the order row is locked and its status checked).
+pub async fn cancel(
+    db: &sqlx::PgPool,
+    id: Uuid,
+    actor: &str,
+    note: &str,
+) -> sqlx::Result<Option<Cancelled>> {
+    let mut tx = db.begin().await?;
+    let status: Option<String> =
+        sqlx::query_scalar("select status from orders where id = $1 for update")
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    match status.as_deref() {
+        None => return Ok(None),
+        Some("cancelled") => return Ok(Some(Cancelled::Already)),
+        _ => {}
+    }
+    let lines: Vec<(String, i32)> =
+        sqlx::query_as("select sku, quantity from order_lines where order_id = $1 order by sku")
+            .bind(id)
+            .fetch_all(&mut *tx)
+            .await?;
+    for (sku, quantity) in &lines {
+        sqlx::query("update stock set on_hand = on_hand + $2, updated_at = now() where sku = $1")
+            .bind(sku)
+            .bind(quantity)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            r#"insert into stock_movements (sku, delta, reason, reference, note, actor)
+               values ($1, $2, 'cancel', $3, $4, $5)"#,
+        )
+        .bind(sku)
+        .bind(quantity)
+        .bind(id.to_string())
+        .bind(note)
+        .bind(actor)
+        .execute(&mut *tx)
+        .await?;
+    }
+    sqlx::query("update orders set status = 'cancelled' where id = $1")
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(Some(Cancelled::Now))
+}

@@ -1,0 +1,303 @@
+//! Admins: accounts with argon2id password hashes, server-side sessions, and throttling of
+//! failed logins per account and per client address.
+//!
+//! - Passwords are hashed and verified on the blocking pool, never on an async worker.
+//! - An unknown user costs the same verification as a wrong password, and both get the
+//!   same answer.
+//! - A session is a random token in an HttpOnly cookie; the database keeps only its
+//!   SHA-256, with the session's CSRF token and expiry. Logging in makes a new session;
+//!   logging out deletes it.
+
+use std::time::Duration;
+
+use argon2::Argon2;
+use argon2::password_hash::{PasswordHasher, PasswordVerifier};
+use sha2::{Digest, Sha256};
+use sqlx::PgPool;
+
+/// A logged-in admin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admin {
+    pub id: i64,
+    pub username: String,
+    /// The session's CSRF token, which every admin form carries.
+    pub csrf: String,
+}
+
+/// Why an admin account could not be made or changed.
+#[derive(Debug, thiserror::Error)]
+pub enum AccountError {
+    #[error("usernames are 3 to 32 lowercase letters, digits, dots, dashes or underscores")]
+    BadUsername,
+    #[error("passwords need at least 12 characters")]
+    WeakPassword,
+    #[error("there is already an admin called {0}")]
+    Exists(String),
+    #[error("there is no admin called {0}")]
+    Unknown(String),
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+    #[error("could not hash the password: {0}")]
+    Hash(String),
+}
+
+/// How long a session lasts.
+pub const SESSION_LENGTH: Duration = Duration::from_secs(12 * 3600);
+
+fn valid_username(name: &str) -> bool {
+    (3..=32).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+}
+
+/// A random secret: 256 bits as 64 hex characters.
+pub fn random_token() -> String {
+    format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+/// A readable random password: 20 characters from an alphabet without look-alikes.
+pub fn generate_password() -> String {
+    use rand::Rng;
+    const ALPHABET: &[u8] = b"abcdefghjkmnpqrstuvwxyzABCDEFGHJKLMNPQRSTUVWXYZ23456789";
+    let mut rng = rand::rng();
+    (0..20)
+        .map(|i| {
+            if i > 0 && i % 5 == 0 {
+                '-'
+            } else {
+                ALPHABET[rng.random_range(0..ALPHABET.len())] as char
+            }
+        })
+        .collect()
+}
+
+/// argon2id hash of `password` (CPU-heavy: call from the blocking pool).
+pub fn hash_password(password: &str) -> Result<String, AccountError> {
+    Argon2::default()
+        .hash_password(password.as_bytes())
+        .map(|h| h.to_string())
+        .map_err(|e| AccountError::Hash(e.to_string()))
+}
+
+/// Whether `password` matches `hash` (CPU-heavy: call from the blocking pool).
+pub fn verify_password(hash: &str, password: &str) -> bool {
+    Argon2::default()
+        .verify_password(password.as_bytes(), hash)
+        .is_ok()
+}
+
+/// Verified against when the user does not exist, so that costs the same as a wrong
+/// password. (The hash of a random string nobody knows.)
+static DUMMY_HASH: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    hash_password(&random_token()).expect("hashing a fixed-size secret works")
+});
+
+/// Creates an admin.
+pub async fn create_admin(db: &PgPool, username: &str, password: &str) -> Result<(), AccountError> {
+    if !valid_username(username) {
+        return Err(AccountError::BadUsername);
+    }
+    if password.chars().count() < 12 {
+        return Err(AccountError::WeakPassword);
+    }
+    let password = password.to_string();
+    let hash = tokio::task::spawn_blocking(move || hash_password(&password))
+        .await
+        .map_err(|e| AccountError::Hash(e.to_string()))??;
+    let inserted = sqlx::query(
+        "insert into admin_users (username, password_hash) values ($1, $2) on conflict (username) do nothing",
+    )
+    .bind(username)
+    .bind(hash)
+    .execute(db)
+    .await?
+    .rows_affected();
+    if inserted == 0 {
+        return Err(AccountError::Exists(username.to_string()));
+    }
+    Ok(())
+}
+
+/// Sets an admin's password and ends all their sessions.
+pub async fn set_password(db: &PgPool, username: &str, password: &str) -> Result<(), AccountError> {
+    if password.chars().count() < 12 {
+        return Err(AccountError::WeakPassword);
+    }
+    let password = password.to_string();
+    let hash = tokio::task::spawn_blocking(move || hash_password(&password))
+        .await
+        .map_err(|e| AccountError::Hash(e.to_string()))??;
+    let mut tx = db.begin().await?;
+    let id: Option<i64> = sqlx::query_scalar(
+        "update admin_users set password_hash = $2 where username = $1 returning id",
+    )
+    .bind(username)
+    .bind(hash)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let id = id.ok_or_else(|| AccountError::Unknown(username.to_string()))?;
+    sqlx::query("delete from admin_sessions where user_id = $1")
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// How many admins exist.
+pub async fn count_admins(db: &PgPool) -> sqlx::Result<i64> {
+    sqlx::query_scalar("select count(*) from admin_users")
+        .fetch_one(db)
+        .await
+}
+
+/// The admin with these credentials, or `None` — the same work and answer either way.
+pub async fn authenticate(
+    db: &PgPool,
+    username: &str,
+    password: &str,
+) -> sqlx::Result<Option<i64>> {
+    let row: Option<(i64, String)> =
+        sqlx::query_as("select id, password_hash from admin_users where username = $1")
+            .bind(username)
+            .fetch_optional(db)
+            .await?;
+    let (id, hash) = match row {
+        Some((id, hash)) => (Some(id), hash),
+        None => (None, DUMMY_HASH.clone()),
+    };
+    let password = password.to_string();
+    let matches = tokio::task::spawn_blocking(move || verify_password(&hash, &password))
+        .await
+        .unwrap_or(false);
+    Ok(id.filter(|_| matches))
+}
+
+fn token_hash(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+/// Starts a session for `user_id`; returns the cookie token.
+pub async fn start_session(db: &PgPool, user_id: i64) -> sqlx::Result<String> {
+    let token = random_token();
+    sqlx::query(
+        r#"insert into admin_sessions (token_hash, user_id, csrf_token, expires_at)
+           values ($1, $2, $3, now() + make_interval(secs => $4))"#,
+    )
+    .bind(token_hash(&token))
+    .bind(user_id)
+    .bind(random_token())
+    .bind(SESSION_LENGTH.as_secs_f64())
+    .execute(db)
+    .await?;
+    Ok(token)
+}
+
+/// The admin whose unexpired session `token` is.
+pub async fn session(db: &PgPool, token: &str) -> sqlx::Result<Option<Admin>> {
+    sqlx::query_as::<_, (i64, String, String)>(
+        r#"select u.id, u.username, s.csrf_token
+             from admin_sessions s join admin_users u on u.id = s.user_id
+            where s.token_hash = $1 and s.expires_at > now()"#,
+    )
+    .bind(token_hash(token))
+    .fetch_optional(db)
+    .await
+    .map(|row| row.map(|(id, username, csrf)| Admin { id, username, csrf }))
+}
+
+/// Ends the session `token`.
+pub async fn end_session(db: &PgPool, token: &str) -> sqlx::Result<()> {
+    sqlx::query("delete from admin_sessions where token_hash = $1 or expires_at < now()")
+        .bind(token_hash(token))
+        .execute(db)
+        .await?;
+    Ok(())
+}
+
+/// Limits on failed logins.
+#[derive(Debug, Clone, Copy)]
+pub struct LoginLimits {
+    pub per_account: i64,
+    pub per_client: i64,
+    pub window: Duration,
+}
+
+/// Seconds until another attempt is allowed, when `account` or `client` has too many
+/// recent failures.
+pub async fn throttled(
+    db: &PgPool,
+    limits: LoginLimits,
+    account: &str,
+    client: &str,
+) -> sqlx::Result<Option<u64>> {
+    let (by_account, by_client, oldest): (i64, i64, Option<f64>) = sqlx::query_as(
+        r#"select count(*) filter (where kind = 'account' and subject = $1),
+                  count(*) filter (where kind = 'client' and subject = $2),
+                  extract(epoch from now() - min(at))::float8
+             from login_failures
+            where at > now() - make_interval(secs => $3)
+              and ((kind = 'account' and subject = $1) or (kind = 'client' and subject = $2))"#,
+    )
+    .bind(account)
+    .bind(client)
+    .bind(limits.window.as_secs_f64())
+    .fetch_one(db)
+    .await?;
+    if by_account >= limits.per_account || by_client >= limits.per_client {
+        let waited = oldest.unwrap_or(0.0).max(0.0) as u64;
+        return Ok(Some(limits.window.as_secs().saturating_sub(waited).max(1)));
+    }
+    Ok(None)
+}
+
+/// Records a failed login.
+pub async fn record_failure(db: &PgPool, account: &str, client: &str) -> sqlx::Result<()> {
+    sqlx::query(
+        "insert into login_failures (kind, subject) values ('account', $1), ('client', $2)",
+    )
+    .bind(account)
+    .bind(client)
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_verify_only_against_their_own_hash() {
+        let hash = hash_password("correct horse battery").unwrap();
+        assert!(hash.starts_with("$argon2id$"));
+        assert!(verify_password(&hash, "correct horse battery"));
+        assert!(!verify_password(&hash, "correct horse battery!"));
+        assert!(!verify_password("not a hash", "x"));
+    }
+
+    #[test]
+    fn usernames_are_plain() {
+        for ok in ["admin", "ada.lovelace", "ops-1", "a_b"] {
+            assert!(valid_username(ok), "{ok}");
+        }
+        for bad in ["ad", "Admin", "-admin", "ad min", "ädmin", &"a".repeat(33)] {
+            assert!(!valid_username(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn generated_secrets_look_right() {
+        let p = generate_password();
+        assert_eq!(p.len(), 20);
+        assert_eq!(p.matches('-').count(), 3);
+        assert_ne!(generate_password(), p);
+        assert_eq!(random_token().len(), 64);
+    }
+}
