@@ -119,6 +119,15 @@ pub struct Settings {
     pub hold_max_per_sku: i32,
     /// `STOCKADE_SWEEP_INTERVAL_MS`: how often each process releases expired holds.
     pub sweep_interval: Duration,
+    /// `STOCKADE_LOGIN_MAX_FAILURES`: failed admin logins per account within the window.
+    pub login_max_failures: i64,
+    /// `STOCKADE_LOGIN_MAX_FAILURES_PER_CLIENT`: failed logins per client address within the window.
+    pub login_max_failures_per_client: i64,
+    /// `STOCKADE_LOGIN_WINDOW_SECONDS`: the window failed logins are counted over.
+    pub login_window: Duration,
+    /// `STOCKADE_SECURE_COOKIES`: mark cookies Secure (set when a TLS proxy is in front;
+    /// requests that arrive over https get Secure cookies anyway).
+    pub secure_cookies: bool,
     /// `STOCKADE_IDEMPOTENCY_TTL_HOURS`: completed idempotency keys are kept this long.
     pub idempotency_ttl_hours: u32,
     /// Fault injection for tests: pause this long after taking leases, before the
@@ -149,6 +158,10 @@ impl Default for Settings {
             lease_wait: Duration::from_millis(2_000),
             max_line_quantity: 10,
             idempotency_ttl_hours: 24,
+            login_max_failures: 5,
+            login_max_failures_per_client: 20,
+            login_window: Duration::from_secs(900),
+            secure_cookies: false,
             hold_ttl: Duration::from_secs(600),
             hold_max_per_sku: 5,
             sweep_interval: Duration::from_millis(1_000),
@@ -178,6 +191,10 @@ pub const VARIABLES: &[&str] = &[
     "STOCKADE_MAX_LINE_QUANTITY",
     "STOCKADE_IDEMPOTENCY_TTL_HOURS",
     "STOCKADE_HOLD_SECONDS",
+    "STOCKADE_LOGIN_MAX_FAILURES",
+    "STOCKADE_LOGIN_MAX_FAILURES_PER_CLIENT",
+    "STOCKADE_LOGIN_WINDOW_SECONDS",
+    "STOCKADE_SECURE_COOKIES",
     "STOCKADE_HOLD_MAX_PER_SKU",
     "STOCKADE_SWEEP_INTERVAL_MS",
     "STOCKADE_LOG_FORMAT",
@@ -283,6 +300,30 @@ impl Settings {
         }
         if let Some(v) = take("STOCKADE_SWEEP_INTERVAL_MS") {
             s.sweep_interval = millis("STOCKADE_SWEEP_INTERVAL_MS", &v)?;
+        }
+        if let Some(v) = take("STOCKADE_LOGIN_MAX_FAILURES") {
+            s.login_max_failures = bounded("STOCKADE_LOGIN_MAX_FAILURES", &v, 1, 1_000_000)?;
+        }
+        if let Some(v) = take("STOCKADE_LOGIN_MAX_FAILURES_PER_CLIENT") {
+            s.login_max_failures_per_client =
+                bounded("STOCKADE_LOGIN_MAX_FAILURES_PER_CLIENT", &v, 1, 1_000_000)?;
+        }
+        if let Some(v) = take("STOCKADE_LOGIN_WINDOW_SECONDS") {
+            s.login_window =
+                Duration::from_secs(bounded("STOCKADE_LOGIN_WINDOW_SECONDS", &v, 1, 86_400)?);
+        }
+        if let Some(v) = take("STOCKADE_SECURE_COOKIES") {
+            s.secure_cookies = match v.trim() {
+                "true" | "1" | "yes" => true,
+                "false" | "0" | "no" => false,
+                _ => {
+                    return Err(malformed(
+                        "STOCKADE_SECURE_COOKIES",
+                        &v,
+                        "expected true or false",
+                    ));
+                }
+            };
         }
         if let Some(v) = take("STOCKADE_LOG_FORMAT") {
             s.log_format = v

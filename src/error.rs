@@ -14,6 +14,18 @@ pub enum AppError {
     /// 400: the request itself is malformed (a missing header, unreadable body).
     #[error("{0}")]
     BadRequest(String),
+    /// 401: the API needs an admin session.
+    #[error("{0}")]
+    Unauthorized(String),
+    /// 303 to the login page, for admin pages without a session.
+    #[error("please log in")]
+    LoginRequired { next: String },
+    /// 403: refused (cross-site request, missing or wrong CSRF token).
+    #[error("{0}")]
+    Forbidden(String),
+    /// 429: too many attempts; retry after the given seconds.
+    #[error("{message}")]
+    TooManyRequests { message: String, retry_after: u64 },
     /// 404: nothing lives at this address.
     #[error("{0}")]
     NotFound(String),
@@ -109,6 +121,10 @@ impl ResponseError for AppError {
     fn status_code(&self) -> StatusCode {
         match self {
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            Self::LoginRequired { .. } => StatusCode::SEE_OTHER,
+            Self::Forbidden(_) => StatusCode::FORBIDDEN,
+            Self::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::Conflict { .. } => StatusCode::CONFLICT,
             Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
@@ -124,7 +140,16 @@ impl ResponseError for AppError {
     /// The status and headers only; the middleware renders the body.
     fn error_response(&self) -> HttpResponse {
         let mut res = HttpResponse::new(self.status_code());
+        if let Self::LoginRequired { next } = self {
+            let location = format!("/admin/login?next={}", percent_encode(next));
+            if let Ok(value) = HeaderValue::from_str(&location) {
+                res.headers_mut()
+                    .insert(actix_web::http::header::LOCATION, value);
+            }
+            return res;
+        }
         let retry_after = match self {
+            Self::TooManyRequests { retry_after, .. } => Some(*retry_after),
             Self::Conflict { retry_after, .. } => *retry_after,
             Self::Unavailable { retry_after, .. } => Some(*retry_after),
             Self::Database(e) if is_transient(e) => Some(1),
@@ -220,4 +245,16 @@ impl From<crate::holds::HoldError> for AppError {
             E::Database(e) => Self::Database(e),
         }
     }
+}
+
+/// Percent-encodes everything but unreserved characters (for a query value).
+pub fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }

@@ -13,7 +13,7 @@ use actix_web::{HttpMessage, HttpRequest, HttpResponse};
 use askama::Template;
 use tracing::Instrument;
 
-use super::Chrome;
+use super::{Chrome, csrf};
 use crate::error::AppError;
 
 /// The id of one request, shown on error pages and in every log line of the request.
@@ -31,6 +31,15 @@ pub async fn around_request(
     let started = Instant::now();
     let request_id = uuid::Uuid::new_v4().simple().to_string()[..16].to_string();
     req.extensions_mut().insert(RequestId(request_id.clone()));
+    let new_csrf_cookie = csrf::ensure_token(&req);
+    if let Some(why) = csrf::cross_site(&req) {
+        let message = format!("This request was refused because {why}.");
+        let res = req.error_response(AppError::Forbidden(message));
+        let mut res = render_error(res.map_into_boxed_body(), &request_id);
+        set_headers(res.headers_mut(), &request_id, None);
+        tracing::warn!(request_id, why, "cross-site request refused");
+        return Ok(res);
+    }
     let span = tracing::info_span!(
         "request",
         method = %req.method(),
@@ -53,7 +62,7 @@ pub async fn around_request(
     } else {
         res
     };
-    set_headers(res.headers_mut(), &request_id);
+    set_headers(res.headers_mut(), &request_id, new_csrf_cookie.as_deref());
 
     let status = res.status().as_u16();
     let route = res.request().match_pattern().unwrap_or_default();
@@ -226,7 +235,21 @@ fn error_page(problem: &Problem, req: &HttpRequest, request_id: &str) -> HttpRes
 const CSP: &str = "default-src 'self'; img-src 'self' data:; object-src 'none'; \
                    base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
 
-fn set_headers(headers: &mut actix_web::http::header::HeaderMap, request_id: &str) {
+fn set_headers(
+    headers: &mut actix_web::http::header::HeaderMap,
+    request_id: &str,
+    new_csrf: Option<&str>,
+) {
+    if let Some(token) = new_csrf {
+        let cookie = actix_web::cookie::Cookie::build(csrf::CSRF_COOKIE, token)
+            .path("/")
+            .http_only(true)
+            .same_site(actix_web::cookie::SameSite::Strict)
+            .finish();
+        if let Ok(value) = HeaderValue::from_str(&cookie.to_string()) {
+            headers.append(header::SET_COOKIE, value);
+        }
+    }
     let fixed = [
         (header::CONTENT_SECURITY_POLICY, CSP),
         (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),

@@ -4,6 +4,7 @@
 
 pub mod api;
 mod assets;
+pub mod csrf;
 mod health;
 pub mod middleware;
 mod pages;
@@ -95,6 +96,8 @@ pub struct Chrome {
     pub unsafe_banner: bool,
     /// Units in the shopper's cart, shown in the header.
     pub cart_units: i32,
+    /// The storefront CSRF token every form carries.
+    pub csrf: String,
 }
 
 impl Chrome {
@@ -105,6 +108,7 @@ impl Chrome {
         Self {
             unsafe_banner: strategy == Some(OrderStrategy::NaiveUnsafe),
             cart_units: shop::Cart::from_request(req).units(),
+            csrf: csrf::token(req),
         }
     }
 }

@@ -15,7 +15,7 @@ use askama::Template;
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::{AppState, Chrome, detached};
+use super::{AppState, Chrome, csrf, detached};
 use crate::catalog::{Sku, format_cents};
 use crate::error::AppError;
 use crate::holds::{self, Hold, HoldError};
@@ -113,6 +113,8 @@ fn max_quantity(state: &AppState) -> i32 {
 
 #[derive(Deserialize)]
 pub struct CartForm {
+    #[serde(default)]
+    csrf: String,
     sku: String,
     quantity: String,
 }
@@ -123,6 +125,7 @@ pub async fn post_cart_add(
     state: web::Data<AppState>,
     form: web::Form<CartForm>,
 ) -> Result<HttpResponse, AppError> {
+    csrf::check_storefront(&req, &form.csrf)?;
     let sku = parse_known_sku(&state, &form.sku).await?;
     let mut cart = Cart::from_request(&req);
     let quantity = Quantity::parse(&form.quantity, max_quantity(&state))?;
@@ -152,6 +155,7 @@ pub async fn post_cart_update(
     state: web::Data<AppState>,
     form: web::Form<CartForm>,
 ) -> Result<HttpResponse, AppError> {
+    csrf::check_storefront(&req, &form.csrf)?;
     let sku = Sku::parse(&form.sku).map_err(|e| AppError::Unprocessable(e.to_string()))?;
     let mut cart = Cart::from_request(&req);
     let quantity = match form.quantity.trim() {
@@ -276,6 +280,8 @@ pub async fn get_checkout() -> HttpResponse {
 
 #[derive(Deserialize)]
 pub struct StartCheckoutForm {
+    #[serde(default)]
+    csrf: String,
     key: String,
     lines: String,
 }
@@ -288,6 +294,7 @@ pub async fn post_checkout(
     state: web::Data<AppState>,
     form: web::Form<StartCheckoutForm>,
 ) -> Result<HttpResponse, AppError> {
+    csrf::check_storefront(&req, &form.csrf)?;
     let key = IdempotencyKey::parse(&form.key).map_err(|_| {
         AppError::BadRequest("This checkout form is damaged; please start checkout again.".into())
     })?;
@@ -377,6 +384,8 @@ pub async fn get_checkout_hold(
 #[derive(Deserialize)]
 pub struct ConfirmForm {
     #[serde(default)]
+    csrf: String,
+    #[serde(default)]
     name: String,
     #[serde(default)]
     email: String,
@@ -390,6 +399,7 @@ pub async fn post_checkout_confirm(
     path: web::Path<String>,
     form: web::Form<ConfirmForm>,
 ) -> Result<HttpResponse, AppError> {
+    csrf::check_storefront(&req, &form.csrf)?;
     let id = parse_hold_id(&path)?;
     let again = |status, error: &str, shortages| {
         checkout_again(
@@ -470,11 +480,21 @@ async fn checkout_again(
     html(status, &page)
 }
 
+/// A form that carries nothing but its CSRF token.
+#[derive(Deserialize)]
+pub struct TokenForm {
+    #[serde(default)]
+    pub csrf: String,
+}
+
 /// Leaves checkout: the held stock goes back on sale at once.
 pub async fn post_checkout_cancel(
+    req: HttpRequest,
     state: web::Data<AppState>,
     path: web::Path<String>,
+    form: web::Form<TokenForm>,
 ) -> Result<HttpResponse, AppError> {
+    csrf::check_storefront(&req, &form.csrf)?;
     let id = parse_hold_id(&path)?;
     let shared = state.into_inner();
     let released =

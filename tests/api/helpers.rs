@@ -216,6 +216,14 @@ impl TestApp {
         (status, res.text().await.unwrap())
     }
 
+    /// The storefront CSRF token of this client (its cookie, as pages embed it).
+    pub async fn csrf(&self) -> String {
+        let (_, html) = self.get_text("/").await;
+        let marker = r#"<meta name="csrf-token" content=""#;
+        let start = html.find(marker).expect("pages carry the token") + marker.len();
+        html[start..start + 64].to_string()
+    }
+
     /// Adds the demo catalogue to this test's database.
     pub async fn seed_demo(&self) {
         stockade::catalog::seed_demo(&self.db).await.unwrap();

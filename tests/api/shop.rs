@@ -376,6 +376,7 @@ async fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
             "No such reservation",
         ),
     ];
+    let csrf = app.csrf().await;
     for (path, name, key, body, status, words) in cases {
         let mut req = app.client.post(app.url(path));
         if let Some(key) = key {
@@ -387,9 +388,11 @@ async fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
         req = match body {
             Body::Json(json) => req.header("content-type", "application/json").body(json),
             Body::Raw(ct, text) => req.header("content-type", ct).body(text),
-            Body::Form(pairs) => req
-                .header("content-type", "application/x-www-form-urlencoded")
-                .body(form(&pairs)),
+            Body::Form(mut pairs) => {
+                pairs.push(("csrf", csrf.as_str()));
+                req.header("content-type", "application/x-www-form-urlencoded")
+                    .body(form(&pairs))
+            }
             Body::Big => req
                 .header("content-type", "application/json")
                 .body(format!(r#"{{"lines":[],"pad":"{}"}}"#, "x".repeat(100_000))),
@@ -416,10 +419,15 @@ async fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
 
 /// Adds to the cart through the page form.
 async fn add_to_cart(app: &TestApp, sku: &str, quantity: &str) -> reqwest::Response {
+    let csrf = app.csrf().await;
     app.client
         .post(app.url("/cart/add"))
         .header("content-type", "application/x-www-form-urlencoded")
-        .body(form(&[("sku", sku), ("quantity", quantity)]))
+        .body(form(&[
+            ("sku", sku),
+            ("quantity", quantity),
+            ("csrf", &csrf),
+        ]))
         .send()
         .await
         .unwrap()
@@ -435,13 +443,18 @@ fn hidden(html: &str, name: &str) -> String {
     html[start..start + html[start..].find('"').unwrap()].to_string()
 }
 
-/// POSTs a form; returns status and `Location`.
+/// POSTs a form (with this client's CSRF token); returns status and `Location`.
 async fn post_form(app: &TestApp, path: &str, body: &str) -> (u16, String) {
+    let csrf = app.csrf().await;
+    let body = match body {
+        "" => form(&[("csrf", &csrf)]),
+        _ => format!("{body}&{}", form(&[("csrf", &csrf)])),
+    };
     let res = app
         .client
         .post(app.url(path))
         .header("content-type", "application/x-www-form-urlencoded")
-        .body(body.to_string())
+        .body(body)
         .send()
         .await
         .unwrap();
@@ -548,6 +561,7 @@ async fn checkout_tells_the_shopper_what_is_left_before_they_type_anything() {
         .body(form(&[
             ("key", &hidden(&cart, "key")),
             ("lines", &hidden(&cart, "lines")),
+            ("csrf", &hidden(&cart, "csrf")),
         ]))
         .send()
         .await
