@@ -7,12 +7,12 @@ use std::process::ExitCode;
 use anyhow::bail;
 use clap::{Args, Parser, Subcommand};
 
-use crate::catalog;
 use crate::config::{OrderStrategy, Settings};
 use crate::loadtest::{self, CheckArgs, LoadtestArgs};
 use crate::local::{LocalOptions, LocalServices};
 use crate::startup::{self, Application, connect_database};
 use crate::telemetry;
+use crate::{admin, catalog};
 
 /// Stockade: inventory and checkout reservations that never oversell.
 #[derive(Debug, Parser)]
@@ -31,10 +31,31 @@ enum Command {
     Migrate,
     /// Add the demo catalogue to DATABASE_URL (existing products are kept).
     Seed,
+    /// Manage admin accounts.
+    #[command(subcommand)]
+    Admin(AdminCommand),
     /// Load servers with virtual buyers, check the invariants, write a report.
     Loadtest(Box<LoadtestArgs>),
     /// Check the invariants (I1–I6) of a database, optionally against a run's client log.
     Check(CheckArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum AdminCommand {
+    /// Create an admin in DATABASE_URL; prints a generated password unless one is given.
+    Create(AccountArgs),
+    /// Set an admin's password (ending their sessions); prints a generated one unless given.
+    SetPassword(AccountArgs),
+}
+
+#[derive(Debug, Args)]
+struct AccountArgs {
+    /// 3 to 32 lowercase letters, digits, dots, dashes or underscores.
+    #[arg(long)]
+    username: String,
+    /// Read the password from the first line of standard input instead of generating one.
+    #[arg(long)]
+    password_stdin: bool,
 }
 
 #[derive(Debug, Args)]
@@ -75,6 +96,7 @@ impl Cli {
                 Command::Serve(args) => serve(settings, args).await,
                 Command::Migrate => migrate(settings).await,
                 Command::Seed => seed(settings).await,
+                Command::Admin(command) => admin_command(settings, command).await,
                 Command::Loadtest(args) => verdict(loadtest::loadtest(*args).await),
                 Command::Check(args) => verdict(loadtest::check_command(args).await),
             }
@@ -168,9 +190,24 @@ async fn run_server(
             tracing::info!(added, "seeded the demo catalogue");
         }
     }
+    // Local mode makes the first admin itself and shows the password this once.
+    let mut first_admin = None;
+    if local_mode && admin::count_admins(app.db()).await? == 0 {
+        let password = admin::generate_password();
+        admin::create_admin(app.db(), "admin", &password).await?;
+        first_admin = Some(password);
+    }
     let base = format!("http://{}:{}", listen.ip(), app.port());
     println!("Stockade is running.");
     println!("  Storefront:  {base}/");
+    match first_admin {
+        Some(password) => {
+            println!("  Admin:       {base}/admin  (user admin, password {password})");
+            println!("               The password is shown only now; change it with");
+            println!("               `stockade admin set-password --username admin`.");
+        }
+        None => println!("  Admin:       {base}/admin"),
+    }
     println!("  API:         {base}/api/v1/products");
     println!("  Health:      {base}/readyz");
     if local_mode {
@@ -202,6 +239,36 @@ async fn shutdown_signal() {
         _ = term.recv() => {}
         _ = int.recv() => {}
     }
+}
+
+async fn admin_command(settings: Settings, command: AdminCommand) -> anyhow::Result<()> {
+    startup::migrate(&settings).await?;
+    let db = connect_database(&settings).await?;
+    let (args, create) = match command {
+        AdminCommand::Create(args) => (args, true),
+        AdminCommand::SetPassword(args) => (args, false),
+    };
+    let (password, generated) = if args.password_stdin {
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line)?;
+        (line.trim_end_matches(['\r', '\n']).to_string(), false)
+    } else {
+        (admin::generate_password(), true)
+    };
+    if create {
+        admin::create_admin(&db, &args.username, &password).await?;
+        println!("created admin {}", args.username);
+    } else {
+        admin::set_password(&db, &args.username, &password).await?;
+        println!(
+            "set the password of {} (their sessions have ended)",
+            args.username
+        );
+    }
+    if generated {
+        println!("password: {password}");
+    }
+    Ok(())
 }
 
 async fn migrate(settings: Settings) -> anyhow::Result<()> {

@@ -2,6 +2,7 @@
 //! place; handlers sit in the module of their area beside their template structs. Nothing
 //! below this module knows about actix-web.
 
+pub mod admin;
 pub mod api;
 mod assets;
 pub mod csrf;
@@ -69,6 +70,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             web::post().to(shop::post_checkout_cancel),
         )
         .route("/orders/{id}", web::get().to(shop::get_order))
+        // Before the /api/v1 scope, which would otherwise claim /api/v1/admin.
+        .configure(admin::register)
         .service(
             web::scope("/api/v1")
                 .route("/products", web::get().to(api::get_products))
@@ -98,6 +101,10 @@ pub struct Chrome {
     pub cart_units: i32,
     /// The storefront CSRF token every form carries.
     pub csrf: String,
+    /// The logged-in admin, on admin pages.
+    pub admin: Option<String>,
+    /// The admin session's CSRF token, on admin pages.
+    pub admin_csrf: String,
 }
 
 impl Chrome {
@@ -109,6 +116,8 @@ impl Chrome {
             unsafe_banner: strategy == Some(OrderStrategy::NaiveUnsafe),
             cart_units: shop::Cart::from_request(req).units(),
             csrf: csrf::token(req),
+            admin: None,
+            admin_csrf: String::new(),
         }
     }
 }

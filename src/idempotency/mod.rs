@@ -67,6 +67,8 @@ pub enum Scope {
     ApiHold,
     /// Checkout forms (which place holds).
     Page,
+    /// Admin stock changes through the API.
+    Admin,
 }
 
 impl Scope {
@@ -75,6 +77,7 @@ impl Scope {
             Self::Api => "api",
             Self::ApiHold => "api-hold",
             Self::Page => "page",
+            Self::Admin => "admin",
         }
     }
 }

@@ -137,6 +137,12 @@ pub struct OrderSummary {
     pub skus: String,
 }
 
+impl OrderSummary {
+    pub fn total(&self) -> String {
+        crate::catalog::format_cents(self.total_cents)
+    }
+}
+
 /// Filters for the admin order list; empty fields match everything.
 #[derive(Debug, Clone, Default)]
 pub struct OrderFilter {

@@ -1,0 +1,1355 @@
+//! The admin pages and the admin JSON API, behind a login.
+//!
+//! Every admin route is listed once, in [`routes`]; [`register`] wraps each in the
+//! [`require_admin`] middleware, so none can be added without the guard, and the route
+//! inventory test walks the same list. Anonymous requests are sent to the login page
+//! (pages) or answered 401 (API). Every POST carries the session's CSRF token.
+
+use std::time::Duration;
+
+use actix_web::body::MessageBody;
+use actix_web::cookie::{Cookie, SameSite};
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::{Method, StatusCode, header};
+use actix_web::middleware::{Next, from_fn};
+use actix_web::{FromRequest, HttpMessage, HttpRequest, HttpResponse, web};
+use askama::Template;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::shop::TokenForm;
+use super::{AppState, Chrome, csrf, detached};
+use crate::admin::{self, Admin, LoginLimits};
+use crate::catalog::{self, Sku, format_cents};
+use crate::error::AppError;
+use crate::idempotency::{self, Begin, Scope, StoredResponse};
+use crate::inventory::db::{self as stock, Adjusted, Movement};
+use crate::orders::db::{OrderFilter, OrderSummary};
+use crate::orders::{self, Cancelled, Order};
+
+/// The admin session cookie.
+pub const SESSION_COOKIE: &str = "stockade_admin";
+/// Rows per page in admin lists.
+const PAGE: i64 = 25;
+
+/// Every route that needs an admin, in one place: `(method, path, handler)`.
+pub fn routes() -> Vec<(Method, &'static str, actix_web::Route)> {
+    vec![
+        (Method::GET, "/admin", web::get().to(get_dashboard)),
+        (Method::GET, "/admin/products", web::get().to(get_products)),
+        (
+            Method::POST,
+            "/admin/products",
+            web::post().to(post_products),
+        ),
+        (
+            Method::GET,
+            "/admin/products/new",
+            web::get().to(get_new_product),
+        ),
+        (
+            Method::GET,
+            "/admin/products/{sku}",
+            web::get().to(get_product),
+        ),
+        (
+            Method::POST,
+            "/admin/products/{sku}",
+            web::post().to(post_product),
+        ),
+        (
+            Method::POST,
+            "/admin/products/{sku}/restock",
+            web::post().to(post_restock),
+        ),
+        (
+            Method::POST,
+            "/admin/products/{sku}/adjust",
+            web::post().to(post_adjust),
+        ),
+        (
+            Method::GET,
+            "/admin/products/{sku}/ledger",
+            web::get().to(get_ledger),
+        ),
+        (Method::GET, "/admin/orders", web::get().to(get_orders)),
+        (Method::GET, "/admin/orders/{id}", web::get().to(get_order)),
+        (
+            Method::POST,
+            "/admin/orders/{id}/cancel",
+            web::post().to(post_cancel),
+        ),
+        (Method::GET, "/admin/holds", web::get().to(get_holds)),
+        (
+            Method::POST,
+            "/admin/holds/{id}/release",
+            web::post().to(post_release_hold),
+        ),
+        (
+            Method::GET,
+            "/api/v1/admin/dashboard",
+            web::get().to(get_dashboard_json),
+        ),
+        (
+            Method::POST,
+            "/api/v1/admin/stock/{sku}/restock",
+            web::post().to(post_api_restock),
+        ),
+        (
+            Method::POST,
+            "/api/v1/admin/stock/{sku}/adjust",
+            web::post().to(post_api_adjust),
+        ),
+    ]
+}
+
+/// The method and path of every guarded route (for the route inventory test).
+pub fn inventory() -> Vec<(Method, &'static str)> {
+    routes().into_iter().map(|(m, p, _)| (m, p)).collect()
+}
+
+/// Registers the login pages and every guarded route, each behind [`require_admin`].
+pub fn register(cfg: &mut web::ServiceConfig) {
+    cfg.route("/admin/login", web::get().to(get_login))
+        .route("/admin/login", web::post().to(post_login))
+        .route("/admin/logout", web::post().to(post_logout));
+    // One resource per path, in the order listed (so `/products/new` wins over `{sku}`).
+    let mut resources: Vec<(&'static str, Vec<actix_web::Route>)> = Vec::new();
+    for (_, path, route) in routes() {
+        match resources.iter_mut().find(|(p, _)| *p == path) {
+            Some((_, list)) => list.push(route),
+            None => resources.push((path, vec![route])),
+        }
+    }
+    for (path, list) in resources {
+        let mut resource = web::resource(path).wrap(from_fn(require_admin));
+        for route in list {
+            resource = resource.route(route);
+        }
+        cfg.service(resource);
+    }
+}
+
+/// Lets a request through only with a live admin session, which it leaves in the request
+/// for the [`Admin`] extractor.
+pub async fn require_admin(
+    req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    let state = req
+        .app_data::<web::Data<AppState>>()
+        .cloned()
+        .expect("app state is registered");
+    let token = req.cookie(SESSION_COOKIE).map(|c| c.value().to_string());
+    let admin = match token {
+        Some(token) => admin::session(&state.db, &token)
+            .await
+            .map_err(AppError::from)?,
+        None => None,
+    };
+    match admin {
+        Some(admin) => {
+            req.extensions_mut().insert(admin);
+            next.call(req).await
+        }
+        None if req.path().starts_with("/api/") => {
+            Err(AppError::Unauthorized("Log in as an admin first.".into()).into())
+        }
+        None => {
+            let next = match req.method() {
+                &Method::GET => req.uri().to_string(),
+                _ => "/admin".to_string(),
+            };
+            Err(AppError::LoginRequired { next }.into())
+        }
+    }
+}
+
+impl FromRequest for Admin {
+    type Error = AppError;
+    type Future = std::future::Ready<Result<Self, AppError>>;
+
+    fn from_request(req: &HttpRequest, _: &mut actix_web::dev::Payload) -> Self::Future {
+        std::future::ready(
+            req.extensions()
+                .get::<Admin>()
+                .cloned()
+                .ok_or_else(|| AppError::Unauthorized("Log in as an admin first.".into())),
+        )
+    }
+}
+
+/// The frame of admin pages.
+pub struct AdminChrome {
+    pub chrome: Chrome,
+    pub admin: Admin,
+}
+
+fn page_chrome(req: &HttpRequest, admin: &Admin) -> Chrome {
+    let mut chrome = Chrome::new(req);
+    chrome.admin = Some(admin.username.clone());
+    chrome.admin_csrf = admin.csrf.clone();
+    chrome
+}
+
+fn html(status: StatusCode, page: &impl Template) -> Result<HttpResponse, AppError> {
+    let body = page.render().map_err(|e| AppError::Internal(e.into()))?;
+    Ok(HttpResponse::build(status)
+        .content_type("text/html; charset=utf-8")
+        .body(body))
+}
+
+fn see_other(location: &str) -> HttpResponse {
+    HttpResponse::SeeOther()
+        .insert_header((header::LOCATION, location))
+        .finish()
+}
+
+fn session_cookie(req: &HttpRequest, state: &AppState, token: &str) -> Cookie<'static> {
+    let secure = state.settings.secure_cookies || req.connection_info().scheme() == "https";
+    Cookie::build(SESSION_COOKIE, token.to_string())
+        .path("/")
+        .http_only(true)
+        .same_site(SameSite::Strict)
+        .secure(secure)
+        .max_age(actix_web::cookie::time::Duration::seconds(
+            admin::SESSION_LENGTH.as_secs() as i64,
+        ))
+        .finish()
+}
+
+// ---------------------------------------------------------------- login and logout
+
+#[derive(Template)]
+#[template(path = "admin/login.html")]
+struct LoginPage {
+    chrome: Chrome,
+    next: String,
+    username: String,
+    error: Option<String>,
+}
+
+#[derive(Deserialize)]
+pub struct NextQuery {
+    next: Option<String>,
+}
+
+/// Only local paths are followed after login.
+fn safe_next(next: Option<&str>) -> String {
+    match next {
+        Some(n) if n.starts_with("/admin") && !n.starts_with("//") => n.to_string(),
+        _ => "/admin".to_string(),
+    }
+}
+
+pub async fn get_login(
+    req: HttpRequest,
+    query: web::Query<NextQuery>,
+) -> Result<HttpResponse, AppError> {
+    let page = LoginPage {
+        chrome: Chrome::new(&req),
+        next: safe_next(query.next.as_deref()),
+        username: String::new(),
+        error: None,
+    };
+    html(StatusCode::OK, &page)
+}
+
+#[derive(Deserialize)]
+pub struct LoginForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    username: String,
+    #[serde(default)]
+    password: String,
+    next: Option<String>,
+}
+
+#[tracing::instrument(skip_all)]
+pub async fn post_login(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    form: web::Form<LoginForm>,
+) -> Result<HttpResponse, AppError> {
+    csrf::check_storefront(&req, &form.csrf)?;
+    let username = form.username.trim().to_lowercase();
+    let client = req
+        .peer_addr()
+        .map(|a| a.ip().to_string())
+        .unwrap_or_else(|| "unknown".into());
+    let s = &state.settings;
+    let limits = LoginLimits {
+        per_account: s.login_max_failures,
+        per_client: s.login_max_failures_per_client,
+        window: s.login_window,
+    };
+    if let Some(retry_after) = admin::throttled(&state.db, limits, &username, &client).await? {
+        tracing::warn!(client, "login throttled");
+        return Err(AppError::TooManyRequests {
+            message: "Too many failed logins. Please wait a while before trying again.".into(),
+            retry_after,
+        });
+    }
+    let Some(user_id) = admin::authenticate(&state.db, &username, &form.password).await? else {
+        admin::record_failure(&state.db, &username, &client).await?;
+        tracing::info!(client, "failed admin login");
+        let page = LoginPage {
+            chrome: Chrome::new(&req),
+            next: safe_next(form.next.as_deref()),
+            username: form.username.clone(),
+            error: Some("Wrong username or password.".into()),
+        };
+        return html(StatusCode::UNAUTHORIZED, &page);
+    };
+    // A new session every login: a session id planted before login is worth nothing.
+    if let Some(old) = req.cookie(SESSION_COOKIE) {
+        admin::end_session(&state.db, old.value()).await?;
+    }
+    let token = admin::start_session(&state.db, user_id).await?;
+    tracing::info!(username, "admin logged in");
+    Ok(HttpResponse::SeeOther()
+        .insert_header((header::LOCATION, safe_next(form.next.as_deref())))
+        .cookie(session_cookie(&req, &state, &token))
+        .finish())
+}
+
+pub async fn post_logout(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    form: web::Form<TokenForm>,
+) -> Result<HttpResponse, AppError> {
+    if let Some(cookie) = req.cookie(SESSION_COOKIE) {
+        if let Some(admin) = admin::session(&state.db, cookie.value()).await? {
+            csrf::check_admin(&admin, &form.csrf)?;
+        }
+        admin::end_session(&state.db, cookie.value()).await?;
+    }
+    let mut gone = Cookie::build(SESSION_COOKIE, "").path("/").finish();
+    gone.make_removal();
+    Ok(HttpResponse::SeeOther()
+        .insert_header((header::LOCATION, "/admin/login"))
+        .cookie(gone)
+        .finish())
+}
+
+// ---------------------------------------------------------------- dashboard
+
+/// The numbers on the dashboard (also its JSON, polled for live updates).
+#[derive(Debug, Clone, Serialize)]
+pub struct Dashboard {
+    pub on_hand: i64,
+    pub reserved: i64,
+    pub available: i64,
+    pub orders_today: i64,
+    pub revenue_today_cents: i64,
+    pub revenue_today: String,
+    pub active_holds: i64,
+    pub low_stock: Vec<StockRow>,
+    pub sold_out: Vec<StockRow>,
+    pub recent_orders: Vec<RecentOrder>,
+    pub strategy: String,
+    /// `up`, or `degraded` while Redis is unreachable.
+    pub lease_layer: String,
+}
+
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct StockRow {
+    pub sku: String,
+    pub name: String,
+    pub on_hand: i32,
+    pub reserved: i32,
+    pub available: i32,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RecentOrder {
+    pub id: Uuid,
+    pub reference: String,
+    pub status: String,
+    pub total: String,
+    pub units: i64,
+    pub at: String,
+}
+
+async fn dashboard(state: &AppState) -> Result<Dashboard, AppError> {
+    let db = &state.db;
+    let (on_hand, reserved): (i64, i64) = sqlx::query_as(
+        "select coalesce(sum(on_hand), 0)::bigint, coalesce(sum(reserved), 0)::bigint from stock",
+    )
+    .fetch_one(db)
+    .await?;
+    let (orders_today, revenue): (i64, i64) = sqlx::query_as(
+        r#"select count(*), coalesce(sum(total_cents), 0)::bigint from orders
+            where status = 'placed' and created_at >= date_trunc('day', now())"#,
+    )
+    .fetch_one(db)
+    .await?;
+    let active_holds: i64 = sqlx::query_scalar(
+        "select count(*) from holds where state = 'active' and expires_at > now()",
+    )
+    .fetch_one(db)
+    .await?;
+    let stock_rows = |condition: &'static str| {
+        sqlx::query_as::<_, StockRow>(sqlx::AssertSqlSafe(format!(
+            r#"select p.sku, p.name, s.on_hand, s.reserved, s.on_hand - s.reserved as available
+                 from stock s join products p on p.sku = s.sku
+                where p.active and {condition}
+                order by s.on_hand - s.reserved, p.sku limit 12"#
+        )))
+        .fetch_all(db)
+    };
+    let low_stock = stock_rows("s.on_hand - s.reserved between 1 and 5").await?;
+    let sold_out = stock_rows("s.on_hand - s.reserved <= 0").await?;
+    let (recent, _) = orders::db::list_orders(db, &OrderFilter::default(), 8, 0).await?;
+    let redis_up = tokio::time::timeout(Duration::from_secs(1), state.redis.ping())
+        .await
+        .is_ok_and(|r| r.is_ok());
+    Ok(Dashboard {
+        on_hand,
+        reserved,
+        available: on_hand - reserved,
+        orders_today,
+        revenue_today_cents: revenue,
+        revenue_today: format_cents(revenue),
+        active_holds,
+        low_stock,
+        sold_out,
+        recent_orders: recent.into_iter().map(recent_order).collect(),
+        strategy: state.settings.order_strategy.to_string(),
+        lease_layer: if redis_up { "up" } else { "degraded" }.into(),
+    })
+}
+
+fn recent_order(o: OrderSummary) -> RecentOrder {
+    RecentOrder {
+        reference: o.id.simple().to_string()[..8].to_uppercase(),
+        id: o.id,
+        status: o.status,
+        total: format_cents(o.total_cents),
+        units: o.units,
+        at: o.created_at.format("%H:%M:%S").to_string(),
+    }
+}
+
+#[derive(Template)]
+#[template(path = "admin/dashboard.html")]
+struct DashboardPage {
+    chrome: Chrome,
+    d: Dashboard,
+}
+
+pub async fn get_dashboard(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, AppError> {
+    let page = DashboardPage {
+        chrome: page_chrome(&req, &admin),
+        d: dashboard(&state).await?,
+    };
+    html(StatusCode::OK, &page)
+}
+
+pub async fn get_dashboard_json(
+    _admin: Admin,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, AppError> {
+    Ok(HttpResponse::Ok()
+        .insert_header((header::CACHE_CONTROL, "no-store"))
+        .json(dashboard(&state).await?))
+}
+
+// ---------------------------------------------------------------- products
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ProductRow {
+    pub sku: String,
+    pub name: String,
+    pub description: String,
+    pub price_cents: i64,
+    pub active: bool,
+    pub on_hand: i32,
+    pub reserved: i32,
+}
+
+impl ProductRow {
+    pub fn price(&self) -> String {
+        format_cents(self.price_cents)
+    }
+    pub fn price_input(&self) -> String {
+        format!("{}.{:02}", self.price_cents / 100, self.price_cents % 100)
+    }
+    pub fn available(&self) -> i32 {
+        self.on_hand - self.reserved
+    }
+}
+
+#[derive(Template)]
+#[template(path = "admin/products.html")]
+struct ProductsPage {
+    chrome: Chrome,
+    products: Vec<ProductRow>,
+    q: String,
+    page: i64,
+    pages: i64,
+}
+
+#[derive(Deserialize)]
+pub struct ListQuery {
+    q: Option<String>,
+    page: Option<i64>,
+}
+
+pub async fn get_products(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+    query: web::Query<ListQuery>,
+) -> Result<HttpResponse, AppError> {
+    let q = query.q.clone().unwrap_or_default().trim().to_string();
+    let page = query.page.unwrap_or(1).max(1);
+    let pattern = format!(
+        "%{}%",
+        q.replace('\\', "\\\\")
+            .replace('%', "\\%")
+            .replace('_', "\\_")
+    );
+    let products: Vec<ProductRow> = sqlx::query_as(
+        r#"select p.sku, p.name, p.description, p.price_cents, p.active, s.on_hand, s.reserved
+             from products p join stock s on s.sku = p.sku
+            where p.sku ilike $1 or p.name ilike $1
+            order by p.sku limit $2 offset $3"#,
+    )
+    .bind(&pattern)
+    .bind(PAGE)
+    .bind((page - 1) * PAGE)
+    .fetch_all(&state.db)
+    .await?;
+    let total: i64 = sqlx::query_scalar(
+        "select count(*) from products p where p.sku ilike $1 or p.name ilike $1",
+    )
+    .bind(&pattern)
+    .fetch_one(&state.db)
+    .await?;
+    let page = ProductsPage {
+        chrome: page_chrome(&req, &admin),
+        products,
+        q,
+        page,
+        pages: ((total + PAGE - 1) / PAGE).max(1),
+    };
+    html(StatusCode::OK, &page)
+}
+
+#[derive(Template)]
+#[template(path = "admin/product.html")]
+struct ProductPage {
+    chrome: Chrome,
+    product: ProductRow,
+    is_new: bool,
+    /// A message for the person, and whether it is bad news.
+    notice: Option<(String, bool)>,
+    /// Another admin's or a shopper's change moved stock under this form.
+    moved: Option<i32>,
+}
+
+async fn load_product(state: &AppState, raw: &str) -> Result<ProductRow, AppError> {
+    let not_found = || AppError::not_found(format!("No product with SKU {raw:?}."));
+    let sku = Sku::parse(raw).map_err(|_| not_found())?;
+    sqlx::query_as(
+        r#"select p.sku, p.name, p.description, p.price_cents, p.active, s.on_hand, s.reserved
+             from products p join stock s on s.sku = p.sku where p.sku = $1"#,
+    )
+    .bind(sku.as_str())
+    .fetch_optional(&state.db)
+    .await?
+    .ok_or_else(not_found)
+}
+
+pub async fn get_new_product(req: HttpRequest, admin: Admin) -> Result<HttpResponse, AppError> {
+    let page = ProductPage {
+        chrome: page_chrome(&req, &admin),
+        product: ProductRow {
+            sku: String::new(),
+            name: String::new(),
+            description: String::new(),
+            price_cents: 0,
+            active: true,
+            on_hand: 0,
+            reserved: 0,
+        },
+        is_new: true,
+        notice: None,
+        moved: None,
+    };
+    html(StatusCode::OK, &page)
+}
+
+#[derive(Deserialize)]
+pub struct ProductForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    sku: String,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    description: String,
+    #[serde(default)]
+    price: String,
+    #[serde(default)]
+    on_hand: String,
+    active: Option<String>,
+}
+
+/// `"12.50"` or `"12"` → 1250 cents.
+fn parse_price(raw: &str) -> Result<i64, String> {
+    let raw = raw.trim().trim_start_matches('$');
+    let bad = || format!("{raw:?} is not a price: use a number like 12.50");
+    let (whole, cents) = raw.split_once('.').unwrap_or((raw, ""));
+    if whole.is_empty()
+        || !whole.bytes().all(|b| b.is_ascii_digit())
+        || cents.len() > 2
+        || !cents.bytes().all(|b| b.is_ascii_digit())
+    {
+        return Err(bad());
+    }
+    let whole: i64 = whole.parse().map_err(|_| bad())?;
+    let cents: i64 = format!("{cents:0<2}").parse().map_err(|_| bad())?;
+    whole
+        .checked_mul(100)
+        .and_then(|w| w.checked_add(cents))
+        .filter(|c| *c <= 100_000_000)
+        .ok_or_else(|| "prices go up to $1,000,000.00".into())
+}
+
+/// Checks a product form; returns (name, description, price in cents).
+fn check_product(form: &ProductForm) -> Result<(String, String, i64), String> {
+    let name = form.name.trim().to_string();
+    if name.is_empty() || name.chars().count() > 200 {
+        return Err("a name is 1 to 200 characters".into());
+    }
+    let description = form.description.trim().to_string();
+    if description.chars().count() > 5000 {
+        return Err("a description is at most 5000 characters".into());
+    }
+    Ok((name, description, parse_price(&form.price)?))
+}
+
+fn form_product(form: &ProductForm) -> ProductRow {
+    ProductRow {
+        sku: form.sku.trim().to_uppercase(),
+        name: form.name.clone(),
+        description: form.description.clone(),
+        price_cents: parse_price(&form.price).unwrap_or(0),
+        active: form.active.is_some(),
+        on_hand: form.on_hand.trim().parse().unwrap_or(0),
+        reserved: 0,
+    }
+}
+
+pub async fn post_products(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+    form: web::Form<ProductForm>,
+) -> Result<HttpResponse, AppError> {
+    csrf::check_admin(&admin, &form.csrf)?;
+    let refuse = |message: String| {
+        let page = ProductPage {
+            chrome: page_chrome(&req, &admin),
+            product: form_product(&form),
+            is_new: true,
+            notice: Some((crate::error::sentence(&message), true)),
+            moved: None,
+        };
+        html(StatusCode::UNPROCESSABLE_ENTITY, &page)
+    };
+    let sku = match Sku::parse(&form.sku) {
+        Ok(sku) => sku,
+        Err(e) => return refuse(e.to_string()),
+    };
+    let (name, description, price) = match check_product(&form) {
+        Ok(fields) => fields,
+        Err(message) => return refuse(message),
+    };
+    let on_hand: i32 = match form.on_hand.trim().parse() {
+        Ok(n) if (0..=10_000_000).contains(&n) => n,
+        _ => return refuse("the opening stock is a whole number from 0 to 10,000,000".into()),
+    };
+    let mut tx = state.db.begin().await?;
+    let created = sqlx::query(
+        r#"insert into products (sku, name, description, price_cents, active)
+           values ($1, $2, $3, $4, $5) on conflict (sku) do nothing"#,
+    )
+    .bind(sku.as_str())
+    .bind(&name)
+    .bind(&description)
+    .bind(price)
+    .bind(form.active.is_some())
+    .execute(&mut *tx)
+    .await?
+    .rows_affected()
+        == 1;
+    if !created {
+        return refuse(format!("there is already a product with SKU {sku}"));
+    }
+    stock::create_stock(&mut tx, &sku, on_hand, &admin.username).await?;
+    tx.commit().await?;
+    Ok(see_other(&format!("/admin/products/{sku}")))
+}
+
+pub async fn get_product(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, AppError> {
+    let page = ProductPage {
+        chrome: page_chrome(&req, &admin),
+        product: load_product(&state, &path).await?,
+        is_new: false,
+        notice: None,
+        moved: None,
+    };
+    html(StatusCode::OK, &page)
+}
+
+pub async fn post_product(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    form: web::Form<ProductForm>,
+) -> Result<HttpResponse, AppError> {
+    csrf::check_admin(&admin, &form.csrf)?;
+    let mut product = load_product(&state, &path).await?;
+    match check_product(&form) {
+        Err(message) => {
+            product.name = form.name.clone();
+            product.description = form.description.clone();
+            let page = ProductPage {
+                chrome: page_chrome(&req, &admin),
+                product,
+                is_new: false,
+                notice: Some((crate::error::sentence(&message), true)),
+                moved: None,
+            };
+            html(StatusCode::UNPROCESSABLE_ENTITY, &page)
+        }
+        Ok((name, description, price)) => {
+            sqlx::query(
+                "update products set name = $2, description = $3, price_cents = $4, active = $5 where sku = $1",
+            )
+            .bind(&product.sku)
+            .bind(name)
+            .bind(description)
+            .bind(price)
+            .bind(form.active.is_some())
+            .execute(&state.db)
+            .await?;
+            Ok(see_other(&format!("/admin/products/{}", product.sku)))
+        }
+    }
+}
+
+#[derive(Deserialize)]
+pub struct StockForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    units: String,
+    #[serde(default)]
+    expected: String,
+    #[serde(default)]
+    on_hand: String,
+    #[serde(default)]
+    reason: String,
+}
+
+fn reason_of(raw: &str) -> Result<String, AppError> {
+    let reason = raw.trim();
+    if reason.is_empty() {
+        return Err(AppError::Unprocessable(
+            "Please give a reason for the change (it goes into the ledger).".into(),
+        ));
+    }
+    if reason.chars().count() > 500 {
+        return Err(AppError::Unprocessable(
+            "A reason is at most 500 characters.".into(),
+        ));
+    }
+    Ok(reason.to_string())
+}
+
+fn whole(raw: &str, what: &str, min: i32, max: i32) -> Result<i32, AppError> {
+    raw.trim()
+        .parse::<i32>()
+        .ok()
+        .filter(|n| (min..=max).contains(n))
+        .ok_or_else(|| {
+            AppError::Unprocessable(format!(
+                "{what} must be a whole number from {min} to {max}."
+            ))
+        })
+}
+
+async fn product_notice(
+    req: &HttpRequest,
+    admin: &Admin,
+    state: &AppState,
+    sku: &str,
+    status: StatusCode,
+    notice: (String, bool),
+    moved: Option<i32>,
+) -> Result<HttpResponse, AppError> {
+    let page = ProductPage {
+        chrome: page_chrome(req, admin),
+        product: load_product(state, sku).await?,
+        is_new: false,
+        notice: Some(notice),
+        moved,
+    };
+    html(status, &page)
+}
+
+/// "Add N units": a delta, which never conflicts with sales.
+pub async fn post_restock(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    form: web::Form<StockForm>,
+) -> Result<HttpResponse, AppError> {
+    csrf::check_admin(&admin, &form.csrf)?;
+    let product = load_product(&state, &path).await?;
+    let checked = whole(&form.units, "Units to add", 1, 10_000_000)
+        .and_then(|units| Ok((units, reason_of(&form.reason)?)));
+    let (units, reason) = match checked {
+        Ok(v) => v,
+        Err(e) => {
+            let notice = (e.public_message(), true);
+            return product_notice(
+                &req,
+                &admin,
+                &state,
+                &product.sku,
+                StatusCode::UNPROCESSABLE_ENTITY,
+                notice,
+                None,
+            )
+            .await;
+        }
+    };
+    let sku = Sku::parse(&product.sku).expect("stored SKUs are valid");
+    let mut tx = state.db.begin().await?;
+    let on_hand = stock::restock(&mut tx, &sku, units, &reason, &admin.username).await?;
+    tx.commit().await?;
+    state.redis.clear_sold_out(&sku).await;
+    let notice = (
+        format!("Added {units} units; {on_hand} on hand now."),
+        false,
+    );
+    product_notice(
+        &req,
+        &admin,
+        &state,
+        &product.sku,
+        StatusCode::OK,
+        notice,
+        None,
+    )
+    .await
+}
+
+/// "Set the count to N": compare-and-set against the count the form was rendered with.
+pub async fn post_adjust(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    form: web::Form<StockForm>,
+) -> Result<HttpResponse, AppError> {
+    csrf::check_admin(&admin, &form.csrf)?;
+    let product = load_product(&state, &path).await?;
+    let checked = (|| {
+        let expected = whole(&form.expected, "The count the form showed", 0, i32::MAX)?;
+        let new = whole(&form.on_hand, "The new count", 0, 10_000_000)?;
+        Ok::<_, AppError>((expected, new, reason_of(&form.reason)?))
+    })();
+    let (expected, new, reason) = match checked {
+        Ok(v) => v,
+        Err(e) => {
+            let notice = (e.public_message(), true);
+            return product_notice(
+                &req,
+                &admin,
+                &state,
+                &product.sku,
+                StatusCode::UNPROCESSABLE_ENTITY,
+                notice,
+                None,
+            )
+            .await;
+        }
+    };
+    let sku = Sku::parse(&product.sku).expect("stored SKUs are valid");
+    let mut tx = state.db.begin().await?;
+    let outcome = stock::adjust(&mut tx, &sku, expected, new, &reason, &admin.username).await?;
+    tx.commit().await?;
+    let (status, notice, moved) = match outcome {
+        Adjusted::Done => {
+            state.redis.clear_sold_out(&sku).await;
+            (
+                StatusCode::OK,
+                (format!("On hand set to {new}."), false),
+                None,
+            )
+        }
+        Adjusted::Moved { on_hand } => (
+            StatusCode::CONFLICT,
+            (
+                format!(
+                    "Stock moved while you were counting: the form showed {expected} on hand, \
+                     now there are {on_hand}. Nothing was changed; check the new figure and \
+                     submit again."
+                ),
+                true,
+            ),
+            Some(on_hand),
+        ),
+        Adjusted::BelowReserved { reserved } => (
+            StatusCode::CONFLICT,
+            (
+                format!("{reserved} units are held in checkouts; the count cannot go below that."),
+                true,
+            ),
+            None,
+        ),
+    };
+    product_notice(&req, &admin, &state, &product.sku, status, notice, moved).await
+}
+
+#[derive(Template)]
+#[template(path = "admin/ledger.html")]
+struct LedgerPage {
+    chrome: Chrome,
+    product: ProductRow,
+    movements: Vec<Movement>,
+    page: i64,
+    pages: i64,
+    /// After "verify": `(ledger on hand, ledger reserved)`, and whether they match.
+    verified: Option<(i64, i64, bool)>,
+}
+
+#[derive(Deserialize)]
+pub struct LedgerQuery {
+    page: Option<i64>,
+    verify: Option<String>,
+}
+
+pub async fn get_ledger(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    query: web::Query<LedgerQuery>,
+) -> Result<HttpResponse, AppError> {
+    let product = load_product(&state, &path).await?;
+    let sku = Sku::parse(&product.sku).expect("stored SKUs are valid");
+    let page = query.page.unwrap_or(1).max(1);
+    let movements = stock::ledger(&state.db, &sku, PAGE * 2, (page - 1) * PAGE * 2).await?;
+    let total = stock::ledger_len(&state.db, &sku).await?;
+    let verified = match query.verify {
+        Some(_) => {
+            let (on_hand, reserved): (i64, i64) = sqlx::query_as(
+                r#"select coalesce(sum(delta), 0)::bigint, coalesce(sum(reserved_delta), 0)::bigint
+                     from stock_movements where sku = $1"#,
+            )
+            .bind(sku.as_str())
+            .fetch_one(&state.db)
+            .await?;
+            let ok =
+                on_hand == i64::from(product.on_hand) && reserved == i64::from(product.reserved);
+            Some((on_hand, reserved, ok))
+        }
+        None => None,
+    };
+    let page = LedgerPage {
+        chrome: page_chrome(&req, &admin),
+        product,
+        movements,
+        page,
+        pages: ((total + PAGE * 2 - 1) / (PAGE * 2)).max(1),
+        verified,
+    };
+    html(StatusCode::OK, &page)
+}
+
+// ---------------------------------------------------------------- orders and holds
+
+#[derive(Template)]
+#[template(path = "admin/orders.html")]
+struct OrdersPage {
+    chrome: Chrome,
+    orders: Vec<OrderSummary>,
+    status: String,
+    sku: String,
+    date: String,
+    page: i64,
+    pages: i64,
+    query: String,
+}
+
+#[derive(Deserialize)]
+pub struct OrdersQuery {
+    status: Option<String>,
+    sku: Option<String>,
+    date: Option<String>,
+    page: Option<i64>,
+}
+
+pub async fn get_orders(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+    query: web::Query<OrdersQuery>,
+) -> Result<HttpResponse, AppError> {
+    let text = |v: &Option<String>| {
+        v.as_deref()
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+    };
+    let status = text(&query.status);
+    if let Some(s) = &status
+        && s != "placed"
+        && s != "cancelled"
+    {
+        return Err(AppError::Unprocessable(
+            "Status is placed or cancelled.".into(),
+        ));
+    }
+    let sku = match text(&query.sku) {
+        Some(raw) => Some(
+            Sku::parse(&raw)
+                .map_err(|e| AppError::Unprocessable(e.to_string()))?
+                .to_string(),
+        ),
+        None => None,
+    };
+    let date =
+        match text(&query.date) {
+            Some(raw) => Some(chrono::NaiveDate::parse_from_str(&raw, "%Y-%m-%d").map_err(
+                |_| AppError::Unprocessable(format!("{raw:?} is not a date like 2026-11-30.")),
+            )?),
+            None => None,
+        };
+    let page = query.page.unwrap_or(1).max(1);
+    let filter = OrderFilter {
+        status: status.clone(),
+        sku: sku.clone(),
+        date,
+    };
+    let (orders, total) =
+        orders::db::list_orders(&state.db, &filter, PAGE, (page - 1) * PAGE).await?;
+    let query_string = format!(
+        "status={}&sku={}&date={}",
+        status.clone().unwrap_or_default(),
+        sku.clone().unwrap_or_default(),
+        date.map(|d| d.to_string()).unwrap_or_default()
+    );
+    let page = OrdersPage {
+        chrome: page_chrome(&req, &admin),
+        orders,
+        status: status.unwrap_or_default(),
+        sku: sku.unwrap_or_default(),
+        date: date.map(|d| d.to_string()).unwrap_or_default(),
+        page,
+        pages: ((total + PAGE - 1) / PAGE).max(1),
+        query: query_string,
+    };
+    html(StatusCode::OK, &page)
+}
+
+#[derive(Template)]
+#[template(path = "admin/order.html")]
+struct OrderPage {
+    chrome: Chrome,
+    order: Order,
+    notice: Option<(String, bool)>,
+}
+
+async fn load_order(state: &AppState, raw: &str) -> Result<Order, AppError> {
+    let not_found = || AppError::not_found(format!("No order with id {raw:?}."));
+    let id = Uuid::parse_str(raw).map_err(|_| not_found())?;
+    orders::db::find_order(&state.db, id)
+        .await?
+        .ok_or_else(not_found)
+}
+
+pub async fn get_order(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, AppError> {
+    let page = OrderPage {
+        chrome: page_chrome(&req, &admin),
+        order: load_order(&state, &path).await?,
+        notice: None,
+    };
+    html(StatusCode::OK, &page)
+}
+
+pub async fn post_cancel(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    form: web::Form<TokenForm>,
+) -> Result<HttpResponse, AppError> {
+    csrf::check_admin(&admin, &form.csrf)?;
+    let order = load_order(&state, &path).await?;
+    let (db, actor, id) = (state.db.clone(), admin.username.clone(), order.id);
+    let outcome =
+        detached(async move { orders::cancel(&db, id, &actor, "cancelled by an admin").await })
+            .await??;
+    let notice = match outcome {
+        Some(Cancelled::Now) => {
+            for line in &order.lines {
+                if let Ok(sku) = Sku::parse(&line.sku) {
+                    state.redis.clear_sold_out(&sku).await;
+                }
+            }
+            (
+                "Order cancelled; its units are back in stock.".to_string(),
+                false,
+            )
+        }
+        Some(Cancelled::Already) => (
+            "This order was already cancelled; nothing changed.".into(),
+            false,
+        ),
+        None => return Err(AppError::not_found("No such order.")),
+    };
+    let page = OrderPage {
+        chrome: page_chrome(&req, &admin),
+        order: load_order(&state, &path).await?,
+        notice: Some(notice),
+    };
+    html(StatusCode::OK, &page)
+}
+
+#[derive(Template)]
+#[template(path = "admin/holds.html")]
+struct HoldsPage {
+    chrome: Chrome,
+    holds: Vec<crate::holds::Hold>,
+    notice: Option<String>,
+}
+
+pub async fn get_holds(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, AppError> {
+    let page = HoldsPage {
+        chrome: page_chrome(&req, &admin),
+        holds: crate::holds::db::active_holds(&state.db, 200).await?,
+        notice: None,
+    };
+    html(StatusCode::OK, &page)
+}
+
+pub async fn post_release_hold(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    form: web::Form<TokenForm>,
+) -> Result<HttpResponse, AppError> {
+    csrf::check_admin(&admin, &form.csrf)?;
+    let id = Uuid::parse_str(&path).map_err(|_| AppError::not_found("No such hold."))?;
+    let shared = state.clone().into_inner();
+    let actor = admin.username.clone();
+    let released =
+        detached(async move { crate::holds::release(&shared.db, &shared.redis, id, &actor).await })
+            .await?;
+    let notice = match released {
+        Ok(crate::holds::Released::Now) => "Hold released; its units are back on sale.",
+        Ok(crate::holds::Released::Already) => "That hold was already released.",
+        Err(crate::holds::HoldError::AlreadyConfirmed(_)) => {
+            "That hold has already become an order."
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let page = HoldsPage {
+        chrome: page_chrome(&req, &admin),
+        holds: crate::holds::db::active_holds(&state.db, 200).await?,
+        notice: Some(notice.into()),
+    };
+    html(StatusCode::OK, &page)
+}
+
+// ---------------------------------------------------------------- admin JSON API
+
+#[derive(Debug, Deserialize, Serialize)]
+pub struct RestockBody {
+    units: i32,
+    reason: String,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+pub struct AdjustBody {
+    expected_on_hand: i32,
+    on_hand: i32,
+    reason: String,
+}
+
+/// The admin API's CSRF token, sent as a header by browser clients of the API.
+fn check_api_csrf(req: &HttpRequest, admin: &Admin) -> Result<(), AppError> {
+    let token = req
+        .headers()
+        .get("x-csrf-token")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    csrf::check_admin(admin, token)
+}
+
+/// Runs a stock change under an `Idempotency-Key`: a retry gets the first answer back.
+async fn idempotent_stock_change(
+    req: &HttpRequest,
+    state: &AppState,
+    fingerprint: &impl Serialize,
+    change: impl AsyncFnOnce(&mut sqlx::PgConnection) -> Result<(u16, serde_json::Value), AppError>,
+) -> Result<HttpResponse, AppError> {
+    let key = super::api::idempotency_key(req)?;
+    let fingerprint = idempotency::Fingerprint::of(fingerprint);
+    let stale = orders::stale_after(&state.settings);
+    let respond = |stored: StoredResponse, replayed: bool| {
+        let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
+        let mut res = HttpResponse::build(status);
+        if replayed {
+            res.insert_header((super::api::REPLAYED_HEADER, "true"));
+        }
+        res.json(stored.body)
+    };
+    let claim = match idempotency::begin(&state.db, Scope::Admin, &key, &fingerprint, stale).await?
+    {
+        Begin::Started(claim) => claim,
+        Begin::Replay(stored) => return Ok(respond(stored, true)),
+        Begin::Mismatch => {
+            return Err(AppError::Unprocessable(
+                "This Idempotency-Key was already used for a different request.".into(),
+            ));
+        }
+        Begin::InFlight => {
+            return Err(AppError::Conflict {
+                message: "A request with this Idempotency-Key is still being processed.".into(),
+                retry_after: Some(1),
+                details: None,
+            });
+        }
+    };
+    let mut tx = state.db.begin().await?;
+    let result = change(&mut tx).await;
+    match result {
+        Ok((status, body)) => {
+            let stored = StoredResponse { status, body };
+            if !idempotency::complete(&mut tx, &claim, &stored).await? {
+                tx.rollback().await?;
+                return Err(AppError::conflict(
+                    "This request was taken over by a retry.",
+                ));
+            }
+            tx.commit().await?;
+            Ok(respond(stored, false))
+        }
+        Err(e) => {
+            tx.rollback().await?;
+            idempotency::abandon(&state.db, &claim).await?;
+            Err(e)
+        }
+    }
+}
+
+pub async fn post_api_restock(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    body: web::Json<RestockBody>,
+) -> Result<HttpResponse, AppError> {
+    check_api_csrf(&req, &admin)?;
+    let sku = Sku::parse(&path)
+        .map_err(|_| AppError::not_found(format!("No product with SKU {:?}.", path.as_str())))?;
+    catalog::db::find_product(&state.db, &sku)
+        .await?
+        .ok_or_else(|| AppError::not_found(format!("No product with SKU {sku}.")))?;
+    if !(1..=10_000_000).contains(&body.units) {
+        return Err(AppError::Unprocessable(
+            "units must be from 1 to 10,000,000.".into(),
+        ));
+    }
+    let reason = reason_of(&body.reason)?;
+    let fingerprint = ("restock", sku.as_str(), body.units, &reason);
+    let (units, actor) = (body.units, admin.username.clone());
+    let response = idempotent_stock_change(&req, &state, &fingerprint, async |conn| {
+        let on_hand = stock::restock(conn, &sku, units, &reason, &actor).await?;
+        Ok((200, serde_json::json!({"sku": sku, "on_hand": on_hand})))
+    })
+    .await?;
+    state.redis.clear_sold_out(&sku).await;
+    Ok(response)
+}
+
+pub async fn post_api_adjust(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    body: web::Json<AdjustBody>,
+) -> Result<HttpResponse, AppError> {
+    check_api_csrf(&req, &admin)?;
+    let sku = Sku::parse(&path)
+        .map_err(|_| AppError::not_found(format!("No product with SKU {:?}.", path.as_str())))?;
+    catalog::db::find_product(&state.db, &sku)
+        .await?
+        .ok_or_else(|| AppError::not_found(format!("No product with SKU {sku}.")))?;
+    if !(0..=10_000_000).contains(&body.on_hand) || body.expected_on_hand < 0 {
+        return Err(AppError::Unprocessable(
+            "on_hand must be from 0 to 10,000,000.".into(),
+        ));
+    }
+    let reason = reason_of(&body.reason)?;
+    let fingerprint = (
+        "adjust",
+        sku.as_str(),
+        body.expected_on_hand,
+        body.on_hand,
+        &reason,
+    );
+    let (expected, new, actor) = (body.expected_on_hand, body.on_hand, admin.username.clone());
+    let response = idempotent_stock_change(&req, &state, &fingerprint, async |conn| {
+        match stock::adjust(conn, &sku, expected, new, &reason, &actor).await? {
+            Adjusted::Done => Ok((200, serde_json::json!({"sku": sku, "on_hand": new}))),
+            Adjusted::Moved { on_hand } => Err(AppError::Conflict {
+                message: format!(
+                    "Stock moved: expected {expected} on hand, but there are {on_hand}; nothing was changed."
+                ),
+                retry_after: None,
+                details: Some(serde_json::json!({"on_hand": on_hand})),
+            }),
+            Adjusted::BelowReserved { reserved } => Err(AppError::Conflict {
+                message: format!("{reserved} units are held in checkouts; on_hand cannot go below that."),
+                retry_after: None,
+                details: Some(serde_json::json!({"reserved": reserved})),
+            }),
+        }
+    })
+    .await?;
+    state.redis.clear_sold_out(&sku).await;
+    Ok(response)
+}
