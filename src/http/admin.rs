@@ -142,27 +142,29 @@ pub async fn require_admin(
         .expect("app state is registered");
     let token = req.cookie(SESSION_COOKIE).map(|c| c.value().to_string());
     let admin = match token {
-        Some(token) => admin::session(&state.db, &token)
-            .await
-            .map_err(AppError::from)?,
+        Some(token) => match admin::session(&state.db, &token).await {
+            Ok(admin) => admin,
+            Err(e) => return Ok(req.error_response(AppError::from(e)).map_into_right_body()),
+        },
         None => None,
     };
-    match admin {
+    let refusal = match admin {
         Some(admin) => {
             req.extensions_mut().insert(admin);
-            next.call(req).await
+            return Ok(next.call(req).await?.map_into_left_body());
         }
         None if req.path().starts_with("/api/") => {
-            Err(AppError::Unauthorized("Log in as an admin first.".into()).into())
+            AppError::Unauthorized("Log in as an admin first.".into())
         }
-        None => {
-            let next = match req.method() {
+        None => AppError::LoginRequired {
+            next: match req.method() {
                 &Method::GET => req.uri().to_string(),
                 _ => "/admin".to_string(),
-            };
-            Err(AppError::LoginRequired { next }.into())
-        }
-    }
+            },
+        },
+    };
+    // Answered as a response (not an `Err`), so the outer middleware renders it.
+    Ok(req.error_response(refusal).map_into_right_body())
 }
 
 impl FromRequest for Admin {

@@ -128,6 +128,9 @@ pub async fn test_settings() -> Settings {
     }
 }
 
+pub const ADMIN_USER: &str = "ada";
+pub const ADMIN_PASSWORD: &str = "correct horse battery staple";
+
 /// A running application and a client for it.
 pub struct TestApp {
     pub address: String,
@@ -222,6 +225,53 @@ impl TestApp {
         let marker = r#"<meta name="csrf-token" content=""#;
         let start = html.find(marker).expect("pages carry the token") + marker.len();
         html[start..start + 64].to_string()
+    }
+
+    /// Creates admin `ada` (once) and logs this client in; returns the session's CSRF token.
+    pub async fn login_admin(&self) -> String {
+        match stockade::admin::create_admin(&self.db, ADMIN_USER, ADMIN_PASSWORD).await {
+            Ok(()) | Err(stockade::admin::AccountError::Exists(_)) => {}
+            Err(e) => panic!("{e}"),
+        }
+        let res = self.login(ADMIN_USER, ADMIN_PASSWORD).await;
+        assert_eq!(res.status().as_u16(), 303, "login works");
+        self.admin_csrf().await
+    }
+
+    /// POSTs the login form.
+    pub async fn login(&self, username: &str, password: &str) -> reqwest::Response {
+        let csrf = self.csrf().await;
+        self.client
+            .post(self.url("/admin/login"))
+            .form(&[
+                ("csrf", csrf.as_str()),
+                ("username", username),
+                ("password", password),
+            ])
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// The CSRF token of this client's admin session (from the logout form).
+    pub async fn admin_csrf(&self) -> String {
+        let (status, html) = self.get_text("/admin").await;
+        assert_eq!(status, 200, "logged in");
+        let marker = r#"action="/admin/logout" class="logout">"#;
+        let form = &html[html.find(marker).expect("logout form")..];
+        let marker = r#"name="csrf" value=""#;
+        let start = form.find(marker).unwrap() + marker.len();
+        form[start..start + 64].to_string()
+    }
+
+    /// POSTs an admin form (with `csrf` added unless given).
+    pub async fn admin_post(&self, path: &str, pairs: &[(&str, &str)]) -> reqwest::Response {
+        self.client
+            .post(self.url(path))
+            .form(pairs)
+            .send()
+            .await
+            .unwrap()
     }
 
     /// Adds the demo catalogue to this test's database.

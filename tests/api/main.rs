@@ -1,6 +1,7 @@
 //! Integration tests: one binary, real PostgreSQL, Redis and Chromium, started by
 //! [`helpers`].
 
+mod admin;
 mod browser;
 mod catalogue;
 mod health;
