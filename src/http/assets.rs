@@ -17,6 +17,11 @@ const ASSETS: &[(&str, &str, &str)] = &[
         include_str!("../../static/app.js"),
     ),
     (
+        "admin.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../../static/admin.js"),
+    ),
+    (
         "favicon.svg",
         "image/svg+xml",
         include_str!("../../static/favicon.svg"),

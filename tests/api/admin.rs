@@ -169,6 +169,9 @@ async fn every_admin_page_links_only_to_guarded_routes() {
     }
 }
 
+/// `(what is wrong, the form, an Origin header)`.
+type Forgery<'a> = (&'a str, Vec<(&'a str, &'a str)>, Option<&'a str>);
+
 /// Logs a second browser in as the same admin; returns that session's CSRF token.
 async fn second_session(app: &TestApp) -> String {
     let browser = client();
@@ -220,7 +223,7 @@ async fn forged_admin_posts_are_refused_and_change_nothing() {
     let before = (app.stock("KB-ALPINE-75").await, ledger_rows(&app).await);
     let path = "/admin/products/KB-ALPINE-75/restock";
     let zeros = "0".repeat(64);
-    let cases: Vec<(&str, Vec<(&str, &str)>, Option<&str>)> = vec![
+    let cases: Vec<Forgery> = vec![
         ("no token", vec![("units", "5"), ("reason", "forged")], None),
         (
             "a wrong token",

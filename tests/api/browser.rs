@@ -184,3 +184,411 @@ async fn a_shopper_checks_out_double_clicks_goes_back_and_resubmits_yet_orders_o
     app.assert_invariants().await;
     b.close().await.unwrap();
 }
+
+/// The visible text of the page.
+async fn body_text(b: &fantoccini::Client) -> String {
+    b.find(Locator::Css("body"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// Fills in the login form, if the browser is on it.
+async fn log_in(b: &fantoccini::Client) {
+    b.wait().for_element(Locator::Id("log-in")).await.unwrap();
+    b.find(Locator::Id("username"))
+        .await
+        .unwrap()
+        .send_keys(crate::helpers::ADMIN_USER)
+        .await
+        .unwrap();
+    b.find(Locator::Id("password"))
+        .await
+        .unwrap()
+        .send_keys(crate::helpers::ADMIN_PASSWORD)
+        .await
+        .unwrap();
+    b.find(Locator::Id("log-in"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn an_admin_restocks_the_drop_and_watches_the_dashboard_follow_an_order() {
+    let app = spawn_app().await;
+    app.seed_demo().await;
+    stockade::admin::create_admin(
+        &app.db,
+        crate::helpers::ADMIN_USER,
+        crate::helpers::ADMIN_PASSWORD,
+    )
+    .await
+    .unwrap();
+    // The limited drop sells out.
+    assert_eq!(
+        app.post_order("drop", &[("KB-DROP-ORCA", 3)])
+            .await
+            .status()
+            .as_u16(),
+        201
+    );
+
+    let b = browser().await;
+    b.goto(&app.url("/admin")).await.unwrap();
+    assert!(
+        b.current_url()
+            .await
+            .unwrap()
+            .path()
+            .starts_with("/admin/login")
+    );
+    log_in(&b).await;
+    b.wait()
+        .for_element(Locator::Id("units-on-hand"))
+        .await
+        .unwrap();
+    assert!(
+        body_text(&b)
+            .await
+            .contains("Orca Limited Edition Keyboard"),
+        "listed as sold out"
+    );
+
+    b.goto(&app.url("/admin/products/KB-DROP-ORCA"))
+        .await
+        .unwrap();
+    b.find(Locator::Id("units"))
+        .await
+        .unwrap()
+        .send_keys("5")
+        .await
+        .unwrap();
+    b.find(Locator::Id("restock-reason"))
+        .await
+        .unwrap()
+        .send_keys("Second batch from the workshop")
+        .await
+        .unwrap();
+    b.find(Locator::Id("restock"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let notice = b.wait().for_element(Locator::Id("notice")).await.unwrap();
+    assert_eq!(
+        notice.text().await.unwrap(),
+        "Added 5 units; 5 on hand now."
+    );
+    assert_eq!(app.stock("KB-DROP-ORCA").await, (5, 0));
+
+    // The dashboard follows an order placed elsewhere, without a reload.
+    b.goto(&app.url("/admin")).await.unwrap();
+    let shown = |b: &fantoccini::Client| {
+        let b = b.clone();
+        async move {
+            let text = b
+                .find(Locator::Id("units-on-hand"))
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            text.parse::<i64>().unwrap()
+        }
+    };
+    let before = shown(&b).await;
+    assert_eq!(
+        app.post_order("live", &[("KB-ALPINE-75", 2)])
+            .await
+            .status()
+            .as_u16(),
+        201
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while shown(&b).await != before - 2 {
+        if std::time::Instant::now() > deadline {
+            let status = b
+                .find(Locator::Id("live-status"))
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            panic!("the dashboard did not update ({status}): still {before}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let orders = b
+        .find(Locator::Id("orders-today"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(orders, "2");
+    save_screenshot(&b, "dashboard.png").await;
+
+    b.goto(&app.url("/admin/products/KB-DROP-ORCA/ledger"))
+        .await
+        .unwrap();
+    b.find(Locator::Id("verify"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let verdict = b.wait().for_element(Locator::Id("verdict")).await.unwrap();
+    assert!(verdict.text().await.unwrap().starts_with("Verified"));
+    assert!(
+        body_text(&b)
+            .await
+            .contains("Second batch from the workshop")
+    );
+    save_screenshot(&b, "ledger.png").await;
+
+    b.find(Locator::Id("log-out"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    b.wait().for_element(Locator::Id("log-in")).await.unwrap();
+    b.goto(&app.url("/admin")).await.unwrap();
+    assert!(
+        b.current_url()
+            .await
+            .unwrap()
+            .path()
+            .starts_with("/admin/login"),
+        "logged out"
+    );
+    b.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn product_names_that_look_like_markup_show_as_text_everywhere() {
+    let app = spawn_app().await;
+    let names = [
+        ("XSS-1", "<script>alert(1)</script>"),
+        ("XSS-2", "\"><img src=x onerror=alert(1)>"),
+    ];
+    for (sku, name) in names {
+        app.add_product(sku, name, 1_000, 3).await;
+    }
+    stockade::admin::create_admin(
+        &app.db,
+        crate::helpers::ADMIN_USER,
+        crate::helpers::ADMIN_PASSWORD,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        app.post_order("x", &[("XSS-1", 1), ("XSS-2", 1)])
+            .await
+            .status()
+            .as_u16(),
+        201
+    );
+    let order: String = sqlx::query_scalar("select id::text from orders")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+
+    let b = browser().await;
+    let app = &app;
+    let check = |path: String| {
+        let b = b.clone();
+        async move {
+            b.goto(&app.url(&path)).await.unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            assert!(
+                b.get_alert_text().await.is_err(),
+                "a dialog opened on {path}"
+            );
+            let text = body_text(&b).await;
+            for (_, name) in names {
+                assert!(text.contains(name), "{name} not shown as text on {path}");
+            }
+        }
+    };
+    for sku in ["XSS-1", "XSS-2"] {
+        b.goto(&app.url(&format!("/products/{sku}"))).await.unwrap();
+        b.find(Locator::Id("add-to-cart"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+    }
+    for path in ["/", "/cart"] {
+        check(path.to_string()).await;
+    }
+    b.goto(&app.url("/admin")).await.unwrap();
+    log_in(&b).await;
+    b.wait()
+        .for_element(Locator::Id("units-on-hand"))
+        .await
+        .unwrap();
+    // The dashboard once rendered, and once redrawn by its live script.
+    check("/admin".into()).await;
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert!(b.get_alert_text().await.is_err());
+    let text = body_text(&b).await;
+    assert!(names.iter().all(|(_, n)| text.contains(n)), "{text}");
+    for path in [
+        "/admin/products".to_string(),
+        format!("/admin/orders/{order}"),
+    ] {
+        check(path).await;
+    }
+    // And each product's own pages, one name at a time.
+    for (sku, name) in names {
+        for path in [format!("/products/{sku}"), format!("/admin/products/{sku}")] {
+            b.goto(&app.url(&path)).await.unwrap();
+            assert!(b.get_alert_text().await.is_err(), "{path}");
+            assert!(body_text(&b).await.contains(name), "{path}");
+        }
+    }
+    b.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_hold_counts_down_reserves_the_last_unit_and_releases_it() {
+    let app = spawn_app().await;
+    app.add_product("LAST-DROP", "The last one", 9_900, 1).await;
+    let first = browser().await;
+    first.goto(&app.url("/products/LAST-DROP")).await.unwrap();
+    first
+        .find(Locator::Id("add-to-cart"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    first
+        .wait()
+        .for_element(Locator::Id("checkout"))
+        .await
+        .unwrap();
+    first
+        .find(Locator::Id("checkout"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let timer = first
+        .wait()
+        .for_element(Locator::Id("time-left"))
+        .await
+        .unwrap();
+    let t1 = timer.text().await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(2200)).await;
+    let t2 = timer.text().await.unwrap();
+    let secs = |t: &str| {
+        let (m, s) = t.split_once(':').unwrap();
+        m.parse::<i64>().unwrap() * 60 + s.parse::<i64>().unwrap()
+    };
+    assert!(
+        secs(&t1) >= 590 && secs(&t2) < secs(&t1),
+        "counting down: {t1} then {t2}"
+    );
+
+    // Meanwhile another shopper sees it sold out.
+    let second = browser().await;
+    second.goto(&app.url("/products/LAST-DROP")).await.unwrap();
+    let badge = second
+        .find(Locator::Id("stock-badge"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(badge, "Sold out");
+
+    // The first shopper leaves; the unit is back for the second.
+    first
+        .find(Locator::Id("cancel-checkout"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    first
+        .wait()
+        .for_url(&url::Url::parse(&app.url("/cart")).unwrap())
+        .await
+        .unwrap();
+    second.refresh().await.unwrap();
+    let badge = second
+        .find(Locator::Id("stock-badge"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(badge, "Only 1 left");
+
+    // The second checks out and places the order.
+    second
+        .find(Locator::Id("add-to-cart"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    second
+        .wait()
+        .for_element(Locator::Id("checkout"))
+        .await
+        .unwrap();
+    second
+        .find(Locator::Id("checkout"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    second
+        .wait()
+        .for_element(Locator::Id("place-order"))
+        .await
+        .unwrap();
+    second
+        .find(Locator::Id("name"))
+        .await
+        .unwrap()
+        .send_keys("Lin")
+        .await
+        .unwrap();
+    second
+        .find(Locator::Id("email"))
+        .await
+        .unwrap()
+        .send_keys("lin@example.com")
+        .await
+        .unwrap();
+    second
+        .find(Locator::Id("place-order"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    second
+        .wait()
+        .for_element(Locator::Id("order-id"))
+        .await
+        .unwrap();
+    assert!(body_text(&second).await.contains("Thank you, Lin!"));
+    assert_eq!(app.stock("LAST-DROP").await, (0, 0));
+    app.assert_invariants().await;
+    first.close().await.unwrap();
+    second.close().await.unwrap();
+}
