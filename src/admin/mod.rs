@@ -92,6 +92,19 @@ pub fn verify_password(hash: &str, password: &str) -> bool {
         .is_ok()
 }
 
+/// At most this many password hashes are computed at once, so a storm of logins takes at
+/// most half the cores and shoppers keep the rest (argon2id is built to be expensive).
+static HASHING: std::sync::LazyLock<tokio::sync::Semaphore> = std::sync::LazyLock::new(|| {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    tokio::sync::Semaphore::new((cores / 2).max(1))
+});
+
+/// Runs `work` (a hash or a verification) on the blocking pool, within [`HASHING`]'s limit.
+async fn hashing<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let _permit = HASHING.acquire().await.ok()?;
+    tokio::task::spawn_blocking(work).await.ok()
+}
+
 /// Verified against when the user does not exist, so that costs the same as a wrong
 /// password. (The hash of a random string nobody knows.)
 static DUMMY_HASH: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
@@ -107,9 +120,9 @@ pub async fn create_admin(db: &PgPool, username: &str, password: &str) -> Result
         return Err(AccountError::WeakPassword);
     }
     let password = password.to_string();
-    let hash = tokio::task::spawn_blocking(move || hash_password(&password))
+    let hash = hashing(move || hash_password(&password))
         .await
-        .map_err(|e| AccountError::Hash(e.to_string()))??;
+        .ok_or_else(|| AccountError::Hash("the hashing task failed".into()))??;
     let inserted = sqlx::query(
         "insert into admin_users (username, password_hash) values ($1, $2) on conflict (username) do nothing",
     )
@@ -130,9 +143,9 @@ pub async fn set_password(db: &PgPool, username: &str, password: &str) -> Result
         return Err(AccountError::WeakPassword);
     }
     let password = password.to_string();
-    let hash = tokio::task::spawn_blocking(move || hash_password(&password))
+    let hash = hashing(move || hash_password(&password))
         .await
-        .map_err(|e| AccountError::Hash(e.to_string()))??;
+        .ok_or_else(|| AccountError::Hash("the hashing task failed".into()))??;
     let mut tx = db.begin().await?;
     let id: Option<i64> = sqlx::query_scalar(
         "update admin_users set password_hash = $2 where username = $1 returning id",
@@ -173,7 +186,7 @@ pub async fn authenticate(
         None => (None, DUMMY_HASH.clone()),
     };
     let password = password.to_string();
-    let matches = tokio::task::spawn_blocking(move || verify_password(&hash, &password))
+    let matches = hashing(move || verify_password(&hash, &password))
         .await
         .unwrap_or(false);
     Ok(id.filter(|_| matches))

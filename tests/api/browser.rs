@@ -592,3 +592,105 @@ async fn a_hold_counts_down_reserves_the_last_unit_and_releases_it() {
     first.close().await.unwrap();
     second.close().await.unwrap();
 }
+
+#[tokio::test]
+async fn an_admin_watches_a_flash_sale_live_on_the_dashboard() {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: stockade::loadtest::LoadtestArgs,
+    }
+    let app = spawn_app().await;
+    app.seed_demo().await;
+    stockade::admin::create_admin(
+        &app.db,
+        crate::helpers::ADMIN_USER,
+        crate::helpers::ADMIN_PASSWORD,
+    )
+    .await
+    .unwrap();
+    let b = browser().await;
+    b.goto(&app.url("/admin")).await.unwrap();
+    log_in(&b).await;
+    b.wait()
+        .for_element(Locator::Id("units-on-hand"))
+        .await
+        .unwrap();
+
+    // 400 buyers arriving at 60 a second for 200 units, while the dashboard is open.
+    let out =
+        std::env::temp_dir().join(format!("stockade-watch-{}", uuid::Uuid::new_v4().simple()));
+    let args = Cli::parse_from([
+        "loadtest",
+        "--target",
+        &app.address,
+        "--stock",
+        "200",
+        "--buyers",
+        "400",
+        "--rate",
+        "60",
+        "--hold-share",
+        "0.1",
+        "--quiet",
+        "--database-url",
+        app.settings.database_url.as_deref().unwrap(),
+        "--out",
+        &out.display().to_string(),
+    ])
+    .args;
+    let sale = stockade::loadtest::run_report(&args);
+    let watch = async {
+        let mut seen = Vec::new();
+        let mut shot = false;
+        let started = std::time::Instant::now();
+        while started.elapsed() < std::time::Duration::from_secs(8) {
+            let text = b
+                .find(Locator::Id("units-on-hand"))
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            if seen.last() != Some(&text) {
+                seen.push(text);
+            }
+            if !shot && started.elapsed() > std::time::Duration::from_millis(3000) {
+                save_screenshot(&b, "flash-sale-dashboard.png").await;
+                shot = true;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        seen
+    };
+    let (report, seen) = tokio::join!(sale, watch);
+    let report = report.unwrap();
+    assert!(report.runs[0].passed(), "{:#?}", report.runs[0].verdicts);
+    let status = b
+        .find(Locator::Id("live-status"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        seen.len() >= 3,
+        "the dashboard changed during the sale: {seen:?} ({status}, sale took {:.1} s)",
+        report.runs[0].result.wall_seconds
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let on_hand: i64 = sqlx::query_scalar("select sum(on_hand)::bigint from stock")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    let shown = b
+        .find(Locator::Id("units-on-hand"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(shown, on_hand.to_string(), "and settled on the truth");
+    b.close().await.unwrap();
+}
