@@ -111,18 +111,23 @@ static DUMMY_HASH: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     hash_password(&random_token()).expect("hashing a fixed-size secret works")
 });
 
+/// The hash of `password`, which must be long enough.
+async fn strong_hash(password: &str) -> Result<String, AccountError> {
+    if password.chars().count() < 12 {
+        return Err(AccountError::WeakPassword);
+    }
+    let password = password.to_string();
+    hashing(move || hash_password(&password))
+        .await
+        .ok_or_else(|| AccountError::Hash("the hashing task failed".into()))?
+}
+
 /// Creates an admin.
 pub async fn create_admin(db: &PgPool, username: &str, password: &str) -> Result<(), AccountError> {
     if !valid_username(username) {
         return Err(AccountError::BadUsername);
     }
-    if password.chars().count() < 12 {
-        return Err(AccountError::WeakPassword);
-    }
-    let password = password.to_string();
-    let hash = hashing(move || hash_password(&password))
-        .await
-        .ok_or_else(|| AccountError::Hash("the hashing task failed".into()))??;
+    let hash = strong_hash(password).await?;
     let inserted = sqlx::query(
         "insert into admin_users (username, password_hash) values ($1, $2) on conflict (username) do nothing",
     )
@@ -139,13 +144,7 @@ pub async fn create_admin(db: &PgPool, username: &str, password: &str) -> Result
 
 /// Sets an admin's password and ends all their sessions.
 pub async fn set_password(db: &PgPool, username: &str, password: &str) -> Result<(), AccountError> {
-    if password.chars().count() < 12 {
-        return Err(AccountError::WeakPassword);
-    }
-    let password = password.to_string();
-    let hash = hashing(move || hash_password(&password))
-        .await
-        .ok_or_else(|| AccountError::Hash("the hashing task failed".into()))??;
+    let hash = strong_hash(password).await?;
     let mut tx = db.begin().await?;
     let id: Option<i64> = sqlx::query_scalar(
         "update admin_users set password_hash = $2 where username = $1 returning id",

@@ -83,14 +83,7 @@ pub async fn post_orders(
     state: web::Data<AppState>,
     body: web::Json<serde_json::Value>,
 ) -> Result<HttpResponse, AppError> {
-    let key = idempotency_key(&req)?;
-    let request = OrderRequest::from_json(&body, state.settings.max_line_quantity)?;
-    let state = state.into_inner();
-    let placement = detached(async move {
-        orders::place_order(state.order_deps(), Scope::Api, &key, &request).await
-    })
-    .await??;
-    Ok(placement_response(&req, placement))
+    place(req, state, body, Scope::Api).await
 }
 
 #[tracing::instrument(skip_all)]
@@ -99,11 +92,25 @@ pub async fn post_holds(
     state: web::Data<AppState>,
     body: web::Json<serde_json::Value>,
 ) -> Result<HttpResponse, AppError> {
+    place(req, state, body, Scope::ApiHold).await
+}
+
+/// An order (`Scope::Api`) or a hold (`Scope::ApiHold`) from a JSON body.
+async fn place(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    body: web::Json<serde_json::Value>,
+    scope: Scope,
+) -> Result<HttpResponse, AppError> {
     let key = idempotency_key(&req)?;
     let request = OrderRequest::from_json(&body, state.settings.max_line_quantity)?;
     let state = state.into_inner();
     let placement = detached(async move {
-        orders::place_hold(state.order_deps(), Scope::ApiHold, &key, &request).await
+        let deps = state.order_deps();
+        match scope {
+            Scope::ApiHold => orders::place_hold(deps, scope, &key, &request).await,
+            _ => orders::place_order(deps, scope, &key, &request).await,
+        }
     })
     .await??;
     Ok(placement_response(&req, placement))

@@ -77,49 +77,7 @@ pub async fn take_stock(
     reference: &str,
     actor: &str,
 ) -> sqlx::Result<Take> {
-    for _ in 0..RETRIES {
-        // None: stock came back between the update and the look at why it failed (read
-        // committed takes a new snapshot per statement), so the update may succeed now.
-        if let Some(done) = take_stock_once(conn, sku, quantity, fence, reference, actor).await? {
-            return Ok(done);
-        }
-    }
-    why_not_final(conn, sku).await
-}
-
-/// How often a conditional update is retried when stock moved under it.
-const RETRIES: usize = 3;
-
-async fn take_stock_once(
-    conn: &mut PgConnection,
-    sku: &Sku,
-    quantity: i32,
-    fence: Option<i64>,
-    reference: &str,
-    actor: &str,
-) -> sqlx::Result<Option<Take>> {
-    let left: Option<i32> = sqlx::query_scalar(
-        r#"update stock
-              set on_hand = on_hand - $2,
-                  last_fence = greatest(last_fence, $3),
-                  updated_at = now()
-            where sku = $1
-              and on_hand - reserved >= $2
-              and ($3::bigint is null or last_fence < $3)
-        returning on_hand - reserved"#,
-    )
-    .bind(sku.as_str())
-    .bind(quantity)
-    .bind(fence)
-    .fetch_optional(&mut *conn)
-    .await?;
-    match left {
-        Some(left) => {
-            record_movement(conn, sku, -quantity, 0, "order", reference, actor).await?;
-            Ok(Some(Take::Taken { left }))
-        }
-        None => why_not(conn, sku, quantity, fence).await,
-    }
+    claim_units(conn, Claim::Sell, sku, quantity, fence, reference, actor).await
 }
 
 /// Reserves `quantity` units of `sku` for a hold: `reserved += quantity` under the same
@@ -132,47 +90,86 @@ pub async fn reserve_stock(
     reference: &str,
     actor: &str,
 ) -> sqlx::Result<Take> {
+    claim_units(conn, Claim::Reserve, sku, quantity, fence, reference, actor).await
+}
+
+/// What a claim on available units does to the stock row.
+#[derive(Debug, Clone, Copy)]
+enum Claim {
+    /// `on_hand −= q` (an order).
+    Sell,
+    /// `reserved += q` (a hold).
+    Reserve,
+}
+
+/// How often a conditional update is retried when stock moved under it.
+const RETRIES: usize = 3;
+
+async fn claim_units(
+    conn: &mut PgConnection,
+    claim: Claim,
+    sku: &Sku,
+    quantity: i32,
+    fence: Option<i64>,
+    reference: &str,
+    actor: &str,
+) -> sqlx::Result<Take> {
     for _ in 0..RETRIES {
         // None: stock came back between the update and the look at why it failed (read
         // committed takes a new snapshot per statement), so the update may succeed now.
-        if let Some(done) = reserve_stock_once(conn, sku, quantity, fence, reference, actor).await?
-        {
+        if let Some(done) = claim_once(conn, claim, sku, quantity, fence, reference, actor).await? {
             return Ok(done);
         }
     }
     why_not_final(conn, sku).await
 }
 
-async fn reserve_stock_once(
+async fn claim_once(
     conn: &mut PgConnection,
+    claim: Claim,
     sku: &Sku,
     quantity: i32,
     fence: Option<i64>,
     reference: &str,
     actor: &str,
 ) -> sqlx::Result<Option<Take>> {
-    let left: Option<i32> = sqlx::query_scalar(
-        r#"update stock
-              set reserved = reserved + $2,
-                  last_fence = greatest(last_fence, $3),
-                  updated_at = now()
-            where sku = $1
-              and on_hand - reserved >= $2
-              and ($3::bigint is null or last_fence < $3)
-        returning on_hand - reserved"#,
-    )
-    .bind(sku.as_str())
-    .bind(quantity)
-    .bind(fence)
-    .fetch_optional(&mut *conn)
-    .await?;
-    match left {
-        Some(left) => {
-            record_movement(conn, sku, 0, quantity, "hold", reference, actor).await?;
-            Ok(Some(Take::Taken { left }))
+    let sql = match claim {
+        Claim::Sell => {
+            r#"update stock
+                  set on_hand = on_hand - $2,
+                      last_fence = greatest(last_fence, $3),
+                      updated_at = now()
+                where sku = $1
+                  and on_hand - reserved >= $2
+                  and ($3::bigint is null or last_fence < $3)
+            returning on_hand - reserved"#
         }
-        None => why_not(conn, sku, quantity, fence).await,
-    }
+        Claim::Reserve => {
+            r#"update stock
+                  set reserved = reserved + $2,
+                      last_fence = greatest(last_fence, $3),
+                      updated_at = now()
+                where sku = $1
+                  and on_hand - reserved >= $2
+                  and ($3::bigint is null or last_fence < $3)
+            returning on_hand - reserved"#
+        }
+    };
+    let left: Option<i32> = sqlx::query_scalar(sql)
+        .bind(sku.as_str())
+        .bind(quantity)
+        .bind(fence)
+        .fetch_optional(&mut *conn)
+        .await?;
+    let Some(left) = left else {
+        return why_not(conn, sku, quantity, fence).await;
+    };
+    let (delta, reserved_delta, reason) = match claim {
+        Claim::Sell => (-quantity, 0, "order"),
+        Claim::Reserve => (0, quantity, "hold"),
+    };
+    record_movement(conn, sku, delta, reserved_delta, reason, reference, actor).await?;
+    Ok(Some(Take::Taken { left }))
 }
 
 /// Sells units that a hold reserved: `on_hand −= q, reserved −= q`. False when fewer than

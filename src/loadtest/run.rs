@@ -424,6 +424,11 @@ impl Buyer<'_> {
     }
 }
 
+/// Each buyer's own random choices, the same on every run with the same seed.
+fn buyer_rng(plan: &Plan, buyer: u64) -> StdRng {
+    StdRng::seed_from_u64(plan.seed ^ buyer.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+}
+
 fn behaviour_of(plan: &Plan, rng: &mut StdRng) -> Behaviour {
     let x: f64 = rng.random();
     let mut edge = plan.hold_share;
@@ -511,7 +516,7 @@ pub async fn run(plan: &Plan, live: Arc<Live>) -> anyhow::Result<RunResult> {
     let buyer = |id: u64, intended: Instant| {
         let (plan, client, recorder) = (plan.clone(), client.clone(), recorder.clone());
         async move {
-            let mut rng = StdRng::seed_from_u64(plan.seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let mut rng = buyer_rng(&plan, id);
             let behaviour = behaviour_of(&plan, &mut rng);
             Buyer {
                 plan: &plan,
@@ -626,7 +631,7 @@ fn summarise(
         }
     }
     let units_per_buyer = |buyer: u64| {
-        let mut rng = StdRng::seed_from_u64(plan.seed ^ buyer.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let mut rng = buyer_rng(plan, buyer);
         let _ = behaviour_of(plan, &mut rng);
         lines_for(plan, buyer, &mut rng)
             .iter()

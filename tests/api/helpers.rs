@@ -398,12 +398,22 @@ pub async fn post_order_to(
     key: &str,
     lines: &[(&str, i64)],
 ) -> reqwest::Response {
+    post_lines(client, &format!("{base}/api/v1/orders"), key, lines).await
+}
+
+/// POSTs `{"lines": [...]}` under `key` to `url` (orders and holds take the same body).
+pub async fn post_lines(
+    client: &reqwest::Client,
+    url: &str,
+    key: &str,
+    lines: &[(&str, i64)],
+) -> reqwest::Response {
     let lines: Vec<serde_json::Value> = lines
         .iter()
         .map(|(sku, q)| serde_json::json!({"sku": sku, "quantity": q}))
         .collect();
     client
-        .post(format!("{base}/api/v1/orders"))
+        .post(url)
         .header("Idempotency-Key", key)
         .json(&serde_json::json!({ "lines": lines }))
         .send()

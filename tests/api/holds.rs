@@ -14,17 +14,7 @@ async fn post_hold(
     key: &str,
     lines: &[(&str, i64)],
 ) -> reqwest::Response {
-    let lines: Vec<serde_json::Value> = lines
-        .iter()
-        .map(|(sku, q)| serde_json::json!({"sku": sku, "quantity": q}))
-        .collect();
-    client
-        .post(format!("{base}/api/v1/holds"))
-        .header("Idempotency-Key", key)
-        .json(&serde_json::json!({ "lines": lines }))
-        .send()
-        .await
-        .unwrap()
+    crate::helpers::post_lines(client, &format!("{base}/api/v1/holds"), key, lines).await
 }
 
 async fn confirm(client: &reqwest::Client, base: &str, hold: &str) -> reqwest::Response {
