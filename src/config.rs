@@ -128,6 +128,9 @@ pub struct Settings {
     /// `STOCKADE_SECURE_COOKIES`: mark cookies Secure (set when a TLS proxy is in front;
     /// requests that arrive over https get Secure cookies anyway).
     pub secure_cookies: bool,
+    /// `STOCKADE_TRUST_PROXY`: take the client address from `Forwarded`/`X-Forwarded-For`
+    /// (only behind a proxy that sets them), for login throttling per client.
+    pub trust_proxy: bool,
     /// `STOCKADE_IDEMPOTENCY_TTL_HOURS`: completed idempotency keys are kept this long.
     pub idempotency_ttl_hours: u32,
     /// Fault injection for tests: pause this long after taking leases, before the
@@ -162,6 +165,7 @@ impl Default for Settings {
             login_max_failures_per_client: 20,
             login_window: Duration::from_secs(900),
             secure_cookies: false,
+            trust_proxy: false,
             hold_ttl: Duration::from_secs(600),
             hold_max_per_sku: 5,
             sweep_interval: Duration::from_millis(1_000),
@@ -194,6 +198,7 @@ pub const VARIABLES: &[&str] = &[
     "STOCKADE_LOGIN_MAX_FAILURES_PER_CLIENT",
     "STOCKADE_LOGIN_WINDOW_SECONDS",
     "STOCKADE_SECURE_COOKIES",
+    "STOCKADE_TRUST_PROXY",
     "STOCKADE_HOLD_SECONDS",
     "STOCKADE_HOLD_MAX_PER_SKU",
     "STOCKADE_SWEEP_INTERVAL_MS",
@@ -313,17 +318,10 @@ impl Settings {
                 Duration::from_secs(bounded("STOCKADE_LOGIN_WINDOW_SECONDS", &v, 1, 86_400)?);
         }
         if let Some(v) = take("STOCKADE_SECURE_COOKIES") {
-            s.secure_cookies = match v.trim() {
-                "true" | "1" | "yes" => true,
-                "false" | "0" | "no" => false,
-                _ => {
-                    return Err(malformed(
-                        "STOCKADE_SECURE_COOKIES",
-                        &v,
-                        "expected true or false",
-                    ));
-                }
-            };
+            s.secure_cookies = boolean("STOCKADE_SECURE_COOKIES", &v)?;
+        }
+        if let Some(v) = take("STOCKADE_TRUST_PROXY") {
+            s.trust_proxy = boolean("STOCKADE_TRUST_PROXY", &v)?;
         }
         if let Some(v) = take("STOCKADE_LOG_FORMAT") {
             s.log_format = v
@@ -394,6 +392,14 @@ where
         return Err(malformed(var, value, &problem));
     }
     Ok(n)
+}
+
+fn boolean(var: &'static str, value: &str) -> Result<bool, ConfigError> {
+    match value.trim() {
+        "true" | "1" | "yes" => Ok(true),
+        "false" | "0" | "no" => Ok(false),
+        _ => Err(malformed(var, value, "expected true or false")),
+    }
 }
 
 fn port(var: &'static str, value: &str) -> Result<u16, ConfigError> {

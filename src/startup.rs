@@ -172,8 +172,9 @@ fn form_error(e: actix_web::error::UrlencodedError) -> AppError {
     }
 }
 
-/// Deletes idempotency records past their time, every ten minutes, in every process (the
-/// delete is idempotent, so several processes doing it is harmless).
+/// Deletes idempotency records, login failures and sessions past their time, every ten
+/// minutes, in every process (the deletes are idempotent, so several processes doing them
+/// is harmless).
 fn spawn_idempotency_purge(db: PgPool, ttl_hours: u32, stale_after: std::time::Duration) {
     let ttl = std::time::Duration::from_secs(u64::from(ttl_hours) * 3600);
     tokio::spawn(async move {
@@ -184,6 +185,9 @@ fn spawn_idempotency_purge(db: PgPool, ttl_hours: u32, stale_after: std::time::D
                 Ok(0) => {}
                 Ok(n) => tracing::info!(purged = n, "purged old idempotency keys"),
                 Err(e) => tracing::warn!(error = %e, "idempotency purge failed"),
+            }
+            if let Err(e) = crate::admin::purge(&db).await {
+                tracing::warn!(error = %e, "login record purge failed");
             }
         }
     });

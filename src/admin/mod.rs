@@ -241,14 +241,48 @@ pub struct LoginLimits {
     pub window: Duration,
 }
 
-/// Seconds until another attempt is allowed, when `account` or `client` has too many
-/// recent failures.
-pub async fn throttled(
+/// A login attempt, counted before the password is checked.
+#[derive(Debug)]
+pub enum Attempt {
+    /// Go ahead; on success, [`forgive`] these failure rows.
+    Allowed(Vec<i64>),
+    /// Too many recent failures: retry after this many seconds.
+    Throttled(u64),
+}
+
+/// Counts a login attempt against `account` and `client`, *before* the (slow) password
+/// check, so guesses sent in parallel are counted like guesses in a row. Accounts are
+/// stored as a hash, so any input has a bounded size.
+pub async fn begin_attempt(
     db: &PgPool,
     limits: LoginLimits,
     account: &str,
     client: &str,
-) -> sqlx::Result<Option<u64>> {
+) -> sqlx::Result<Attempt> {
+    let account = hex::encode(Sha256::digest(account.as_bytes()));
+    let client: String = client.chars().take(64).collect();
+    // Attempts on one account (or from one client) take turns, so each sees all before it.
+    let mut locks: Vec<i64> = [&account, &client]
+        .iter()
+        .map(|s| {
+            let digest = Sha256::digest(format!("login:{s}").as_bytes());
+            i64::from_be_bytes(digest[..8].try_into().expect("8 bytes"))
+        })
+        .collect();
+    locks.sort_unstable();
+    let mut tx = db.begin().await?;
+    sqlx::query("select pg_advisory_xact_lock(k) from unnest($1::bigint[]) as k")
+        .bind(&locks)
+        .execute(&mut *tx)
+        .await?;
+    let ids: Vec<i64> = sqlx::query_scalar(
+        r#"insert into login_failures (kind, subject) values ('account', $1), ('client', $2)
+           returning id"#,
+    )
+    .bind(&account)
+    .bind(&client)
+    .fetch_all(&mut *tx)
+    .await?;
     let (by_account, by_client, oldest): (i64, i64, Option<f64>) = sqlx::query_as(
         r#"select count(*) filter (where kind = 'account' and subject = $1),
                   count(*) filter (where kind = 'client' and subject = $2),
@@ -257,27 +291,39 @@ pub async fn throttled(
             where at > now() - make_interval(secs => $3)
               and ((kind = 'account' and subject = $1) or (kind = 'client' and subject = $2))"#,
     )
-    .bind(account)
-    .bind(client)
+    .bind(&account)
+    .bind(&client)
     .bind(limits.window.as_secs_f64())
-    .fetch_one(db)
+    .fetch_one(&mut *tx)
     .await?;
-    if by_account >= limits.per_account || by_client >= limits.per_client {
+    tx.commit().await?;
+    // This attempt is one of the rows counted: allowed while within the limit.
+    if by_account > limits.per_account || by_client > limits.per_client {
         let waited = oldest.unwrap_or(0.0).max(0.0) as u64;
-        return Ok(Some(limits.window.as_secs().saturating_sub(waited).max(1)));
+        return Ok(Attempt::Throttled(
+            limits.window.as_secs().saturating_sub(waited).max(1),
+        ));
     }
-    Ok(None)
+    Ok(Attempt::Allowed(ids))
 }
 
-/// Records a failed login.
-pub async fn record_failure(db: &PgPool, account: &str, client: &str) -> sqlx::Result<()> {
-    sqlx::query(
-        "insert into login_failures (kind, subject) values ('account', $1), ('client', $2)",
-    )
-    .bind(account)
-    .bind(client)
-    .execute(db)
-    .await?;
+/// A successful login does not count as a failure.
+pub async fn forgive(db: &PgPool, ids: &[i64]) -> sqlx::Result<()> {
+    sqlx::query("delete from login_failures where id = any($1)")
+        .bind(ids)
+        .execute(db)
+        .await?;
+    Ok(())
+}
+
+/// Forgets failures older than a day (the longest window), and expired sessions.
+pub async fn purge(db: &PgPool) -> sqlx::Result<()> {
+    sqlx::query("delete from login_failures where at < now() - interval '1 day'")
+        .execute(db)
+        .await?;
+    sqlx::query("delete from admin_sessions where expires_at < now()")
+        .execute(db)
+        .await?;
     Ok(())
 }
 

@@ -7,26 +7,29 @@ use uuid::Uuid;
 use super::Hold;
 use crate::orders::OrderLine;
 
-/// Inserts a hold and its lines.
+/// Inserts a hold and its lines; it expires `ttl` from now by the database's clock (the
+/// one the sweeper and confirmation use), which is returned.
 pub async fn insert_hold(
     conn: &mut PgConnection,
     hold: &Hold,
+    ttl: std::time::Duration,
     scope: &str,
     key: &str,
-) -> sqlx::Result<()> {
-    sqlx::query(
+) -> sqlx::Result<DateTime<Utc>> {
+    let expires_at = sqlx::query_scalar(
         r#"insert into holds
              (id, state, expires_at, email, customer_name, idempotency_scope, idempotency_key)
-           values ($1, $2, $3, $4, $5, $6, $7)"#,
+           values ($1, $2, now() + make_interval(secs => $3), $4, $5, $6, $7)
+        returning expires_at"#,
     )
     .bind(hold.id)
     .bind(&hold.state)
-    .bind(hold.expires_at)
+    .bind(ttl.as_secs_f64())
     .bind(&hold.email)
     .bind(&hold.customer_name)
     .bind(scope)
     .bind(key)
-    .execute(&mut *conn)
+    .fetch_one(&mut *conn)
     .await?;
     let skus: Vec<&str> = hold.lines.iter().map(|l| l.sku.as_str()).collect();
     let quantities: Vec<i32> = hold.lines.iter().map(|l| l.quantity).collect();
@@ -41,7 +44,15 @@ pub async fn insert_hold(
     .bind(prices)
     .execute(&mut *conn)
     .await?;
-    Ok(())
+    Ok(expires_at)
+}
+
+/// Whether a hold is active and unexpired by the database's clock.
+pub async fn is_live(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<bool> {
+    sqlx::query_scalar("select state = 'active' and expires_at > now() from holds where id = $1")
+        .bind(id)
+        .fetch_one(conn)
+        .await
 }
 
 #[derive(sqlx::FromRow)]
@@ -59,7 +70,7 @@ async fn lines_of(conn: impl sqlx::PgExecutor<'_>, id: Uuid) -> sqlx::Result<Vec
         r#"select l.sku, p.name, l.quantity, l.unit_price_cents
              from hold_lines l join products p on p.sku = l.sku
             where l.hold_id = $1
-            order by l.sku"#,
+            order by l.sku collate "C""#,
     )
     .bind(id)
     .fetch_all(conn)

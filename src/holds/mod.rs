@@ -114,7 +114,7 @@ pub async fn confirm(
 
     let order_id = Uuid::new_v4();
     let reference = order_id.to_string();
-    let live = hold.state == "active" && hold.expires_at > Utc::now();
+    let live = db::is_live(&mut tx, id).await?;
     if live {
         // Lines are sorted by SKU, like every other writer of stock rows.
         for line in &hold.lines {

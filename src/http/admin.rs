@@ -19,7 +19,7 @@ use uuid::Uuid;
 
 use super::shop::TokenForm;
 use super::{AppState, Chrome, csrf, detached};
-use crate::admin::{self, Admin, LoginLimits};
+use crate::admin::{self, Admin, Attempt, LoginLimits};
 use crate::catalog::{self, Sku, format_cents};
 use crate::error::AppError;
 use crate::idempotency::{self, Begin, Scope, StoredResponse};
@@ -31,6 +31,8 @@ use crate::orders::{self, Cancelled, Order};
 pub const SESSION_COOKIE: &str = "stockade_admin";
 /// Rows per page in admin lists.
 const PAGE: i64 = 25;
+/// Pages beyond this are shown as this one.
+const MAX_PAGE: i64 = 1_000_000;
 
 /// Every route that needs an admin, in one place: `(method, path, handler)`.
 pub fn routes() -> Vec<(Method, &'static str, actix_web::Route)> {
@@ -239,7 +241,13 @@ pub struct NextQuery {
 /// Only local paths are followed after login.
 fn safe_next(next: Option<&str>) -> String {
     match next {
-        Some(n) if n.starts_with("/admin") && !n.starts_with("//") => n.to_string(),
+        Some(n)
+            if n.starts_with("/admin")
+                && n.len() <= 512
+                && n.bytes().all(|b| b.is_ascii_graphic()) =>
+        {
+            n.to_string()
+        }
         _ => "/admin".to_string(),
     }
 }
@@ -276,34 +284,43 @@ pub async fn post_login(
 ) -> Result<HttpResponse, AppError> {
     csrf::check_storefront(&req, &form.csrf)?;
     let username = form.username.trim().to_lowercase();
-    let client = req
-        .peer_addr()
-        .map(|a| a.ip().to_string())
-        .unwrap_or_else(|| "unknown".into());
+    let client = if state.settings.trust_proxy {
+        req.connection_info()
+            .realip_remote_addr()
+            .unwrap_or("unknown")
+            .to_string()
+    } else {
+        req.peer_addr()
+            .map(|a| a.ip().to_string())
+            .unwrap_or_else(|| "unknown".into())
+    };
     let s = &state.settings;
     let limits = LoginLimits {
         per_account: s.login_max_failures,
         per_client: s.login_max_failures_per_client,
         window: s.login_window,
     };
-    if let Some(retry_after) = admin::throttled(&state.db, limits, &username, &client).await? {
-        tracing::warn!(client, "login throttled");
-        return Err(AppError::TooManyRequests {
-            message: "Too many failed logins. Please wait a while before trying again.".into(),
-            retry_after,
-        });
-    }
+    let attempt = match admin::begin_attempt(&state.db, limits, &username, &client).await? {
+        Attempt::Allowed(attempt) => attempt,
+        Attempt::Throttled(retry_after) => {
+            tracing::warn!(client, "login throttled");
+            return Err(AppError::TooManyRequests {
+                message: "Too many failed logins. Please wait a while before trying again.".into(),
+                retry_after,
+            });
+        }
+    };
     let Some(user_id) = admin::authenticate(&state.db, &username, &form.password).await? else {
-        admin::record_failure(&state.db, &username, &client).await?;
         tracing::info!(client, "failed admin login");
         let page = LoginPage {
             chrome: Chrome::new(&req),
             next: safe_next(form.next.as_deref()),
-            username: form.username.clone(),
+            username: form.username.chars().take(64).collect(),
             error: Some("Wrong username or password.".into()),
         };
         return html(StatusCode::UNAUTHORIZED, &page);
     };
+    admin::forgive(&state.db, &attempt).await?;
     // A new session every login: a session id planted before login is worth nothing.
     if let Some(old) = req.cookie(SESSION_COOKIE) {
         admin::end_session(&state.db, old.value()).await?;
@@ -510,7 +527,7 @@ pub async fn get_products(
     query: web::Query<ListQuery>,
 ) -> Result<HttpResponse, AppError> {
     let q = query.q.clone().unwrap_or_default().trim().to_string();
-    let page = query.page.unwrap_or(1).max(1);
+    let page = query.page.unwrap_or(1).clamp(1, MAX_PAGE);
     let pattern = format!(
         "%{}%",
         q.replace('\\', "\\\\")
@@ -941,8 +958,9 @@ struct LedgerPage {
     movements: Vec<Movement>,
     page: i64,
     pages: i64,
-    /// After "verify": `(ledger on hand, ledger reserved)`, and whether they match.
-    verified: Option<(i64, i64, bool)>,
+    /// After "verify": the ledger's on hand and reserved, whether they match, and the
+    /// stock record's on hand and reserved (read in the same snapshot).
+    verified: Option<(i64, i64, bool, i32, i32)>,
 }
 
 #[derive(Deserialize)]
@@ -960,21 +978,26 @@ pub async fn get_ledger(
 ) -> Result<HttpResponse, AppError> {
     let product = load_product(&state, &path).await?;
     let sku = Sku::parse(&product.sku).expect("stored SKUs are valid");
-    let page = query.page.unwrap_or(1).max(1);
+    let page = query.page.unwrap_or(1).clamp(1, MAX_PAGE);
     let movements = stock::ledger(&state.db, &sku, PAGE * 2, (page - 1) * PAGE * 2).await?;
     let total = stock::ledger_len(&state.db, &sku).await?;
     let verified = match query.verify {
         Some(_) => {
-            let (on_hand, reserved): (i64, i64) = sqlx::query_as(
-                r#"select coalesce(sum(delta), 0)::bigint, coalesce(sum(reserved_delta), 0)::bigint
-                     from stock_movements where sku = $1"#,
-            )
-            .bind(sku.as_str())
-            .fetch_one(&state.db)
-            .await?;
-            let ok =
-                on_hand == i64::from(product.on_hand) && reserved == i64::from(product.reserved);
-            Some((on_hand, reserved, ok))
+            // One statement, one snapshot: sales in between cannot fake a mismatch.
+            let (on_hand, reserved, ledger_on_hand, ledger_reserved): (i32, i32, i64, i64) =
+                sqlx::query_as(
+                    r#"select s.on_hand, s.reserved,
+                              coalesce(sum(m.delta), 0)::bigint,
+                              coalesce(sum(m.reserved_delta), 0)::bigint
+                         from stock s left join stock_movements m on m.sku = s.sku
+                        where s.sku = $1
+                        group by s.on_hand, s.reserved"#,
+                )
+                .bind(sku.as_str())
+                .fetch_one(&state.db)
+                .await?;
+            let ok = ledger_on_hand == i64::from(on_hand) && ledger_reserved == i64::from(reserved);
+            Some((ledger_on_hand, ledger_reserved, ok, on_hand, reserved))
         }
         None => None,
     };
@@ -1048,7 +1071,7 @@ pub async fn get_orders(
             )?),
             None => None,
         };
-    let page = query.page.unwrap_or(1).max(1);
+    let page = query.page.unwrap_or(1).clamp(1, MAX_PAGE);
     let filter = OrderFilter {
         status: status.clone(),
         sku: sku.clone(),
@@ -1220,61 +1243,69 @@ fn check_api_csrf(req: &HttpRequest, admin: &Admin) -> Result<(), AppError> {
     csrf::check_admin(admin, token)
 }
 
-/// Runs a stock change under an `Idempotency-Key`: a retry gets the first answer back.
-async fn idempotent_stock_change(
+/// Runs a stock change under an `Idempotency-Key` (scoped to the admin): a retry gets the
+/// first answer back. It runs as its own task, so a client that goes away leaves the key
+/// completed or released, never stuck in flight.
+async fn idempotent_stock_change<F>(
     req: &HttpRequest,
     state: &AppState,
+    admin: &Admin,
     fingerprint: &impl Serialize,
-    change: impl AsyncFnOnce(&mut sqlx::PgConnection) -> Result<(u16, serde_json::Value), AppError>,
-) -> Result<HttpResponse, AppError> {
+    change: F,
+) -> Result<HttpResponse, AppError>
+where
+    F: AsyncFnOnce(&mut sqlx::PgConnection) -> Result<(u16, serde_json::Value), AppError> + 'static,
+{
     let key = super::api::idempotency_key(req)?;
+    let key = idempotency::IdempotencyKey::parse(&format!("{}:{}", admin.id, key.as_str()))
+        .map_err(|_| AppError::BadRequest("The Idempotency-Key is too long.".into()))?;
     let fingerprint = idempotency::Fingerprint::of(fingerprint);
     let stale = orders::stale_after(&state.settings);
-    let respond = |stored: StoredResponse, replayed: bool| {
-        let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
-        let mut res = HttpResponse::build(status);
-        if replayed {
-            res.insert_header((super::api::REPLAYED_HEADER, "true"));
-        }
-        res.json(stored.body)
-    };
-    let claim = match idempotency::begin(&state.db, Scope::Admin, &key, &fingerprint, stale).await?
-    {
-        Begin::Started(claim) => claim,
-        Begin::Replay(stored) => return Ok(respond(stored, true)),
-        Begin::Mismatch => {
-            return Err(AppError::Unprocessable(
-                "This Idempotency-Key was already used for a different request.".into(),
-            ));
-        }
-        Begin::InFlight => {
-            return Err(AppError::Conflict {
-                message: "A request with this Idempotency-Key is still being processed.".into(),
-                retry_after: Some(1),
-                details: None,
-            });
-        }
-    };
-    let mut tx = state.db.begin().await?;
-    let result = change(&mut tx).await;
-    match result {
-        Ok((status, body)) => {
-            let stored = StoredResponse { status, body };
-            if !idempotency::complete(&mut tx, &claim, &stored).await? {
-                tx.rollback().await?;
-                return Err(AppError::conflict(
-                    "This request was taken over by a retry.",
+    let db = state.db.clone();
+    let (stored, replayed) = detached(async move {
+        let claim = match idempotency::begin(&db, Scope::Admin, &key, &fingerprint, stale).await? {
+            Begin::Started(claim) => claim,
+            Begin::Replay(stored) => return Ok((stored, true)),
+            Begin::Mismatch => {
+                return Err(AppError::Unprocessable(
+                    "This Idempotency-Key was already used for a different request.".into(),
                 ));
             }
-            tx.commit().await?;
-            Ok(respond(stored, false))
+            Begin::InFlight => {
+                return Err(AppError::Conflict {
+                    message: "A request with this Idempotency-Key is still being processed.".into(),
+                    retry_after: Some(1),
+                    details: None,
+                });
+            }
+        };
+        let mut tx = db.begin().await?;
+        match change(&mut tx).await {
+            Ok((status, body)) => {
+                let stored = StoredResponse { status, body };
+                if !idempotency::complete(&mut tx, &claim, &stored).await? {
+                    tx.rollback().await?;
+                    return Err(AppError::conflict(
+                        "This request was taken over by a retry.",
+                    ));
+                }
+                tx.commit().await?;
+                Ok((stored, false))
+            }
+            Err(e) => {
+                tx.rollback().await?;
+                idempotency::abandon(&db, &claim).await?;
+                Err(e)
+            }
         }
-        Err(e) => {
-            tx.rollback().await?;
-            idempotency::abandon(&state.db, &claim).await?;
-            Err(e)
-        }
+    })
+    .await??;
+    let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
+    let mut res = HttpResponse::build(status);
+    if replayed {
+        res.insert_header((super::api::REPLAYED_HEADER, "true"));
     }
+    Ok(res.json(stored.body))
 }
 
 pub async fn post_api_restock(
@@ -1296,9 +1327,11 @@ pub async fn post_api_restock(
         ));
     }
     let reason = reason_of(&body.reason)?;
-    let fingerprint = ("restock", sku.as_str(), body.units, &reason);
+    let fingerprint = ("restock", sku.as_str(), body.units, reason.clone());
     let (units, actor) = (body.units, admin.username.clone());
-    let response = idempotent_stock_change(&req, &state, &fingerprint, async |conn| {
+    let restocked = sku.clone();
+    let response = idempotent_stock_change(&req, &state, &admin, &fingerprint, async move |conn| {
+        let sku = restocked;
         let on_hand = stock::restock(conn, &sku, units, &reason, &actor).await?;
         Ok((200, serde_json::json!({"sku": sku, "on_hand": on_hand})))
     })
@@ -1331,10 +1364,12 @@ pub async fn post_api_adjust(
         sku.as_str(),
         body.expected_on_hand,
         body.on_hand,
-        &reason,
+        reason.clone(),
     );
     let (expected, new, actor) = (body.expected_on_hand, body.on_hand, admin.username.clone());
-    let response = idempotent_stock_change(&req, &state, &fingerprint, async |conn| {
+    let adjusted = sku.clone();
+    let response = idempotent_stock_change(&req, &state, &admin, &fingerprint, async move |conn| {
+        let sku = adjusted;
         match stock::adjust(conn, &sku, expected, new, &reason, &actor).await? {
             Adjusted::Done => Ok((200, serde_json::json!({"sku": sku, "on_hand": new}))),
             Adjusted::Moved { on_hand } => Err(AppError::Conflict {

@@ -199,7 +199,8 @@ pub async fn check(
         verdicts.push(verdict("I4", "every acknowledged order exists", rows));
 
         // I5: a key the client was definitely refused on (and never told "created") has no
-        // order; keys that only ever saw no answer may go either way.
+        // order; keys that only ever saw no answer may go either way. (Only the first body
+        // sent under a key counts: a later changed body is logged as `order-changed`.)
         let mut per_key: BTreeMap<&str, (bool, bool)> = BTreeMap::new();
         for e in log.iter().filter(|e| e.kind == "order") {
             let (created, refused) = per_key.entry(e.key.as_str()).or_default();

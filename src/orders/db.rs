@@ -26,7 +26,7 @@ pub async fn products_for(
              from products p
              join stock s on s.sku = p.sku
             where p.active and p.sku = any($1)
-            order by p.sku"#,
+            order by p.sku collate "C""#,
     )
     .bind(skus)
     .fetch_all(conn)
@@ -97,7 +97,7 @@ pub async fn find_order(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<Order>> 
         r#"select l.sku, p.name, l.quantity, l.unit_price_cents
              from order_lines l join products p on p.sku = l.sku
             where l.order_id = $1
-            order by l.sku"#,
+            order by l.sku collate "C""#,
     )
     .bind(id)
     .fetch_all(pool)

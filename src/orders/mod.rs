@@ -367,11 +367,14 @@ pub async fn cancel(
         Some("cancelled") => return Ok(Some(Cancelled::Already)),
         _ => {}
     }
-    let lines: Vec<(String, i32)> =
-        sqlx::query_as("select sku, quantity from order_lines where order_id = $1 order by sku")
-            .bind(id)
-            .fetch_all(&mut *tx)
-            .await?;
+    let lines: Vec<(String, i32)> = sqlx::query_as(
+        // Byte order (collate "C"), as Rust sorts SKUs: every writer locks stock rows in
+        // the same order, whatever the database's default collation.
+        r#"select sku, quantity from order_lines where order_id = $1 order by sku collate "C""#,
+    )
+    .bind(id)
+    .fetch_all(&mut *tx)
+    .await?;
     for (sku, quantity) in &lines {
         sqlx::query("update stock set on_hand = on_hand + $2, updated_at = now() where sku = $1")
             .bind(sku)

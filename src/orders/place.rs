@@ -534,23 +534,22 @@ async fn transact(
             )
         }
         Intent::Hold => {
-            let ttl = chrono::Duration::from_std(deps.settings.hold_ttl)
-                .expect("hold length fits a chrono duration");
-            let hold = Hold {
+            let mut hold = Hold {
                 id: order_id,
                 state: "active".into(),
-                expires_at: now + ttl,
+                expires_at: now,
                 lines,
                 total_cents,
                 email: request.email().map(str::to_string),
                 customer_name: request.name().map(str::to_string),
                 order_id: None,
             };
-            match crate::holds::db::insert_hold(&mut tx, &hold, scope, key).await {
+            let ttl = deps.settings.hold_ttl;
+            match crate::holds::db::insert_hold(&mut tx, &hold, ttl, scope, key).await {
                 Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
                     return Err(OrderError::KeyReused);
                 }
-                other => other?,
+                other => hold.expires_at = other?,
             }
             let body = serde_json::to_value(&hold).expect("holds serialise");
             (

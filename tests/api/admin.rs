@@ -619,3 +619,26 @@ async fn product_forms_are_validated() {
     );
     app.assert_invariants().await;
 }
+
+#[tokio::test]
+async fn guesses_sent_all_at_once_are_throttled_like_guesses_in_a_row() {
+    let mut settings = test_settings().await;
+    settings.login_max_failures = 3;
+    let app = spawn_app_with(settings).await;
+    stockade::admin::create_admin(&app.db, ADMIN_USER, ADMIN_PASSWORD)
+        .await
+        .unwrap();
+    let answers = join_all((0..20).map(|i| {
+        let app = &app;
+        async move {
+            app.login(ADMIN_USER, &format!("guess number {i}"))
+                .await
+                .status()
+                .as_u16()
+        }
+    }))
+    .await;
+    let checked = answers.iter().filter(|s| **s == 401).count();
+    let refused = answers.iter().filter(|s| **s == 429).count();
+    assert_eq!((checked, refused), (3, 17), "{answers:?}");
+}

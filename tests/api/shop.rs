@@ -612,3 +612,71 @@ async fn cancelling_checkout_puts_the_items_back_on_sale() {
     assert_eq!(app.count("select count(*) from orders").await, 0);
     app.assert_invariants().await;
 }
+
+#[tokio::test]
+async fn storefront_forms_refuse_a_missing_wrong_or_foreign_csrf_token() {
+    let app = spawn_app().await;
+    app.add_product("TOK-1", "Tokened", 1_000, 5).await;
+    let mine = app.csrf().await;
+    let theirs = {
+        let other = crate::helpers::client();
+        let html = other
+            .get(app.url("/"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let m = r#"<meta name="csrf-token" content=""#;
+        html[html.find(m).unwrap() + m.len()..][..64].to_string()
+    };
+    assert_ne!(mine, theirs);
+    let zeros = "0".repeat(64);
+    for (name, token) in [
+        ("no", None),
+        ("a wrong", Some(zeros.as_str())),
+        ("another browser's", Some(theirs.as_str())),
+    ] {
+        let mut pairs = vec![("sku", "TOK-1"), ("quantity", "1")];
+        if let Some(token) = token {
+            pairs.push(("csrf", token));
+        }
+        let res = app
+            .client
+            .post(app.url("/cart/add"))
+            .form(&pairs)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status().as_u16(), 403, "{name} token");
+        assert!(
+            res.headers()
+                .get("set-cookie")
+                .is_none_or(|c| !c.to_str().unwrap().starts_with("cart="))
+        );
+        let mut pairs = vec![("key", "k-1"), ("lines", "TOK-1~1")];
+        if let Some(token) = token {
+            pairs.push(("csrf", token));
+        }
+        let res = app
+            .client
+            .post(app.url("/checkout"))
+            .form(&pairs)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status().as_u16(), 403, "{name} token at checkout");
+    }
+    assert_eq!(app.count("select count(*) from holds").await, 0);
+    assert_eq!(app.stock("TOK-1").await, (5, 0));
+    // With this browser's own token it works.
+    let res = app
+        .client
+        .post(app.url("/cart/add"))
+        .form(&[("sku", "TOK-1"), ("quantity", "1"), ("csrf", mine.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 303);
+}
