@@ -28,23 +28,30 @@ build:
 clean:
 	cargo clean
 
-# Installs the Debian packages named in $(1) when the check $(2) fails.
-define ensure
-	@if ! ( $(2) ) >/dev/null 2>&1; then \
+# Installs what is missing with one apt-get run (Debian/Ubuntu); elsewhere names it.
+# $(1): "run" (servers) or "test" (servers, browser, docker-compose).
+define install_missing
+	@missing=""; \
+	( command -v initdb || ls /usr/lib/postgresql/*/bin/initdb ) >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	if [ "$(1)" = test ]; then \
+	  ( command -v chromium && command -v chromedriver ) >/dev/null 2>&1 || missing="$$missing chromium chromium-driver"; \
+	  command -v docker-compose >/dev/null 2>&1 || missing="$$missing docker-compose"; \
+	fi; \
+	if [ -n "$$missing" ]; then \
 	  if command -v apt-get >/dev/null 2>&1; then \
-	    echo "Installing $(1)"; \
-	    $(SUDO) $(APT) update -qq && $(SUDO) $(APT) install -y -qq $(1) >/dev/null; \
+	    echo "Installing:$$missing"; \
+	    $(SUDO) $(APT) update -qq && $(SUDO) $(APT) install -y -qq $$missing >/dev/null; \
 	  else \
-	    echo "Please install: $(3)"; exit 1; \
+	    echo "Please install:$$missing"; \
+	    echo "(a PostgreSQL server with postgres and initdb; a Redis server; for the tests Chromium with ChromeDriver and docker-compose)"; \
+	    exit 1; \
 	  fi; \
 	fi
 endef
 
-PG_CHECK := command -v initdb || ls /usr/lib/postgresql/*/bin/initdb
 deps-run:
-	$(call ensure,postgresql,$(PG_CHECK),PostgreSQL server (postgres and initdb; Fedora: postgresql-server; macOS: brew install postgresql))
-	$(call ensure,redis-server,command -v redis-server,Redis server (Fedora: redis; macOS: brew install redis))
+	$(call install_missing,run)
 
-deps-test: deps-run
-	$(call ensure,chromium chromium-driver,command -v chromium && command -v chromedriver,Chromium and ChromeDriver)
-	$(call ensure,docker-compose,command -v docker-compose,docker-compose (to validate docker-compose.yml))
+deps-test:
+	$(call install_missing,test)
