@@ -55,7 +55,7 @@ async fn three_hundred_shoppers_hold_fifty_units_then_thirty_confirm_and_twenty_
     let app = spawn_app().await;
     app.add_product("DROP-50", "Fifty of them", 9_900, 50).await;
     let extra = [
-        ("STOCKADE_HOLD_SECONDS", "6".to_string()),
+        ("STOCKADE_HOLD_SECONDS", "10".to_string()),
         ("STOCKADE_SWEEP_INTERVAL_MS", "200".to_string()),
     ];
     let servers = [

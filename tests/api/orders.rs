@@ -368,7 +368,7 @@ async fn a_stalled_holder_whose_lease_expired_is_fenced_off_and_retries() {
     slow.lease_ttl = Duration::from_millis(300);
     slow.tx_timeout = Duration::from_millis(250);
     slow.statement_timeout = Duration::from_millis(250);
-    slow.fault_pause_after_lease = Duration::from_millis(800);
+    slow.fault_pause_after_lease = Duration::from_millis(1_500);
     let app_a = spawn_app_with(slow.clone()).await;
     app_a.add_product("STALL-1", "Stalled", 1_000, 2).await;
     // Process B shares the database and Redis, and does not stall.
