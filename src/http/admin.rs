@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::shop::TokenForm;
-use super::{AppState, Chrome, csrf, detached};
+use super::{AppState, Chrome, csrf, detached, html, see_other};
 use crate::admin::{self, Admin, Attempt, LoginLimits};
 use crate::catalog::{self, Sku, format_cents};
 use crate::error::AppError;
@@ -183,30 +183,11 @@ impl FromRequest for Admin {
     }
 }
 
-/// The frame of admin pages.
-pub struct AdminChrome {
-    pub chrome: Chrome,
-    pub admin: Admin,
-}
-
 fn page_chrome(req: &HttpRequest, admin: &Admin) -> Chrome {
     let mut chrome = Chrome::new(req);
     chrome.admin = Some(admin.username.clone());
     chrome.admin_csrf = admin.csrf.clone();
     chrome
-}
-
-fn html(status: StatusCode, page: &impl Template) -> Result<HttpResponse, AppError> {
-    let body = page.render().map_err(|e| AppError::Internal(e.into()))?;
-    Ok(HttpResponse::build(status)
-        .content_type("text/html; charset=utf-8")
-        .body(body))
-}
-
-fn see_other(location: &str) -> HttpResponse {
-    HttpResponse::SeeOther()
-        .insert_header((header::LOCATION, location))
-        .finish()
 }
 
 fn session_cookie(req: &HttpRequest, state: &AppState, token: &str) -> Cookie<'static> {

@@ -51,6 +51,26 @@ pub async fn detached<T: 'static>(
         .map_err(|e| crate::error::AppError::Internal(anyhow::anyhow!("request task failed: {e}")))
 }
 
+/// Renders a page with a status of its own choosing.
+pub fn html(
+    status: actix_web::http::StatusCode,
+    page: &impl askama::Template,
+) -> Result<actix_web::HttpResponse, crate::error::AppError> {
+    let body = page
+        .render()
+        .map_err(|e| crate::error::AppError::Internal(e.into()))?;
+    Ok(actix_web::HttpResponse::build(status)
+        .content_type("text/html; charset=utf-8")
+        .body(body))
+}
+
+/// 303 See Other: after a POST, the browser GETs `location`.
+pub fn see_other(location: &str) -> actix_web::HttpResponse {
+    actix_web::HttpResponse::SeeOther()
+        .insert_header((actix_web::http::header::LOCATION, location))
+        .finish()
+}
+
 /// Every route of the application.
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/", web::get().to(pages::get_catalogue))

@@ -15,7 +15,7 @@ use askama::Template;
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::{AppState, Chrome, csrf, detached};
+use super::{AppState, Chrome, csrf, detached, html, see_other};
 use crate::catalog::{Sku, format_cents};
 use crate::error::AppError;
 use crate::holds::{self, Hold, HoldError};
@@ -99,12 +99,6 @@ impl Cart {
         }
         cookie
     }
-}
-
-fn see_other(location: &str) -> HttpResponse {
-    HttpResponse::SeeOther()
-        .insert_header((header::LOCATION, location))
-        .finish()
 }
 
 fn max_quantity(state: &AppState) -> i32 {
@@ -531,14 +525,6 @@ pub async fn get_order(
             order,
         },
     )
-}
-
-/// Renders a page with a status of its own choosing.
-fn html(status: StatusCode, page: &impl Template) -> Result<HttpResponse, AppError> {
-    let body = page.render().map_err(|e| AppError::Internal(e.into()))?;
-    Ok(HttpResponse::build(status)
-        .content_type("text/html; charset=utf-8")
-        .body(body))
 }
 
 #[cfg(test)]
