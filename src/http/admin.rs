@@ -1180,9 +1180,10 @@ pub async fn post_release_hold(
     let id = Uuid::parse_str(&path).map_err(|_| AppError::not_found("No such hold."))?;
     let shared = state.clone().into_inner();
     let actor = admin.username.clone();
-    let released =
-        detached(async move { crate::holds::release(&shared.db, &shared.redis, id, &actor).await })
-            .await?;
+    let released = detached(async move {
+        crate::holds::release(&shared.db, Some(&shared.redis), id, &actor).await
+    })
+    .await?;
     let notice = match released {
         Ok(crate::holds::Released::Now) => "Hold released; its units are back on sale.",
         Ok(crate::holds::Released::Already) => "That hold was already released.",

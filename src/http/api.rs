@@ -228,7 +228,8 @@ pub async fn delete_hold(
 ) -> Result<HttpResponse, AppError> {
     let id = hold_id(&path)?;
     let state = state.into_inner();
-    detached(async move { holds::release(&state.db, &state.redis, id, "api").await }).await??;
+    detached(async move { holds::release(&state.db, Some(&state.redis), id, "api").await })
+        .await??;
     Ok(HttpResponse::NoContent().finish())
 }
 

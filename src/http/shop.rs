@@ -492,8 +492,10 @@ pub async fn post_checkout_cancel(
     let id = parse_hold_id(&path)?;
     let shared = state.into_inner();
     let released =
-        detached(async move { holds::release(&shared.db, &shared.redis, id, "shopper").await })
-            .await?;
+        detached(
+            async move { holds::release(&shared.db, Some(&shared.redis), id, "shopper").await },
+        )
+        .await?;
     match released {
         Ok(_) => Ok(see_other("/cart")),
         Err(HoldError::AlreadyConfirmed(order_id)) => Ok(see_other(&format!("/orders/{order_id}"))),

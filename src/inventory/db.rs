@@ -18,16 +18,15 @@ pub async fn create_stock(
         .bind(on_hand)
         .execute(&mut *conn)
         .await?;
-    sqlx::query(
-        r#"insert into stock_movements (sku, delta, reason, actor)
-           values ($1, $2, 'initial', $3)"#,
-    )
-    .bind(sku.as_str())
-    .bind(on_hand)
-    .bind(actor)
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
+    let entry = Entry {
+        delta: on_hand,
+        reserved_delta: 0,
+        reason: "initial",
+        reference: None,
+        note: None,
+        actor,
+    };
+    record_movement(conn, sku, entry).await
 }
 
 /// The stock row of `sku`.
@@ -168,7 +167,15 @@ async fn claim_once(
         Claim::Sell => (-quantity, 0, "order"),
         Claim::Reserve => (0, quantity, "hold"),
     };
-    record_movement(conn, sku, delta, reserved_delta, reason, reference, actor).await?;
+    let entry = Entry {
+        delta,
+        reserved_delta,
+        reason,
+        reference: Some(reference),
+        note: None,
+        actor,
+    };
+    record_movement(conn, sku, entry).await?;
     Ok(Some(Take::Taken { left }))
 }
 
@@ -192,7 +199,15 @@ pub async fn sell_reserved(
     .await?
     .rows_affected();
     if changed == 1 {
-        record_movement(conn, sku, -quantity, -quantity, "order", reference, actor).await?;
+        let entry = Entry {
+            delta: -quantity,
+            reserved_delta: -quantity,
+            reason: "order",
+            reference: Some(reference),
+            note: None,
+            actor,
+        };
+        record_movement(conn, sku, entry).await?;
     }
     Ok(changed == 1)
 }
@@ -216,7 +231,15 @@ pub async fn unreserve(
     .await?
     .rows_affected();
     if changed == 1 {
-        record_movement(conn, sku, 0, -quantity, reason, reference, actor).await?;
+        let entry = Entry {
+            delta: 0,
+            reserved_delta: -quantity,
+            reason,
+            reference: Some(reference),
+            note: None,
+            actor,
+        };
+        record_movement(conn, sku, entry).await?;
     }
     Ok(changed == 1)
 }
@@ -278,35 +301,68 @@ pub async fn take_stock_naive(
         .bind(on_hand - quantity)
         .execute(&mut *conn)
         .await?;
-    record_movement(conn, sku, -quantity, 0, "order", reference, actor).await?;
+    let entry = Entry {
+        delta: -quantity,
+        reserved_delta: 0,
+        reason: "order",
+        reference: Some(reference),
+        note: None,
+        actor,
+    };
+    record_movement(conn, sku, entry).await?;
     Ok(Take::Taken {
         left: on_hand - quantity - reserved,
     })
 }
 
-/// Appends one ledger row: `delta` to on_hand, `reserved_delta` to reserved.
-pub async fn record_movement(
-    conn: &mut PgConnection,
-    sku: &Sku,
-    delta: i32,
-    reserved_delta: i32,
-    reason: &str,
-    reference: &str,
-    actor: &str,
-) -> sqlx::Result<()> {
+/// One ledger row to append: `delta` to on_hand, `reserved_delta` to reserved.
+#[derive(Debug, Clone, Copy)]
+pub struct Entry<'a> {
+    pub delta: i32,
+    pub reserved_delta: i32,
+    /// The kind: initial, restock, adjust, order, cancel, hold, release, expire.
+    pub reason: &'a str,
+    /// The order or hold it belongs to.
+    pub reference: Option<&'a str>,
+    /// Why a person made the change.
+    pub note: Option<&'a str>,
+    pub actor: &'a str,
+}
+
+/// Appends one ledger row; every ledger write but the sweeper's bulk insert comes here.
+pub async fn record_movement(conn: &mut PgConnection, sku: &Sku, e: Entry<'_>) -> sqlx::Result<()> {
     sqlx::query(
-        r#"insert into stock_movements (sku, delta, reserved_delta, reason, reference, actor)
-           values ($1, $2, $3, $4, $5, $6)"#,
+        r#"insert into stock_movements (sku, delta, reserved_delta, reason, reference, note, actor)
+           values ($1, $2, $3, $4, $5, $6, $7)"#,
     )
     .bind(sku.as_str())
-    .bind(delta)
-    .bind(reserved_delta)
-    .bind(reason)
-    .bind(reference)
-    .bind(actor)
+    .bind(e.delta)
+    .bind(e.reserved_delta)
+    .bind(e.reason)
+    .bind(e.reference)
+    .bind(e.note)
+    .bind(e.actor)
     .execute(conn)
     .await?;
     Ok(())
+}
+
+/// Adds `entry.delta` units to `sku`'s on-hand count (a delivery, a cancelled order): a
+/// delta, so it never conflicts with sales. Returns the new count.
+pub async fn add_on_hand(
+    conn: &mut PgConnection,
+    sku: &Sku,
+    entry: Entry<'_>,
+) -> sqlx::Result<i32> {
+    let on_hand: i32 = sqlx::query_scalar(
+        "update stock set on_hand = on_hand + $2, updated_at = now() where sku = $1 returning on_hand",
+    )
+    .bind(sku.as_str())
+    .bind(entry.delta)
+    .fetch_one(&mut *conn)
+    .await?;
+    record_movement(conn, sku, entry).await?;
+    Ok(on_hand)
 }
 
 /// Units available (`on_hand − reserved`) per SKU, for those of `skus` that exist.
@@ -340,15 +396,15 @@ pub async fn restock(
     note: &str,
     actor: &str,
 ) -> sqlx::Result<i32> {
-    let on_hand: i32 = sqlx::query_scalar(
-        "update stock set on_hand = on_hand + $2, updated_at = now() where sku = $1 returning on_hand",
-    )
-    .bind(sku.as_str())
-    .bind(units)
-    .fetch_one(&mut *conn)
-    .await?;
-    record_note(conn, sku, units, "restock", note, actor).await?;
-    Ok(on_hand)
+    let entry = Entry {
+        delta: units,
+        reserved_delta: 0,
+        reason: "restock",
+        reference: None,
+        note: Some(note),
+        actor,
+    };
+    add_on_hand(conn, sku, entry).await
 }
 
 /// Sets `sku`'s on-hand count to `new`, but only if it is still `expected` (the value the
@@ -373,7 +429,15 @@ pub async fn adjust(
     .rows_affected();
     if changed == 1 {
         if new != expected {
-            record_note(conn, sku, new - expected, "adjust", note, actor).await?;
+            let entry = Entry {
+                delta: new - expected,
+                reserved_delta: 0,
+                reason: "adjust",
+                reference: None,
+                note: Some(note),
+                actor,
+            };
+            record_movement(conn, sku, entry).await?;
         }
         return Ok(Adjusted::Done);
     }
@@ -387,28 +451,6 @@ pub async fn adjust(
     } else {
         Adjusted::BelowReserved { reserved }
     })
-}
-
-async fn record_note(
-    conn: &mut PgConnection,
-    sku: &Sku,
-    delta: i32,
-    reason: &str,
-    note: &str,
-    actor: &str,
-) -> sqlx::Result<()> {
-    sqlx::query(
-        r#"insert into stock_movements (sku, delta, reason, note, actor)
-           values ($1, $2, $3, $4, $5)"#,
-    )
-    .bind(sku.as_str())
-    .bind(delta)
-    .bind(reason)
-    .bind(note)
-    .bind(actor)
-    .execute(conn)
-    .await?;
-    Ok(())
 }
 
 /// One ledger row with the on-hand count after it.

@@ -522,25 +522,7 @@ async fn set_stock(
     .fetch_all(db)
     .await?;
     for hold in holds {
-        let mut tx = db.begin().await?;
-        if let Some(h) = crate::holds::db::lock_hold(&mut tx, hold).await?
-            && h.state == "active"
-        {
-            for line in &h.lines {
-                let line_sku = Sku::parse(&line.sku)?;
-                crate::inventory::db::unreserve(
-                    &mut tx,
-                    &line_sku,
-                    line.quantity,
-                    "release",
-                    &hold.to_string(),
-                    "loadtest",
-                )
-                .await?;
-            }
-            crate::holds::db::set_state(&mut tx, hold, "released", None).await?;
-        }
-        tx.commit().await?;
+        crate::holds::release(db, None, hold, "loadtest").await?;
     }
     let mut tx = db.begin().await?;
     let (on_hand, reserved): (i32, i32) =
@@ -548,24 +530,10 @@ async fn set_stock(
             .bind(sku.as_str())
             .fetch_one(&mut *tx)
             .await?;
+    // The row is locked: the count cannot move between reading and setting it.
     let target = units.max(reserved);
-    if target != on_hand {
-        sqlx::query("update stock set on_hand = $2, updated_at = now() where sku = $1")
-            .bind(sku.as_str())
-            .bind(target)
-            .execute(&mut *tx)
-            .await?;
-        crate::inventory::db::record_movement(
-            &mut tx,
-            sku,
-            target - on_hand,
-            0,
-            "adjust",
-            "load test setup",
-            "loadtest",
-        )
+    crate::inventory::db::adjust(&mut tx, sku, on_hand, target, "load test setup", "loadtest")
         .await?;
-    }
     tx.commit().await?;
     Ok(())
 }

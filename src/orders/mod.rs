@@ -375,23 +375,18 @@ pub async fn cancel(
     .bind(id)
     .fetch_all(&mut *tx)
     .await?;
+    let reference = id.to_string();
     for (sku, quantity) in &lines {
-        sqlx::query("update stock set on_hand = on_hand + $2, updated_at = now() where sku = $1")
-            .bind(sku)
-            .bind(quantity)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(
-            r#"insert into stock_movements (sku, delta, reason, reference, note, actor)
-               values ($1, $2, 'cancel', $3, $4, $5)"#,
-        )
-        .bind(sku)
-        .bind(quantity)
-        .bind(id.to_string())
-        .bind(note)
-        .bind(actor)
-        .execute(&mut *tx)
-        .await?;
+        let sku = Sku::parse(sku).expect("stored SKUs are valid");
+        let entry = crate::inventory::db::Entry {
+            delta: *quantity,
+            reserved_delta: 0,
+            reason: "cancel",
+            reference: Some(&reference),
+            note: Some(note),
+            actor,
+        };
+        crate::inventory::db::add_on_hand(&mut tx, &sku, entry).await?;
     }
     sqlx::query("update orders set status = 'cancelled' where id = $1")
         .bind(id)
