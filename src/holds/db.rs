@@ -169,19 +169,45 @@ pub async fn lines_of_many(
 
 /// Active holds, soonest expiry first (for the admin pages).
 pub async fn active_holds(pool: &PgPool, limit: i64) -> sqlx::Result<Vec<Hold>> {
-    let ids: Vec<Uuid> = sqlx::query_scalar(
-        "select id from holds where state = 'active' order by expires_at limit $1",
+    let rows: Vec<HoldRow> = sqlx::query_as(
+        r#"select id, state, expires_at, email, customer_name, order_id from holds
+            where state = 'active' order by expires_at limit $1"#,
     )
     .bind(limit)
     .fetch_all(pool)
     .await?;
-    let mut holds = Vec::with_capacity(ids.len());
-    for id in ids {
-        if let Some(hold) = find_hold(pool, id).await? {
-            holds.push(hold);
-        }
-    }
-    Ok(holds)
+    // All their lines in one query, not one per hold.
+    let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
+    let mut lines: Vec<(Uuid, OrderLine)> = sqlx::query_as::<_, (Uuid, String, String, i32, i64)>(
+        r#"select l.hold_id, l.sku, p.name, l.quantity, l.unit_price_cents
+             from hold_lines l join products p on p.sku = l.sku
+            where l.hold_id = any($1)
+            order by l.sku collate "C""#,
+    )
+    .bind(&ids)
+    .fetch_all(pool)
+    .await?
+    .into_iter()
+    .map(|(hold, sku, name, quantity, unit_price_cents)| {
+        let line = OrderLine {
+            sku,
+            name,
+            quantity,
+            unit_price_cents,
+        };
+        (hold, line)
+    })
+    .collect();
+    Ok(rows
+        .into_iter()
+        .map(|row| {
+            let mine = lines
+                .extract_if(.., |(hold, _)| *hold == row.id)
+                .map(|(_, line)| line)
+                .collect();
+            assemble(row, mine)
+        })
+        .collect())
 }
 
 /// The hold placed under an idempotency key, if any.

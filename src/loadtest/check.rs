@@ -247,15 +247,13 @@ pub async fn check(
         .fetch_all(db)
         .await?,
     );
-    if let Some(redis) = redis {
-        let client = redis::Client::open(redis.url.as_str())?;
-        let mut conn = client.get_multiplexed_async_connection().await?;
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("{}lease:*", redis.prefix))
-            .query_async(&mut conn)
-            .await?;
+    if let Some(target) = redis {
+        let redis = crate::locking::Redis::connect_lazy(&target.url, &target.prefix)?;
         rows.extend(
-            keys.into_iter()
+            redis
+                .held_leases()
+                .await?
+                .into_iter()
                 .map(|k| format!("lease key {k} left behind")),
         );
     }

@@ -327,10 +327,10 @@ impl TestApp {
 
     /// Lease keys left in Redis under this app's prefix.
     pub async fn leftover_leases(&self) -> Vec<String> {
-        let mut conn = self.redis().await;
-        redis::cmd("KEYS")
-            .arg(format!("{}lease:*", self.settings.redis_prefix))
-            .query_async(&mut conn)
+        let url = self.settings.redis_url.as_deref().unwrap();
+        stockade::locking::Redis::connect_lazy(url, &self.settings.redis_prefix)
+            .unwrap()
+            .held_leases()
             .await
             .unwrap()
     }
