@@ -79,16 +79,13 @@ pub async fn around_request(
 
 /// Error responses that came from an `Err`, or that have no body (actix's own 404/405).
 fn needs_error_body(res: &ServiceResponse<BoxBody>) -> bool {
+    use actix_web::body::BodySize;
     let status = res.status();
     (status.is_client_error() || status.is_server_error())
         && (res.response().error().is_some()
             || matches!(
                 res.response().body().size(),
-                actix_web::body::BodySize::None
-            )
-            || matches!(
-                res.response().body().size(),
-                actix_web::body::BodySize::Sized(0)
+                BodySize::None | BodySize::Sized(0)
             ))
 }
 
