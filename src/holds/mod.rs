@@ -118,7 +118,7 @@ pub async fn confirm(
     if live {
         // Lines are sorted by SKU, like every other writer of stock rows.
         for line in &hold.lines {
-            let sku = Sku::parse(&line.sku).expect("stored SKUs are valid");
+            let sku = line.sku();
             if !sell_reserved(&mut tx, &sku, line.quantity, &reference, "shopper").await? {
                 return Err(HoldError::Database(sqlx::Error::Protocol(format!(
                     "hold {id} has fewer than {} units of {sku} reserved",
@@ -130,7 +130,7 @@ pub async fn confirm(
         // Expired: return what it still reserves, then buy from free stock like a new order.
         if hold.state == "active" {
             for line in &hold.lines {
-                let sku = Sku::parse(&line.sku).expect("stored SKUs are valid");
+                let sku = line.sku();
                 unreserve(
                     &mut tx,
                     &sku,
@@ -144,7 +144,7 @@ pub async fn confirm(
         }
         let mut shortages = Vec::new();
         for line in &hold.lines {
-            let sku = Sku::parse(&line.sku).expect("stored SKUs are valid");
+            let sku = line.sku();
             if let Take::Short { available } =
                 take_stock(&mut tx, &sku, line.quantity, None, &reference, "shopper").await?
             {
@@ -208,7 +208,7 @@ pub async fn release(
         _ => {}
     }
     for line in &hold.lines {
-        let sku = Sku::parse(&line.sku).expect("stored SKUs are valid");
+        let sku = line.sku();
         unreserve(
             &mut tx,
             &sku,
@@ -223,9 +223,7 @@ pub async fn release(
     tx.commit().await?;
     if let Some(redis) = redis {
         for line in &hold.lines {
-            if let Ok(sku) = Sku::parse(&line.sku) {
-                redis.clear_sold_out(&sku).await;
-            }
+            redis.clear_sold_out(&line.sku()).await;
         }
     }
     Ok(Released::Now)

@@ -1125,9 +1125,7 @@ pub async fn post_cancel(
     let notice = match outcome {
         Some(Cancelled::Now) => {
             for line in &order.lines {
-                if let Ok(sku) = Sku::parse(&line.sku) {
-                    state.redis.clear_sold_out(&sku).await;
-                }
+                state.redis.clear_sold_out(&line.sku()).await;
             }
             (
                 "Order cancelled; its units are back in stock.".to_string(),

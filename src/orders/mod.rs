@@ -230,6 +230,11 @@ impl Order {
 }
 
 impl OrderLine {
+    /// The line's SKU, as the type stock functions take (stored SKUs passed the same check).
+    pub fn sku(&self) -> Sku {
+        Sku::parse(&self.sku).expect("stored SKUs are valid")
+    }
+
     pub fn unit_price(&self) -> String {
         format_cents(self.unit_price_cents)
     }
