@@ -107,7 +107,18 @@ pub struct Settings {
     pub statement_timeout: Duration,
     /// `STOCKADE_TX_TIMEOUT_MS`: an order transaction is abandoned (rolled back) after this.
     pub tx_timeout: Duration,
-    /// `STOCKADE_LEASE_TTL_MS`: a SKU lease expires after this; longer than the transaction.
+    /// `STOCKADE_REQUEST_BUDGET_MS`: every request answers within this, whatever the
+    /// database or Redis do; what is still waiting then is cut off and answered 503.
+    pub request_budget: Duration,
+    /// `STOCKADE_DB_ACQUIRE_TIMEOUT_MS`: how long a request queues for a free database
+    /// connection before it is shed with 503.
+    pub db_acquire_timeout: Duration,
+    /// `STOCKADE_REDIS_TIMEOUT_MS`: how long one Redis command may take before it counts
+    /// as a failure (towards opening the circuit breaker).
+    pub redis_timeout: Duration,
+    /// `STOCKADE_LEASE_TTL_MS`: a SKU lease not renewed for this long expires. Its holder
+    /// renews it every third of this while it works, so the TTL only bounds how long a
+    /// stopped or dead holder blocks the SKU.
     pub lease_ttl: Duration,
     /// `STOCKADE_LEASE_WAIT_MS`: how long an order waits for busy SKUs before answering 503.
     pub lease_wait: Duration,
@@ -155,10 +166,13 @@ impl Default for Settings {
             workers: 0,
             db_pool_size: 16,
             redis_prefix: "stockade:".into(),
-            statement_timeout: Duration::from_millis(3_000),
-            tx_timeout: Duration::from_millis(4_000),
-            lease_ttl: Duration::from_millis(5_000),
-            lease_wait: Duration::from_millis(2_000),
+            statement_timeout: Duration::from_millis(1_500),
+            tx_timeout: Duration::from_millis(2_000),
+            request_budget: Duration::from_millis(5_000),
+            db_acquire_timeout: Duration::from_millis(500),
+            redis_timeout: Duration::from_millis(250),
+            lease_ttl: Duration::from_millis(1_000),
+            lease_wait: Duration::from_millis(1_500),
             max_line_quantity: 10,
             idempotency_ttl_hours: 24,
             login_max_failures: 5,
@@ -190,6 +204,9 @@ pub const VARIABLES: &[&str] = &[
     "STOCKADE_REDIS_PREFIX",
     "STOCKADE_STATEMENT_TIMEOUT_MS",
     "STOCKADE_TX_TIMEOUT_MS",
+    "STOCKADE_REQUEST_BUDGET_MS",
+    "STOCKADE_DB_ACQUIRE_TIMEOUT_MS",
+    "STOCKADE_REDIS_TIMEOUT_MS",
     "STOCKADE_LEASE_TTL_MS",
     "STOCKADE_LEASE_WAIT_MS",
     "STOCKADE_MAX_LINE_QUANTITY",
@@ -285,6 +302,15 @@ impl Settings {
         if let Some(v) = take("STOCKADE_TX_TIMEOUT_MS") {
             s.tx_timeout = millis("STOCKADE_TX_TIMEOUT_MS", &v)?;
         }
+        if let Some(v) = take("STOCKADE_REQUEST_BUDGET_MS") {
+            s.request_budget = millis("STOCKADE_REQUEST_BUDGET_MS", &v)?;
+        }
+        if let Some(v) = take("STOCKADE_DB_ACQUIRE_TIMEOUT_MS") {
+            s.db_acquire_timeout = millis("STOCKADE_DB_ACQUIRE_TIMEOUT_MS", &v)?;
+        }
+        if let Some(v) = take("STOCKADE_REDIS_TIMEOUT_MS") {
+            s.redis_timeout = millis("STOCKADE_REDIS_TIMEOUT_MS", &v)?;
+        }
         if let Some(v) = take("STOCKADE_LEASE_TTL_MS") {
             s.lease_ttl = millis("STOCKADE_LEASE_TTL_MS", &v)?;
         }
@@ -342,8 +368,9 @@ impl Settings {
                 "STOCKADE_LOCAL_PG_PORT and STOCKADE_LOCAL_REDIS_PORT must differ".into(),
             ));
         }
-        // A lease must outlive the transaction it protects, and every statement must end
-        // before the transaction's own deadline (DESIGN.md section 2).
+        // Every statement ends before the transaction's own deadline, and queueing for
+        // leases plus the transaction fit in the request's budget, so an order reports
+        // its own outcome rather than being cut off by the budget.
         if self.statement_timeout > self.tx_timeout {
             return Err(ConfigError::Inconsistent(format!(
                 "STOCKADE_STATEMENT_TIMEOUT_MS ({} ms) must not exceed STOCKADE_TX_TIMEOUT_MS ({} ms)",
@@ -351,10 +378,17 @@ impl Settings {
                 self.tx_timeout.as_millis()
             )));
         }
-        if self.tx_timeout >= self.lease_ttl {
+        if self.lease_wait + self.tx_timeout >= self.request_budget {
             return Err(ConfigError::Inconsistent(format!(
-                "STOCKADE_TX_TIMEOUT_MS ({} ms) must be shorter than STOCKADE_LEASE_TTL_MS ({} ms)",
-                self.tx_timeout.as_millis(),
+                "STOCKADE_LEASE_WAIT_MS + STOCKADE_TX_TIMEOUT_MS ({} ms) must be less than STOCKADE_REQUEST_BUDGET_MS ({} ms)",
+                (self.lease_wait + self.tx_timeout).as_millis(),
+                self.request_budget.as_millis()
+            )));
+        }
+        // Renewed every third of the TTL: shorter would be mostly renewals.
+        if self.lease_ttl < Duration::from_millis(100) {
+            return Err(ConfigError::Inconsistent(format!(
+                "STOCKADE_LEASE_TTL_MS ({} ms) must be at least 100 ms",
                 self.lease_ttl.as_millis()
             )));
         }
@@ -462,16 +496,23 @@ mod tests {
     }
 
     #[test]
-    fn the_lease_must_outlive_the_transaction() {
+    fn timeouts_must_fit_inside_each_other_and_the_request_budget() {
         let err = Settings::from_vars(vars(&[
-            ("STOCKADE_TX_TIMEOUT_MS", "5000"),
-            ("STOCKADE_LEASE_TTL_MS", "5000"),
+            ("STOCKADE_TX_TIMEOUT_MS", "4000"),
+            ("STOCKADE_REQUEST_BUDGET_MS", "5000"),
         ]))
         .unwrap_err();
-        assert!(err.to_string().contains("STOCKADE_LEASE_TTL_MS"), "{err}");
+        assert!(
+            err.to_string().contains("STOCKADE_REQUEST_BUDGET_MS"),
+            "{err}"
+        );
         let err =
-            Settings::from_vars(vars(&[("STOCKADE_STATEMENT_TIMEOUT_MS", "4500")])).unwrap_err();
+            Settings::from_vars(vars(&[("STOCKADE_STATEMENT_TIMEOUT_MS", "2500")])).unwrap_err();
         assert!(err.to_string().contains("STOCKADE_TX_TIMEOUT_MS"), "{err}");
+        let err = Settings::from_vars(vars(&[("STOCKADE_LEASE_TTL_MS", "50")])).unwrap_err();
+        assert!(err.to_string().contains("STOCKADE_LEASE_TTL_MS"), "{err}");
+        // A TTL shorter than the transaction is fine: the holder renews it.
+        Settings::from_vars(vars(&[("STOCKADE_LEASE_TTL_MS", "300")])).unwrap();
     }
 
     #[test]

@@ -62,6 +62,16 @@ impl AppError {
         Self::NotFound(what.into())
     }
 
+    /// 503 for a request cut off by its budget.
+    pub fn over_budget() -> Self {
+        Self::Unavailable {
+            message: "This took too long and was stopped. Please try again in a moment; \
+                      an order retried with the same Idempotency-Key is placed at most once."
+                .into(),
+            retry_after: 1,
+        }
+    }
+
     pub fn conflict(message: impl Into<String>) -> Self {
         Self::Conflict {
             message: message.into(),
@@ -151,8 +161,8 @@ impl ResponseError for AppError {
         let retry_after = match self {
             Self::TooManyRequests { retry_after, .. } => Some(*retry_after),
             Self::Conflict { retry_after, .. } => *retry_after,
-            Self::Unavailable { retry_after, .. } => Some(*retry_after),
-            Self::Database(e) if is_transient(e) => Some(1),
+            Self::Unavailable { retry_after, .. } => Some(spread(*retry_after)),
+            Self::Database(e) if is_transient(e) => Some(spread(1)),
             _ => None,
         };
         if let Some(secs) = retry_after {
@@ -161,6 +171,13 @@ impl ResponseError for AppError {
         }
         res
     }
+}
+
+/// `secs` plus a random 0–2 s, so clients shed together do not all return in the same
+/// second.
+fn spread(secs: u64) -> u64 {
+    use rand::Rng;
+    secs.max(1) + rand::rng().random_range(0..=2)
 }
 
 /// A CHECK constraint refused a write: the stock guard said no (only reachable through

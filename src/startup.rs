@@ -4,6 +4,7 @@
 
 use std::net::TcpListener;
 use std::sync::Arc;
+use std::time::Duration;
 
 use actix_web::dev::{Server, ServerHandle};
 use actix_web::middleware::from_fn;
@@ -43,7 +44,7 @@ impl Application {
             .redis_url
             .as_deref()
             .context("REDIS_URL is not set")?;
-        let redis = Redis::connect_lazy(redis_url, &settings.redis_prefix)
+        let redis = Redis::connect(redis_url, &settings.redis_prefix, settings.redis_timeout)
             .with_context(|| format!("REDIS_URL {redis_url:?} cannot be used"))?;
 
         let listener = TcpListener::bind(settings.listen)
@@ -53,7 +54,7 @@ impl Application {
             0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
             n => n,
         };
-        spawn_idempotency_purge(
+        spawn_purges(
             db.clone(),
             settings.idempotency_ttl_hours,
             crate::orders::stale_after(&settings),
@@ -133,14 +134,33 @@ pub async fn connect_database(settings: &Settings) -> anyhow::Result<PgPool> {
     // transaction (a frozen process) is ended by the server, releasing its row locks.
     let statement_ms = settings.statement_timeout.as_millis().to_string();
     let tx_ms = settings.tx_timeout.as_millis().to_string();
+    // The server also probes an idle client and drops one that stops acknowledging, so a
+    // vanished process does not keep its backend and locks for TCP's default minutes.
     let options = options.application_name("stockade").options([
         ("statement_timeout", statement_ms.as_str()),
         ("lock_timeout", statement_ms.as_str()),
         ("idle_in_transaction_session_timeout", tx_ms.as_str()),
+        ("tcp_keepalives_idle", "5"),
+        ("tcp_keepalives_interval", "1"),
+        ("tcp_keepalives_count", "3"),
+        ("tcp_user_timeout", "5000"),
     ]);
+    // A request cut off by its budget drops its connection mid-call; before such a
+    // connection is reused it must answer a ping, and one that does not (the network
+    // died under it) is closed at once rather than left holding a pool slot.
+    let ping_within = settings.statement_timeout;
     PgPoolOptions::new()
         .max_connections(settings.db_pool_size)
-        .acquire_timeout(std::time::Duration::from_secs(5))
+        .acquire_timeout(settings.db_acquire_timeout)
+        .after_release(move |conn, _| {
+            Box::pin(async move {
+                use sqlx::Connection;
+                match tokio::time::timeout(ping_within, conn.ping()).await {
+                    Ok(result) => result.map(|()| true),
+                    Err(_) => Err(sqlx::Error::Io(std::io::ErrorKind::TimedOut.into())),
+                }
+            })
+        })
         .connect_with(options)
         .await
         .context("could not connect to PostgreSQL (DATABASE_URL)")
@@ -172,16 +192,34 @@ fn form_error(e: actix_web::error::UrlencodedError) -> AppError {
     }
 }
 
-/// Deletes idempotency records, login failures and sessions past their time, every ten
-/// minutes, in every process (the deletes are idempotent, so several processes doing them
-/// is harmless).
-fn spawn_idempotency_purge(db: PgPool, ttl_hours: u32, stale_after: std::time::Duration) {
-    let ttl = std::time::Duration::from_secs(u64::from(ttl_hours) * 3600);
+/// Background deletes, in every process (they are idempotent, so several processes doing
+/// them is harmless): in-flight idempotency records of requests that died, every
+/// [`STALE_PURGE_EVERY`], so no dead record blocks its key much past the stale window;
+/// completed records, login failures and sessions past their time, every ten minutes.
+fn spawn_purges(db: PgPool, ttl_hours: u32, stale_after: Duration) {
+    let ttl = Duration::from_secs(u64::from(ttl_hours) * 3600);
+    let stale_db = db.clone();
     tokio::spawn(async move {
-        let mut every = tokio::time::interval(std::time::Duration::from_secs(600));
+        let mut every = tokio::time::interval(STALE_PURGE_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             every.tick().await;
-            match crate::idempotency::purge(&db, ttl, stale_after).await {
+            let purge = crate::idempotency::purge_stale(&stale_db, stale_after);
+            match tokio::time::timeout(STALE_PURGE_EVERY * 5, purge).await {
+                Ok(Ok(0)) => {}
+                Ok(Ok(n)) => {
+                    tracing::info!(purged = n, "released idempotency keys of dead requests")
+                }
+                Ok(Err(e)) => tracing::debug!(error = %e, "stale idempotency purge failed"),
+                Err(_) => tracing::debug!("stale idempotency purge timed out"),
+            }
+        }
+    });
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_secs(600));
+        loop {
+            every.tick().await;
+            match crate::idempotency::purge(&db, ttl).await {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(purged = n, "purged old idempotency keys"),
                 Err(e) => tracing::warn!(error = %e, "idempotency purge failed"),
@@ -192,6 +230,9 @@ fn spawn_idempotency_purge(db: PgPool, ttl_hours: u32, stale_after: std::time::D
         }
     });
 }
+
+/// How often each process deletes in-flight idempotency records past the stale window.
+pub const STALE_PURGE_EVERY: Duration = Duration::from_secs(1);
 
 /// Applies the migrations on a connection of its own, without the request timeouts.
 pub async fn migrate(settings: &Settings) -> anyhow::Result<()> {

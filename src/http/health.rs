@@ -49,10 +49,13 @@ pub async fn get_readyz(state: web::Data<AppState>) -> HttpResponse {
     };
     let (postgres, redis) = tokio::join!(postgres, redis);
     let ready = postgres == "ok" && redis == "ok";
-    state.metrics.degraded.set(i64::from(redis != "ok"));
+    // Degraded while Redis does not answer, and until the lease layer's breaker has
+    // seen it answer again.
+    let degraded = redis != "ok" || state.redis.is_degraded();
+    state.metrics.degraded.set(i64::from(degraded));
     let body = Readiness {
         status: if ready { "ready" } else { "unavailable" },
-        order_guard: if redis == "ok" { "leases" } else { "degraded" },
+        order_guard: if degraded { "degraded" } else { "leases" },
         postgres,
         redis,
     };
@@ -65,6 +68,10 @@ pub async fn get_readyz(state: web::Data<AppState>) -> HttpResponse {
 
 /// Prometheus text format.
 pub async fn get_metrics(state: web::Data<AppState>) -> HttpResponse {
+    state
+        .metrics
+        .degraded
+        .set(i64::from(state.redis.is_degraded()));
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(state.metrics.render())

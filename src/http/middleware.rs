@@ -9,11 +9,11 @@ use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::StatusCode;
 use actix_web::http::header::{self, HeaderName, HeaderValue};
 use actix_web::middleware::Next;
-use actix_web::{HttpMessage, HttpRequest, HttpResponse};
+use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 use askama::Template;
 use tracing::Instrument;
 
-use super::{Chrome, csrf};
+use super::{AppState, Chrome, csrf};
 use crate::error::AppError;
 
 /// The id of one request, shown on error pages and in every log line of the request.
@@ -46,13 +46,33 @@ pub async fn around_request(
         path = %req.path(),
         request_id = %request_id,
     );
+    // Every request answers within its budget: whatever still waits on the database or
+    // Redis then is dropped (connections it held are checked before reuse, an order's
+    // idempotency key is released) and the client is told to retry.
+    let budget = req
+        .app_data::<web::Data<AppState>>()
+        .map(|state| state.settings.request_budget);
+    // The request itself goes to the handler (and cannot be cloned before routing), so
+    // what the answer to a cut-off request needs is taken now.
+    let cut_off = budget.map(|_| CutOff::prepare(req.request(), &request_id));
+    let call = next.call(req).instrument(span.clone());
     // Handler errors arrive as responses carrying the error; only a failing inner
     // middleware returns `Err`, and there is none.
-    let res = next
-        .call(req)
-        .instrument(span.clone())
-        .await?
-        .map_into_boxed_body();
+    let res = match (budget, cut_off) {
+        (Some(budget), Some(cut_off)) => match tokio::time::timeout(budget, call).await {
+            Ok(res) => res?.map_into_boxed_body(),
+            Err(_) => {
+                span.in_scope(|| {
+                    tracing::warn!(
+                        budget_ms = budget.as_millis() as u64,
+                        "request cut off by its budget"
+                    )
+                });
+                return Err(cut_off.into());
+            }
+        },
+        _ => call.await?.map_into_boxed_body(),
+    };
     // The cause of a server error goes to the log, never to the client.
     let cause = (res.status().is_server_error())
         .then(|| res.response().error().map(|e| format!("{e:?}")))
@@ -133,13 +153,64 @@ struct ErrorPage {
     request_id: String,
 }
 
+/// The answer to a request cut off by its budget: a 503 rendered like every other error,
+/// prepared before the request went to its handler. It travels as the middleware's
+/// `Err`, which actix turns into the response.
+#[derive(Debug)]
+struct CutOff {
+    path: String,
+    chrome: Option<Chrome>,
+    request_id: String,
+}
+
+impl CutOff {
+    fn prepare(req: &HttpRequest, request_id: &str) -> Self {
+        let json = wants_json(req);
+        Self {
+            path: req.path().to_string(),
+            chrome: (!json).then(|| Chrome::new(req)),
+            request_id: request_id.to_string(),
+        }
+    }
+}
+
+impl std::fmt::Display for CutOff {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} was cut off by its budget", self.path)
+    }
+}
+
+impl actix_web::ResponseError for CutOff {
+    fn status_code(&self) -> StatusCode {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let error = AppError::over_budget();
+        let problem = Problem {
+            status: self.status_code(),
+            message: error.public_message(),
+            details: None,
+        };
+        let mut res = match &self.chrome {
+            Some(chrome) => error_page(&problem, chrome.clone(), &self.request_id),
+            None => problem_document(&self.path, &problem, &self.request_id),
+        };
+        for (name, value) in actix_web::ResponseError::error_response(&error).headers() {
+            res.headers_mut().insert(name.clone(), value.clone());
+        }
+        set_headers(res.headers_mut(), &self.request_id, None);
+        res
+    }
+}
+
 fn render_error(res: ServiceResponse<BoxBody>, request_id: &str) -> ServiceResponse<BoxBody> {
     let problem = Problem::of(&res);
     let (req, old) = res.into_parts();
     let body = if wants_json(&req) {
-        problem_json(&problem, &req, request_id)
+        problem_document(req.path(), &problem, request_id)
     } else {
-        error_page(&problem, &req, request_id)
+        error_page(&problem, Chrome::new(&req), request_id)
     };
     let mut new = body;
     for (name, value) in old.headers() {
@@ -160,17 +231,6 @@ fn wants_json(req: &HttpRequest) -> bool {
             .is_some_and(|v| v.contains("json") && !v.contains("html"))
 }
 
-/// An RFC 9457 problem document.
-fn problem_json(problem: &Problem, req: &HttpRequest, request_id: &str) -> HttpResponse {
-    problem_document(
-        req,
-        problem.status,
-        &problem.message,
-        problem.details.as_ref(),
-        request_id,
-    )
-}
-
 /// A problem+json response for `req`, for handlers that answer a problem with headers of
 /// their own (such as `Idempotency-Replayed`).
 pub fn problem_response(
@@ -179,25 +239,28 @@ pub fn problem_response(
     detail: &str,
     details: Option<serde_json::Value>,
 ) -> HttpResponse {
-    problem_document(req, status, detail, details.as_ref(), &request_id(req))
+    let problem = Problem {
+        status,
+        message: detail.to_string(),
+        details,
+    };
+    problem_document(req.path(), &problem, &request_id(req))
 }
 
-fn problem_document(
-    req: &HttpRequest,
-    status: StatusCode,
-    detail: &str,
-    details: Option<&serde_json::Value>,
-    request_id: &str,
-) -> HttpResponse {
+/// An RFC 9457 problem document about the request for `path`.
+fn problem_document(path: &str, problem: &Problem, request_id: &str) -> HttpResponse {
+    let status = problem.status;
     let mut doc = serde_json::json!({
         "type": "about:blank",
         "title": AppError::title(status),
         "status": status.as_u16(),
-        "detail": detail,
-        "instance": req.path(),
+        "detail": problem.message,
+        "instance": path,
         "request_id": request_id,
     });
-    if let (Some(serde_json::Value::Object(extra)), Some(obj)) = (details, doc.as_object_mut()) {
+    if let (Some(serde_json::Value::Object(extra)), Some(obj)) =
+        (problem.details.as_ref(), doc.as_object_mut())
+    {
         for (k, v) in extra {
             obj.insert(k.clone(), v.clone());
         }
@@ -207,9 +270,9 @@ fn problem_document(
         .body(doc.to_string())
 }
 
-fn error_page(problem: &Problem, req: &HttpRequest, request_id: &str) -> HttpResponse {
+fn error_page(problem: &Problem, chrome: Chrome, request_id: &str) -> HttpResponse {
     let page = ErrorPage {
-        chrome: Chrome::new(req),
+        chrome,
         status: problem.status.as_u16(),
         title: AppError::title(problem.status),
         message: problem.message.clone(),

@@ -119,6 +119,8 @@ pub struct Claim {
     pub scope: Scope,
     pub key: IdempotencyKey,
     pub owner: Uuid,
+    /// The request the key was claimed for.
+    pub fingerprint: Fingerprint,
 }
 
 #[derive(sqlx::FromRow)]
@@ -145,6 +147,7 @@ pub async fn begin(
         scope,
         key: key.clone(),
         owner,
+        fingerprint: fingerprint.clone(),
     };
     let inserted = sqlx::query(
         r#"insert into idempotency_keys (scope, key, fingerprint, state, owner)
@@ -246,33 +249,126 @@ pub async fn abandon(pool: &PgPool, claim: &Claim) -> sqlx::Result<()> {
     Ok(())
 }
 
-/// The stored response of the claimed key, if its request completed (used after a
-/// transaction whose outcome is unknown, e.g. cut off during COMMIT).
-pub async fn completed(pool: &PgPool, claim: &Claim) -> sqlx::Result<Option<StoredResponse>> {
-    let row: Option<(i16, serde_json::Value)> = sqlx::query_as(
-        r#"select response_status, response_body from idempotency_keys
+/// What became of a claimed key whose outcome this request does not know.
+#[derive(Debug)]
+pub enum Settled {
+    /// Completed for this same request (by this one, or by a retry that took it over).
+    Completed(StoredResponse),
+    /// Completed for a different request (the key was purged and reused meanwhile).
+    Mismatch,
+    /// Not completed (still in flight elsewhere, or gone).
+    Open,
+}
+
+/// The stored outcome of the claimed key (used after a transaction whose outcome is
+/// unknown, e.g. cut off during COMMIT, or after the claim was taken over).
+pub async fn settled(pool: &PgPool, claim: &Claim) -> sqlx::Result<Settled> {
+    let row: Option<(String, i16, serde_json::Value)> = sqlx::query_as(
+        r#"select fingerprint, response_status, response_body from idempotency_keys
             where scope = $1 and key = $2 and state = 'completed'"#,
     )
     .bind(claim.scope.as_str())
     .bind(claim.key.as_str())
     .fetch_optional(pool)
     .await?;
-    Ok(row.map(|(status, body)| StoredResponse {
-        status: status as u16,
-        body,
-    }))
+    Ok(match row {
+        Some((fingerprint, ..)) if fingerprint != claim.fingerprint.0 => Settled::Mismatch,
+        Some((_, status, body)) => Settled::Completed(StoredResponse {
+            status: status as u16,
+            body,
+        }),
+        None => Settled::Open,
+    })
 }
 
-/// Deletes completed records older than `ttl`, and in-flight records whose request died
-/// longer than `stale_after` ago (they never have an order: completing the record is part
-/// of the order's transaction). Returns how many.
-pub async fn purge(pool: &PgPool, ttl: Duration, stale_after: Duration) -> sqlx::Result<u64> {
+/// A claim that is abandoned unless its request completes it: dropping the guard (an
+/// error, or the request cut off by its budget) releases the key in the background,
+/// retrying while the database is unreachable, so a retry is not kept waiting for the
+/// record to go stale.
+pub struct ClaimGuard {
+    pool: PgPool,
+    claim: Option<Claim>,
+}
+
+impl ClaimGuard {
+    pub fn new(pool: &PgPool, claim: &Claim) -> Self {
+        Self {
+            pool: pool.clone(),
+            claim: Some(claim.clone()),
+        }
+    }
+
+    /// The request completed the record (or lost it to a retry): nothing to release.
+    pub fn disarm(mut self) {
+        self.claim = None;
+    }
+
+    /// Releases the key now, so an immediate retry finds it free; if the database does
+    /// not answer in time, the release goes on in the background.
+    pub async fn release(mut self) {
+        let Some(claim) = self.claim.take() else {
+            return;
+        };
+        match tokio::time::timeout(Duration::from_secs(1), abandon(&self.pool, &claim)).await {
+            Ok(Ok(())) => {}
+            _ => self.claim = Some(claim),
+        }
+    }
+}
+
+impl Drop for ClaimGuard {
+    fn drop(&mut self) {
+        let Some(claim) = self.claim.take() else {
+            return;
+        };
+        let pool = self.pool.clone();
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            let mut pause = Duration::from_millis(100);
+            for attempt in 1..=ABANDON_ATTEMPTS {
+                match tokio::time::timeout(Duration::from_secs(1), abandon(&pool, &claim)).await {
+                    Ok(Ok(())) => return,
+                    Ok(Err(e)) if attempt == ABANDON_ATTEMPTS => {
+                        tracing::warn!(error = %e, "could not release an idempotency key; the purge will")
+                    }
+                    Err(_) if attempt == ABANDON_ATTEMPTS => {
+                        tracing::warn!("could not release an idempotency key in time; the purge will")
+                    }
+                    _ => {}
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+        });
+    }
+}
+
+/// How often a guard tries to release its key before leaving it to the purge.
+const ABANDON_ATTEMPTS: u32 = 8;
+
+/// Deletes completed records older than `ttl`. Returns how many.
+pub async fn purge(pool: &PgPool, ttl: Duration) -> sqlx::Result<u64> {
     Ok(sqlx::query(
         r#"delete from idempotency_keys
-            where (state = 'completed' and created_at < now() - make_interval(secs => $1))
-               or (state = 'in_flight' and locked_at < now() - make_interval(secs => $2))"#,
+            where state = 'completed' and created_at < now() - make_interval(secs => $1)"#,
     )
     .bind(ttl.as_secs_f64())
+    .execute(pool)
+    .await?
+    .rows_affected())
+}
+
+/// Deletes in-flight records whose request died longer than `stale_after` ago (they never
+/// have an order: completing the record is part of the order's transaction; a request
+/// still running on one finds its claim gone and answers with what the key holds then).
+/// Cheap enough to run every second: a partial index holds only in-flight records.
+pub async fn purge_stale(pool: &PgPool, stale_after: Duration) -> sqlx::Result<u64> {
+    Ok(sqlx::query(
+        r#"delete from idempotency_keys
+            where state = 'in_flight' and locked_at < now() - make_interval(secs => $1)"#,
+    )
     .bind(stale_after.as_secs_f64())
     .execute(pool)
     .await?

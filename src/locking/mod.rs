@@ -10,44 +10,88 @@
 //!   with a token older than the last one that wrote it;
 //! - release is compare-and-delete on the owner token, so a holder whose lease expired
 //!   cannot delete its successor's;
-//! - when Redis is unreachable the layer reports [`Acquire::Degraded`] and orders continue
-//!   on the database guard alone; the connection manager reconnects by itself.
+//! - a holder renews its lease while it works ([`Redis::keep_alive`], a watchdog), so the
+//!   TTL can be short: it only bounds how long a stopped or dead holder blocks the SKU;
+//! - a circuit breaker stands in front of every call: after [`OPEN_AFTER`] failures in a
+//!   row (errors or timeouts) it opens, the layer reports [`Acquire::Degraded`] without
+//!   calling Redis, and orders continue on the database guard alone at its full speed; a
+//!   background probe pings Redis every [`PROBE_EVERY`] and closes the breaker at the
+//!   first answer.
+//!
+//! What a fence guarantees: among writes made under leases, a write whose lease was
+//! superseded (it expired while its holder stalled, or Redis forgot the counter and the
+//! counter was raised past every token the database has seen) is refused once a newer
+//! lease has written the row. Writes made while the breaker is open carry no fence; they,
+//! like every write, are kept from overselling by the conditional update alone.
 //!
 //! A "sold out" hint per SKU lets waiters stop queueing once the database has said a SKU
 //! is gone; it is only a hint, and the caller confirms it against the database.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
-use redis::Script;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::io::tcp::{TcpSettings, socket2::TcpKeepalive};
+use redis::{IntoConnectionInfo, Script};
 
 use crate::catalog::Sku;
+
+/// Failures in a row that open the breaker.
+pub const OPEN_AFTER: u32 = 3;
+/// How often an open breaker pings Redis to see whether it is back.
+pub const PROBE_EVERY: Duration = Duration::from_millis(200);
 
 /// The process's Redis handle; cheap to clone.
 #[derive(Clone)]
 pub struct Redis {
     conn: ConnectionManager,
     prefix: String,
-    degraded: Arc<AtomicBool>,
+    timeout: Duration,
+    breaker: Arc<Breaker>,
+}
+
+/// Consecutive failures, and whether calls are skipped until a probe succeeds.
+#[derive(Default)]
+struct Breaker {
+    failures: AtomicU32,
+    open: AtomicBool,
 }
 
 impl Redis {
-    /// Prepares a connection to `url` without waiting for it; keys are prefixed by `prefix`.
+    /// [`Redis::connect`] with a patient one-second timeout, for tools and checks.
     pub fn connect_lazy(url: &str, prefix: &str) -> anyhow::Result<Self> {
-        let client = redis::Client::open(url)?;
+        Self::connect(url, prefix, Duration::from_secs(1))
+    }
+
+    /// Prepares a connection to `url` without waiting for it; keys are prefixed by
+    /// `prefix`, and a command without an answer after `timeout` fails.
+    pub fn connect(url: &str, prefix: &str, timeout: Duration) -> anyhow::Result<Self> {
+        // A peer that vanishes without closing (a dead host, a cut cable) is noticed by
+        // the kernel within seconds rather than TCP's default minutes.
+        let tcp = TcpSettings::default()
+            .set_nodelay(true)
+            .set_keepalive(
+                TcpKeepalive::new()
+                    .with_time(Duration::from_secs(2))
+                    .with_interval(Duration::from_secs(1))
+                    .with_retries(3),
+            )
+            .set_user_timeout(Duration::from_secs(5));
+        let info = url.into_connection_info()?.set_tcp_settings(tcp);
+        let client = redis::Client::open(info)?;
         let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_millis(500)))
-            .set_response_timeout(Some(Duration::from_millis(1_000)))
+            .set_connection_timeout(Some(timeout.max(Duration::from_millis(250))))
+            .set_response_timeout(Some(timeout))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(200));
         let conn = ConnectionManager::new_lazy_with_config(client, config)?;
         Ok(Self {
             conn,
             prefix: prefix.to_string(),
-            degraded: Arc::new(AtomicBool::new(false)),
+            timeout,
+            breaker: Arc::default(),
         })
     }
 
@@ -80,20 +124,70 @@ impl Redis {
         Ok(())
     }
 
-    /// Whether the last lease operation found Redis unreachable.
+    /// Whether the breaker is open: Redis is not called, orders run on the database guard.
     pub fn is_degraded(&self) -> bool {
-        self.degraded.load(Ordering::Relaxed)
+        self.breaker.open.load(Ordering::Relaxed)
     }
 
-    /// Records whether Redis answered; logs once per transition, not per request.
+    /// Records whether Redis answered. The breaker opens after [`OPEN_AFTER`] failures in
+    /// a row and starts the probe that closes it; transitions are logged once each.
     fn note(&self, reachable: bool) {
-        let was_degraded = self.degraded.swap(!reachable, Ordering::Relaxed);
-        if was_degraded && reachable {
-            tracing::info!("Redis is reachable again; SKU leases are back in use");
-        } else if !was_degraded && !reachable {
+        if reachable {
+            self.breaker.failures.store(0, Ordering::Relaxed);
+            if self.breaker.open.swap(false, Ordering::Relaxed) {
+                tracing::info!("Redis is reachable again; SKU leases are back in use");
+            }
+            return;
+        }
+        let failures = self.breaker.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if failures >= OPEN_AFTER && !self.breaker.open.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 "Redis is unreachable; orders continue on the database guard alone (degraded)"
             );
+            let redis = self.clone();
+            tokio::spawn(async move { redis.probe().await });
+        }
+    }
+
+    /// Pings Redis every [`PROBE_EVERY`] while the breaker is open; the first answer
+    /// closes it.
+    async fn probe(self) {
+        while self.is_degraded() {
+            tokio::time::sleep(PROBE_EVERY).await;
+            if tokio::time::timeout(self.timeout, self.ping())
+                .await
+                .is_ok_and(|r| r.is_ok())
+            {
+                self.note(true);
+            }
+        }
+    }
+
+    /// Runs one Redis call through the breaker: `None` when the breaker is open or the
+    /// call failed (which counts towards opening it).
+    async fn call<T>(
+        &self,
+        what: &str,
+        call: impl Future<Output = redis::RedisResult<T>>,
+    ) -> Option<T> {
+        if self.is_degraded() {
+            return None;
+        }
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(Ok(value)) => {
+                self.note(true);
+                Some(value)
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "{what} failed");
+                self.note(false);
+                None
+            }
+            Err(_) => {
+                tracing::debug!("{what} timed out");
+                self.note(false);
+                None
+            }
         }
     }
 }
@@ -107,6 +201,16 @@ pub struct Lease {
     pub fence: i64,
 }
 
+/// Renews a lease while alive (see [`Redis::keep_alive`]).
+#[derive(Debug)]
+pub struct KeepAlive(tokio::task::JoinHandle<()>);
+
+impl Drop for KeepAlive {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// The result of trying to lease a set of SKUs.
 #[derive(Debug)]
 pub enum Acquire {
@@ -115,7 +219,7 @@ pub enum Acquire {
     Busy,
     /// A SKU carries the sold-out hint; confirm against the database.
     SoldOutHint(Sku),
-    /// Redis is unreachable: proceed on the database guard alone.
+    /// The breaker is open (Redis unreachable): proceed on the database guard alone.
     Degraded,
 }
 
@@ -163,9 +267,24 @@ pub const FENCE_EPOCH: i64 = 1_000_000;
 /// How long the sold-out hint lives; stale hints only cost one database read.
 const SOLD_OUT_HINT_TTL_MS: u64 = 30_000;
 
+/// Extends each key's TTL to ARGV[2] ms while it is still owned by ARGV[1]; returns how
+/// many were.
+const RENEW: &str = r#"
+local renewed = 0
+for _, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[1] then
+    redis.call('PEXPIRE', key, ARGV[2])
+    renewed = renewed + 1
+  end
+end
+return renewed
+"#;
+
 impl Redis {
     /// Leases every SKU in `skus` (sorted, distinct) for `ttl`, retrying with jittered
-    /// backoff for up to `wait`.
+    /// backoff for up to `wait`. A failed call is retried too: a holder that stalled
+    /// past its call's timeout gets a fenced lease on waking, not a degraded write; only
+    /// an open breaker answers [`Acquire::Degraded`].
     pub async fn acquire(&self, skus: &[Sku], ttl: Duration, wait: Duration) -> Acquire {
         let token = uuid::Uuid::new_v4().to_string();
         let lease_keys: Vec<String> = skus.iter().map(|s| self.lease_key(s)).collect();
@@ -186,45 +305,74 @@ impl Redis {
         let deadline = Instant::now() + wait;
         let mut backoff = Duration::from_millis(2);
         loop {
+            if self.is_degraded() {
+                return Acquire::Degraded;
+            }
             let mut conn = self.conn();
-            match invocation.invoke_async::<(i64, i64)>(&mut conn).await {
-                Ok((1, fence)) => {
-                    self.note(true);
+            let answer = self
+                .call(
+                    "lease script",
+                    invocation.invoke_async::<(i64, i64)>(&mut conn),
+                )
+                .await;
+            match answer {
+                Some((1, fence)) => {
                     return Acquire::Granted(Lease {
                         keys: lease_keys,
                         token,
                         fence,
                     });
                 }
-                Ok((-1, i)) => {
-                    self.note(true);
-                    return Acquire::SoldOutHint(skus[(i - 1) as usize].clone());
-                }
-                Ok(_) => self.note(true),
-                Err(e) => {
-                    tracing::debug!(error = %e, "lease script failed");
-                    self.note(false);
-                    // The script may have run before the answer was lost: undo what this
-                    // token may hold, or other buyers would wait for its TTL.
-                    let orphan = Lease {
-                        keys: lease_keys,
-                        token,
-                        fence: 0,
-                    };
-                    let redis = self.clone();
-                    tokio::spawn(async move { redis.release(&orphan).await });
-                    return Acquire::Degraded;
-                }
+                Some((-1, i)) => return Acquire::SoldOutHint(skus[(i - 1) as usize].clone()),
+                // Busy, or the call failed: a lease this token may have got before its
+                // answer was lost expires with its TTL.
+                _ => {}
             }
             let now = Instant::now();
             if now >= deadline {
-                return Acquire::Busy;
+                return if self.is_degraded() {
+                    Acquire::Degraded
+                } else {
+                    Acquire::Busy
+                };
             }
             // Full jitter: sleep a random time up to the current backoff.
             let sleep = rand::rng().random_range(Duration::from_micros(500)..=backoff);
             tokio::time::sleep(sleep.min(deadline - now)).await;
             backoff = (backoff * 2).min(Duration::from_millis(50));
         }
+    }
+
+    /// Keeps `lease` alive while the returned guard lives: renews it every third of `ttl`
+    /// (a watchdog), and stops when the guard is dropped or the lease is found lost. A
+    /// stopped process renews nothing, so its lease lapses after `ttl`.
+    pub fn keep_alive(&self, lease: &Lease, ttl: Duration) -> KeepAlive {
+        let redis = self.clone();
+        let (keys, token) = (lease.keys.clone(), lease.token.clone());
+        let task = tokio::spawn(async move {
+            let mut every = tokio::time::interval(ttl / 3);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            every.tick().await;
+            loop {
+                every.tick().await;
+                let script = Script::new(RENEW);
+                let mut invocation = script.prepare_invoke();
+                for key in &keys {
+                    invocation.key(key);
+                }
+                invocation.arg(&token).arg(ttl.as_millis() as u64);
+                let mut conn = redis.conn();
+                let renewed = redis
+                    .call("lease renewal", invocation.invoke_async::<usize>(&mut conn))
+                    .await;
+                if renewed != Some(keys.len()) {
+                    // Lost (expired and re-granted, or Redis forgot it): the fence refuses
+                    // this holder's write if a newer lease wrote first.
+                    return;
+                }
+            }
+        });
+        KeepAlive(task)
     }
 
     /// Releases what `lease` still owns; a lease that expired and was re-granted to someone
@@ -237,56 +385,51 @@ impl Redis {
         }
         invocation.arg(&lease.token);
         let mut conn = self.conn();
-        match invocation.invoke_async::<usize>(&mut conn).await {
-            Ok(n) => n,
-            Err(e) => {
-                // The TTL frees the lease anyway.
-                tracing::debug!(error = %e, "lease release failed");
-                self.note(false);
-                0
-            }
-        }
+        // On failure the TTL frees the lease anyway.
+        self.call("lease release", invocation.invoke_async::<usize>(&mut conn))
+            .await
+            .unwrap_or(0)
     }
 
     /// Makes every later fencing token greater than `seen` by a wide margin
     /// ([`FENCE_EPOCH`]), so it also passes any token issued before Redis lost its counter.
     pub async fn raise_fence(&self, seen: i64) {
         let mut conn = self.conn();
-        let result = Script::new(RAISE_FENCE)
-            .key(self.fence_key())
-            .arg(seen.saturating_add(FENCE_EPOCH))
-            .invoke_async::<i64>(&mut conn)
-            .await;
-        if let Err(e) = result {
-            tracing::debug!(error = %e, "raising the fence failed");
-        }
+        let script = Script::new(RAISE_FENCE);
+        let mut invocation = script.key(self.fence_key());
+        invocation.arg(seen.saturating_add(FENCE_EPOCH));
+        self.call(
+            "raising the fence",
+            invocation.invoke_async::<i64>(&mut conn),
+        )
+        .await;
     }
 
     /// Marks `sku` as sold out, so waiting buyers stop queueing for it.
     pub async fn hint_sold_out(&self, sku: &Sku) {
         let mut conn = self.conn();
-        let result = redis::cmd("SET")
-            .arg(self.sold_out_key(sku))
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(self.sold_out_key(sku))
             .arg(1)
             .arg("PX")
-            .arg(SOLD_OUT_HINT_TTL_MS)
-            .query_async::<()>(&mut conn)
-            .await;
-        if let Err(e) = result {
-            tracing::debug!(error = %e, "setting the sold-out hint failed");
-        }
+            .arg(SOLD_OUT_HINT_TTL_MS);
+        self.call(
+            "setting the sold-out hint",
+            cmd.query_async::<()>(&mut conn),
+        )
+        .await;
     }
 
     /// Removes the sold-out hint (stock came back, or the hint was stale).
     pub async fn clear_sold_out(&self, sku: &Sku) {
         let mut conn = self.conn();
-        let result = redis::cmd("DEL")
-            .arg(self.sold_out_key(sku))
-            .query_async::<()>(&mut conn)
-            .await;
-        if let Err(e) = result {
-            tracing::debug!(error = %e, "clearing the sold-out hint failed");
-        }
+        let mut cmd = redis::cmd("DEL");
+        cmd.arg(self.sold_out_key(sku));
+        self.call(
+            "clearing the sold-out hint",
+            cmd.query_async::<()>(&mut conn),
+        )
+        .await;
     }
 
     /// Lease keys currently held under this prefix (for checks and tests).

@@ -23,7 +23,9 @@ use super::{Order, OrderLine, OrderRequest, Shortage};
 use crate::catalog::Sku;
 use crate::config::{OrderStrategy, Settings};
 use crate::holds::Hold;
-use crate::idempotency::{self, Begin, Claim, IdempotencyKey, Scope, StoredResponse};
+use crate::idempotency::{
+    self, Begin, Claim, ClaimGuard, IdempotencyKey, Scope, Settled, StoredResponse,
+};
 use crate::inventory::db::{Take, reserve_stock, take_stock, take_stock_naive};
 use crate::locking::{Acquire, Lease, Redis};
 use crate::metrics::Metrics;
@@ -139,9 +141,10 @@ fn count(deps: OrderDeps<'_>, result: &Result<Placement, OrderError>) {
 }
 
 /// How long an in-flight idempotency record is trusted before a retry may take it over:
-/// longer than any request can still be working on it.
+/// longer than any request can still be working on it (its budget). A process stopped
+/// for longer finds its claim gone on waking and answers with what the key holds then.
 pub fn stale_after(s: &Settings) -> Duration {
-    s.lease_wait + s.lease_ttl + s.fault_pause_after_lease + Duration::from_secs(5)
+    s.request_budget + s.fault_pause_after_lease + Duration::from_secs(2)
 }
 
 async fn place(
@@ -170,6 +173,9 @@ async fn place(
         Begin::InFlight => return Err(OrderError::InFlight),
     };
 
+    // Released in the background if this request ends without an answer of its own,
+    // even when it is cut off by its budget.
+    let guard = ClaimGuard::new(deps.db, &claim);
     let result = async {
         // A key whose record was purged may still have its order: that is the answer.
         if let Some(placement) = existing(deps, &claim, intent).await? {
@@ -191,22 +197,41 @@ async fn place(
     .await;
 
     let Err(error) = result else {
+        guard.disarm();
         return result;
     };
-    // Not a decided outcome: free the key so a retry starts afresh. This waits for a
-    // transaction cut off by its timeout to end; a committed order has completed the
-    // record, which this leaves alone.
-    if let Err(e) = idempotency::abandon(deps.db, &claim).await {
-        tracing::warn!(error = %e, "could not release an idempotency key");
-    }
+    // Not a decided outcome: free the key so a retry starts afresh. A committed order
+    // has completed the record, which this leaves alone.
+    guard.release().await;
     if matches!(error, OrderError::TimedOut | OrderError::Database(_))
-        && let Ok(Some(stored)) = idempotency::completed(deps.db, &claim).await
+        && let Ok(Settled::Completed(stored)) = idempotency::settled(deps.db, &claim).await
     {
         // The transaction committed after all (the timeout fired during COMMIT, or the
         // connection broke after it): answer with what it did.
         return replay(deps, stored, intent).await;
     }
     Err(error)
+}
+
+/// The answer for a request whose claim was taken over (it stalled past the stale
+/// window and a retry of the same request went ahead): what the retry decided, or 409
+/// while it is still deciding. Never "key reused" for the same request.
+async fn settled_elsewhere(
+    deps: OrderDeps<'_>,
+    claim: &Claim,
+    intent: Intent,
+) -> Result<Placement, OrderError> {
+    match idempotency::settled(deps.db, claim).await? {
+        Settled::Completed(stored) => {
+            deps.metrics.idempotent_replays.inc();
+            replay(deps, stored, intent).await
+        }
+        Settled::Mismatch => Err(OrderError::KeyReused),
+        Settled::Open => match existing_placement(deps, claim, intent).await? {
+            Some((placement, _)) => Ok(placement),
+            None => Err(OrderError::InFlight),
+        },
+    }
 }
 
 /// The order or hold already made under the claimed key (its record purged since), stored
@@ -216,8 +241,22 @@ async fn existing(
     claim: &Claim,
     intent: Intent,
 ) -> Result<Option<Placement>, OrderError> {
+    let Some((placement, body)) = existing_placement(deps, claim, intent).await? else {
+        return Ok(None);
+    };
+    let mut conn = deps.db.acquire().await?;
+    idempotency::complete(&mut conn, claim, &StoredResponse { status: 201, body }).await?;
+    Ok(Some(placement))
+}
+
+/// The order or hold made under the claimed key, with the body to store for it.
+async fn existing_placement(
+    deps: OrderDeps<'_>,
+    claim: &Claim,
+    intent: Intent,
+) -> Result<Option<(Placement, serde_json::Value)>, OrderError> {
     let (scope, key) = (claim.scope.as_str(), claim.key.as_str());
-    let (placement, body) = match intent {
+    Ok(Some(match intent {
         Intent::Order => {
             let Some(id) = db::order_for_key(deps.db, scope, key).await? else {
                 return Ok(None);
@@ -250,10 +289,7 @@ async fn existing(
                 body,
             )
         }
-    };
-    let mut conn = deps.db.acquire().await?;
-    idempotency::complete(&mut conn, claim, &StoredResponse { status: 201, body }).await?;
-    Ok(Some(placement))
+    }))
 }
 
 /// The placement a stored response recorded, with the order or hold as it is now (it may
@@ -327,7 +363,7 @@ async fn place_claimed(
         .collect();
     let shortages = shortages_of(request, &seen);
     if !shortages.is_empty() {
-        return store_insufficient(deps, claim, shortages).await;
+        return store_insufficient(deps, claim, shortages, intent).await;
     }
 
     let skus = request.skus();
@@ -357,7 +393,7 @@ async fn place_claimed(
                         let now = crate::inventory::db::availability(deps.db, &skus).await?;
                         let shortages = shortages_of(request, &now);
                         if !shortages.is_empty() {
-                            return store_insufficient(deps, claim, shortages).await;
+                            return store_insufficient(deps, claim, shortages, intent).await;
                         }
                         deps.redis.clear_sold_out(&sku).await;
                         attempts += 1;
@@ -373,11 +409,16 @@ async fn place_claimed(
         attempts += 1;
 
         if !s.fault_pause_after_lease.is_zero() {
+            // A stalled process: nothing of it runs, its lease watchdog included.
             tokio::time::sleep(s.fault_pause_after_lease).await;
         }
         let fence = lease.as_ref().map(|l| l.fence);
+        let watchdog = lease
+            .as_ref()
+            .map(|l| deps.redis.keep_alive(l, s.lease_ttl));
         let outcome =
             tokio::time::timeout(s.tx_timeout, transact(deps, claim, request, fence, intent)).await;
+        drop(watchdog);
         release(deps.redis, lease.as_ref()).await;
 
         match outcome {
@@ -392,13 +433,14 @@ async fn place_claimed(
                 }
                 return Ok(placement);
             }
+            Ok(Ok(Tx::ClaimLost)) => return settled_elsewhere(deps, claim, intent).await,
             Ok(Ok(Tx::Short(shortages))) => {
                 for short in shortages.iter().filter(|s| s.available == 0) {
                     if let Ok(sku) = Sku::parse(&short.sku) {
                         deps.redis.hint_sold_out(&sku).await;
                     }
                 }
-                return store_insufficient(deps, claim, shortages).await;
+                return store_insufficient(deps, claim, shortages, intent).await;
             }
             Ok(Ok(Tx::StaleFence { last_fence })) => {
                 // A newer lease wrote the row: ours had expired, or Redis forgot the
@@ -429,6 +471,9 @@ enum Tx {
     StaleFence {
         last_fence: i64,
     },
+    /// A retry took the key over (this request stalled past the stale window); nothing
+    /// was written.
+    ClaimLost,
 }
 
 /// The one transaction of an order or hold.
@@ -519,8 +564,10 @@ async fn transact(
             };
             match db::insert_order(&mut tx, &order, scope, key).await {
                 Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-                    // The key has an order from before its record was purged.
-                    return Err(OrderError::KeyReused);
+                    // The key already has its order: a retry that took the key over
+                    // placed it while this request stalled.
+                    tx.rollback().await?;
+                    return Ok(Tx::ClaimLost);
                 }
                 other => other?,
             }
@@ -547,7 +594,8 @@ async fn transact(
             let ttl = deps.settings.hold_ttl;
             match crate::holds::db::insert_hold(&mut tx, &hold, ttl, scope, key).await {
                 Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-                    return Err(OrderError::KeyReused);
+                    tx.rollback().await?;
+                    return Ok(Tx::ClaimLost);
                 }
                 other => hold.expires_at = other?,
             }
@@ -565,7 +613,7 @@ async fn transact(
     if !idempotency::complete(&mut tx, claim, &stored).await? {
         // Our claim was taken over as stale; the other request decides.
         tx.rollback().await?;
-        return Err(OrderError::InFlight);
+        return Ok(Tx::ClaimLost);
     }
     tx.commit().await?;
     Ok(Tx::Done {
@@ -578,6 +626,7 @@ async fn store_insufficient(
     deps: OrderDeps<'_>,
     claim: &Claim,
     shortages: Vec<Shortage>,
+    intent: Intent,
 ) -> Result<Placement, OrderError> {
     let stored = StoredResponse {
         status: 409,
@@ -585,7 +634,8 @@ async fn store_insufficient(
     };
     let mut conn = deps.db.acquire().await?;
     if !idempotency::complete(&mut conn, claim, &stored).await? {
-        return Err(OrderError::InFlight);
+        drop(conn);
+        return settled_elsewhere(deps, claim, intent).await;
     }
     Ok(Placement::Insufficient {
         shortages,

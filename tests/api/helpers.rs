@@ -122,6 +122,11 @@ pub async fn test_settings() -> Settings {
         redis_prefix: format!("test:{}:", Uuid::new_v4().simple()),
         workers: 2,
         db_pool_size: 8,
+        // Patient: tests run in parallel on a small machine, and most count exact
+        // outcomes; the fault tests set the production budgets themselves.
+        request_budget: Duration::from_secs(10),
+        db_acquire_timeout: Duration::from_secs(5),
+        lease_wait: Duration::from_secs(2),
         log_format: LogFormat::Pretty,
         log_filter: log.clone().unwrap_or_else(|| "off".into()),
         ..Settings::default()
@@ -467,6 +472,10 @@ pub async fn serve_app(app: &TestApp, extra: &[(&str, String)], args: &[&str]) -
         ("STOCKADE_LISTEN", "127.0.0.1:0".into()),
         ("STOCKADE_WORKERS", "2".into()),
         ("STOCKADE_DB_POOL_SIZE", "8".into()),
+        // Patient, as in `test_settings`; `extra` may set the production budgets.
+        ("STOCKADE_REQUEST_BUDGET_MS", "10000".into()),
+        ("STOCKADE_DB_ACQUIRE_TIMEOUT_MS", "5000".into()),
+        ("STOCKADE_LEASE_WAIT_MS", "2000".into()),
     ];
     env.extend(extra.iter().cloned());
     serve(&env, args).await

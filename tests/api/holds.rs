@@ -58,6 +58,7 @@ async fn three_hundred_shoppers_hold_fifty_units_then_thirty_confirm_and_twenty_
         ("STOCKADE_HOLD_SECONDS", "10".to_string()),
         ("STOCKADE_SWEEP_INTERVAL_MS", "200".to_string()),
         ("STOCKADE_LEASE_WAIT_MS", "10000".to_string()),
+        ("STOCKADE_REQUEST_BUDGET_MS", "30000".to_string()),
     ];
     let servers = [
         serve_app(&app, &extra, &[]).await,

@@ -33,6 +33,8 @@ async fn hot_sku_race(strategy: &str, stock: i32, buyers: usize) -> (TestApp, Ra
     let extra = [
         ("STOCKADE_ORDER_STRATEGY", strategy.to_string()),
         ("STOCKADE_LEASE_WAIT_MS", "10000".to_string()),
+        ("STOCKADE_REQUEST_BUDGET_MS", "30000".to_string()),
+        ("STOCKADE_DB_ACQUIRE_TIMEOUT_MS", "10000".to_string()),
     ];
     let args: &[&str] = if strategy == "naive-unsafe" {
         &["--allow-unsafe"]
@@ -164,7 +166,11 @@ async fn multi_sku_orders_in_random_line_order_never_deadlock() {
     for sku in skus {
         app.add_product(sku, sku, 1_000, 40).await;
     }
-    let patient = [("STOCKADE_LEASE_WAIT_MS", "10000".to_string())];
+    let patient = [
+        ("STOCKADE_LEASE_WAIT_MS", "10000".to_string()),
+        ("STOCKADE_REQUEST_BUDGET_MS", "30000".to_string()),
+        ("STOCKADE_DB_ACQUIRE_TIMEOUT_MS", "10000".to_string()),
+    ];
     let servers = [
         serve_app(&app, &patient, &[]).await,
         serve_app(&app, &patient, &[]).await,
@@ -440,8 +446,23 @@ async fn orders_continue_on_the_database_guard_while_redis_is_down() {
         "{metrics}"
     );
 
-    // Redis returns (empty): leases are used again, without a restart.
+    // Redis returns (empty): the breaker closes within a second, and leases are used
+    // again, without a restart.
     app.restart_redis().await;
+    let back = std::time::Instant::now();
+    while app
+        .get_text("/metrics")
+        .await
+        .1
+        .lines()
+        .any(|l| l == "stockade_lease_layer_degraded 1")
+    {
+        assert!(
+            back.elapsed() < Duration::from_secs(1),
+            "the breaker is still open a second after Redis came back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     sqlx::query("update stock set on_hand = 5 where sku = 'DOWN-1'")
         .execute(&app.db)
         .await
