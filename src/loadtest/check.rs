@@ -3,11 +3,13 @@
 //! the rows that break it.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use serde::Serialize;
 use sqlx::PgPool;
 
 use super::run::LogEntry;
+use crate::config::Settings;
 
 /// The verdict on one invariant.
 #[derive(Debug, Clone, Serialize)]
@@ -87,12 +89,44 @@ pub struct RedisTarget {
     pub prefix: String,
 }
 
-/// Checks I1–I6. `log` is the client log of a run (I4, I5 need it); `redis` is where the
-/// servers keep their leases (I6).
+/// How long the servers trust an in-flight idempotency record, with default settings: a
+/// record older than this when all is quiet belongs to a request that died (I6).
+pub fn default_stale_after() -> Duration {
+    crate::orders::stale_after(&Settings::default())
+}
+
+/// Keys the client was given contradicting definite answers for: created under two ids, or
+/// created once and refused (sold out, rejected) another time. Transient answers (in
+/// flight, busy, no answer) decide nothing and are left out. Each kind of request counts
+/// apart: a changed body under a used key is logged as its own kind, `order-changed`.
+fn contradictions(log: &[LogEntry]) -> Vec<String> {
+    let mut answers: BTreeMap<(&str, &str), BTreeSet<String>> = BTreeMap::new();
+    for e in log {
+        let answer = match e.outcome.as_str() {
+            "created" => format!("{} {}", e.status, e.id.as_deref().unwrap_or("without id")),
+            "sold-out" | "rejected" => format!("{} {}", e.status, e.outcome),
+            _ => continue,
+        };
+        answers.entry((&e.kind, &e.key)).or_default().insert(answer);
+    }
+    answers
+        .into_iter()
+        .filter(|(_, answers)| answers.len() > 1)
+        .map(|((kind, key), answers)| {
+            let answers: Vec<String> = answers.into_iter().collect();
+            format!("{kind} key {key}: answered {}", answers.join(" and "))
+        })
+        .collect()
+}
+
+/// Checks I1–I6. `log` is the client log of a run (I4, I5 and part of I3 need it); `redis`
+/// is where the servers keep their leases, and `stale_after` how long they trust an
+/// in-flight idempotency record (both for I6).
 pub async fn check(
     db: &PgPool,
     log: Option<&[LogEntry]>,
     redis: Option<&RedisTarget>,
+    stale_after: Duration,
 ) -> anyhow::Result<Vec<Verdict>> {
     let balances = balances(db).await?;
     let mut verdicts = Vec::new();
@@ -150,7 +184,8 @@ pub async fn check(
         rows,
     ));
 
-    // I3: at most one order per idempotency key; the client never saw two ids for one key.
+    // I3: at most one order per idempotency key, and one answer: the client was never told
+    // two different things about one request.
     let mut rows: Vec<String> = sqlx::query_as::<_, (String, String, i64)>(
         r#"select idempotency_scope, idempotency_key, count(*) from orders
             group by 1, 2 having count(*) > 1"#,
@@ -161,21 +196,13 @@ pub async fn check(
     .map(|(scope, key, n)| format!("{scope}/{key}: {n} orders"))
     .collect();
     if let Some(log) = log {
-        let mut ids: BTreeMap<(&str, &str), BTreeSet<&str>> = BTreeMap::new();
-        for e in log.iter().filter(|e| e.status == 201) {
-            if let Some(id) = &e.id {
-                ids.entry((e.kind.as_str(), e.key.as_str()))
-                    .or_default()
-                    .insert(id);
-            }
-        }
-        rows.extend(
-            ids.iter()
-                .filter(|(_, ids)| ids.len() > 1)
-                .map(|((kind, key), ids)| format!("{kind} key {key}: answered with {ids:?}")),
-        );
+        rows.extend(contradictions(log));
     }
-    verdicts.push(verdict("I3", "at most one order per idempotency key", rows));
+    verdicts.push(verdict(
+        "I3",
+        "one order and one answer per idempotency key",
+        rows,
+    ));
 
     if let Some(log) = log {
         // I4: every acknowledged order exists.
@@ -228,7 +255,8 @@ pub async fn check(
         ));
     }
 
-    // I6: quiet state — no leases left, no idle transactions, no expired holds still active.
+    // I6: quiet state — no leases left, no idle transactions, no expired holds still active,
+    // no request still in flight long after any request could be.
     let mut rows: Vec<String> = sqlx::query_scalar::<_, String>(
         r#"select format('%s hold(s) expired but still active, the oldest since %s',
                          count(*), min(expires_at))
@@ -247,6 +275,17 @@ pub async fn check(
         .fetch_all(db)
         .await?,
     );
+    rows.extend(
+        sqlx::query_scalar::<_, String>(
+            r#"select format('idempotency key %s/%s in flight since %s', scope, key, locked_at)
+                 from idempotency_keys
+                where state = 'in_flight' and locked_at < now() - make_interval(secs => $1)
+                order by locked_at"#,
+        )
+        .bind(stale_after.as_secs_f64())
+        .fetch_all(db)
+        .await?,
+    );
     if let Some(target) = redis {
         let redis = crate::locking::Redis::connect_lazy(&target.url, &target.prefix)?;
         rows.extend(
@@ -259,7 +298,7 @@ pub async fn check(
     }
     verdicts.push(verdict(
         "I6",
-        "quiet state: no leases, idle transactions or expired active holds",
+        "quiet state: no leases, idle transactions, expired active holds or stale in-flight keys",
         rows,
     ));
     Ok(verdicts)

@@ -404,7 +404,8 @@ async fn one_run(
         Some(db) => {
             // Let the last releases and sweeps land before judging the quiet state.
             tokio::time::sleep(Duration::from_millis(300)).await;
-            let verdicts = check::check(db, Some(&result.log), redis).await?;
+            let verdicts =
+                check::check(db, Some(&result.log), redis, check::default_stale_after()).await?;
             println!(
                 "\ninvariants after {strategy} ({} requests):",
                 result.requests
@@ -549,7 +550,7 @@ pub struct CheckArgs {
     pub redis_url: Option<String>,
     #[arg(long, default_value = "stockade:")]
     pub redis_prefix: String,
-    /// A client log of a run (client-log-*.jsonl) for the checks that need one (I4, I5).
+    /// A client log of a run (client-log-*.jsonl) for the checks that need one (I3–I5).
     #[arg(long)]
     pub client_log: Option<PathBuf>,
 }
@@ -581,6 +582,12 @@ pub async fn check_command(args: CheckArgs) -> anyhow::Result<bool> {
         url,
         prefix: args.redis_prefix,
     });
-    let verdicts = check::check(&db, log.as_deref(), redis.as_ref()).await?;
+    let verdicts = check::check(
+        &db,
+        log.as_deref(),
+        redis.as_ref(),
+        check::default_stale_after(),
+    )
+    .await?;
     Ok(check::print(&verdicts))
 }

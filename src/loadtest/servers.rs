@@ -7,7 +7,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill};
+use nix::sys::wait::{Id, WaitPidFlag, waitid};
 use nix::unistd::Pid;
 
 /// A running `stockade serve` child process.
@@ -89,12 +91,50 @@ impl ServerProcess {
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
     }
 
+    /// Freezes the process (SIGSTOP) and returns once it has stopped: its sockets stay open
+    /// but nothing answers, as when a machine stalls. `ESRCH` once it has been stopped.
+    pub fn pause(&self) -> nix::Result<()> {
+        let pid = self.signal(Signal::SIGSTOP)?;
+        // Signals arrive asynchronously: wait until every thread has stopped (or the
+        // process died), without reaping it.
+        waitid(
+            Id::Pid(pid),
+            WaitPidFlag::WSTOPPED | WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT,
+        )?;
+        Ok(())
+    }
+
+    /// Lets a paused process run again (SIGCONT).
+    pub fn resume(&self) -> nix::Result<()> {
+        self.signal(Signal::SIGCONT).map(drop)
+    }
+
+    /// Kills the process at once (SIGKILL), as a crash would, and waits for it: no
+    /// shutdown runs. Afterwards the process counts as stopped.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
+            let _ = child.wait();
+        }
+    }
+
+    /// Sends `signal`; returns the pid it went to.
+    fn signal(&self, signal: Signal) -> nix::Result<Pid> {
+        let child = self.child.as_ref().ok_or(Errno::ESRCH)?;
+        let pid = Pid::from_raw(child.id() as i32);
+        kill(pid, signal)?;
+        Ok(pid)
+    }
+
     /// SIGTERM, then waits for the exit (killing it after 60 s); true on a clean exit.
     pub fn stop(&mut self) -> bool {
         let Some(mut child) = self.child.take() else {
             return true;
         };
-        let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+        let pid = Pid::from_raw(child.id() as i32);
+        let _ = kill(pid, Signal::SIGTERM);
+        // A paused process would hold the SIGTERM until it runs again.
+        let _ = kill(pid, Signal::SIGCONT);
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             match child.try_wait() {

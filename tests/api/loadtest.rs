@@ -1,7 +1,9 @@
 //! The load tester and the invariant checker.
 
+use std::time::Duration;
+
 use clap::Parser;
-use stockade::loadtest::check::{RedisTarget, Verdict, check};
+use stockade::loadtest::check::{RedisTarget, Verdict, check, default_stale_after};
 use stockade::loadtest::run::LogEntry;
 use stockade::loadtest::{LoadtestArgs, run_report};
 
@@ -208,7 +210,14 @@ async fn the_checker_names_each_kind_of_violation() {
         "created",
         Some(order_id.clone()),
     )];
-    let verdicts = check(&app.db, Some(&good_log), Some(&redis)).await.unwrap();
+    let verdicts = check(
+        &app.db,
+        Some(&good_log),
+        Some(&redis),
+        default_stale_after(),
+    )
+    .await
+    .unwrap();
     assert!(failed(&verdicts).is_empty(), "{verdicts:#?}");
 
     // I3, I4, I5 from the client log alone.
@@ -236,10 +245,13 @@ async fn the_checker_names_each_kind_of_violation() {
         .execute(&app.db)
         .await
         .unwrap();
-    let verdicts = check(&app.db, Some(&bad_log), None).await.unwrap();
+    let verdicts = check(&app.db, Some(&bad_log), None, default_stale_after())
+        .await
+        .unwrap();
     assert_eq!(failed(&verdicts), ["I3", "I4", "I5"], "{verdicts:#?}");
 
-    // I6: an expired hold still active, a lease left behind, an idle transaction.
+    // I6: an expired hold still active, a lease left behind, an idle transaction, a key
+    // in flight for an hour.
     sqlx::query(
         "insert into holds (id, state, expires_at, idempotency_scope, idempotency_key) \
          values (gen_random_uuid(), 'active', now() - interval '1 minute', 't', 'stale')",
@@ -254,15 +266,28 @@ async fn the_checker_names_each_kind_of_violation() {
         .query_async(&mut conn)
         .await
         .unwrap();
+    sqlx::query(
+        "insert into idempotency_keys (scope, key, fingerprint, state, owner, locked_at) \
+         values ('api', 'abandoned', 'f', 'in_flight', gen_random_uuid(), now() - interval '1 hour')",
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
     let mut idle = app.db.begin().await.unwrap();
     sqlx::query("select 1").execute(&mut *idle).await.unwrap();
-    let verdicts = check(&app.db, None, Some(&redis)).await.unwrap();
+    let verdicts = check(&app.db, None, Some(&redis), default_stale_after())
+        .await
+        .unwrap();
     let i6 = verdicts.iter().find(|v| v.id == "I6").unwrap();
     assert!(!i6.pass);
     let rows = i6.rows.join("\n");
     assert!(rows.contains("expired but still active"), "{rows}");
     assert!(rows.contains("lease key"), "{rows}");
     assert!(rows.contains("idle in transaction"), "{rows}");
+    assert!(
+        rows.contains("idempotency key api/abandoned in flight since"),
+        "{rows}"
+    );
     idle.rollback().await.unwrap();
 
     // I1 and I2: stock changed behind the ledger's back, and more sold than supplied.
@@ -278,7 +303,9 @@ async fn the_checker_names_each_kind_of_violation() {
     .execute(&app.db)
     .await
     .unwrap();
-    let verdicts = check(&app.db, None, None).await.unwrap();
+    let verdicts = check(&app.db, None, None, default_stale_after())
+        .await
+        .unwrap();
     let failing = failed(&verdicts);
     assert!(
         failing.contains(&"I1") && failing.contains(&"I2"),
@@ -286,6 +313,118 @@ async fn the_checker_names_each_kind_of_violation() {
     );
     let i2 = verdicts.iter().find(|v| v.id == "I2").unwrap();
     assert!(i2.rows[0].contains("CHK-1: oversold by 4"), "{:?}", i2.rows);
+}
+
+/// The verdict on `id`.
+fn verdict<'a>(verdicts: &'a [Verdict], id: &str) -> &'a Verdict {
+    verdicts.iter().find(|v| v.id == id).unwrap()
+}
+
+#[tokio::test]
+async fn the_checker_fails_a_key_given_contradicting_answers_but_not_transient_ones() {
+    let db = sqlx::PgPool::connect(&fresh_database().await)
+        .await
+        .unwrap();
+    let (x, y) = (
+        Some(uuid::Uuid::new_v4().to_string()),
+        Some(uuid::Uuid::new_v4().to_string()),
+    );
+    // Retried through in-flight, busy and silence to one answer, replayed alike; a changed
+    // body refused under a used key; one sold-out answer given twice.
+    let clean = vec![
+        entry("order", "retried", 409, "in-flight", None),
+        entry("order", "retried", 503, "busy", None),
+        entry("order", "retried", 0, "no-answer", None),
+        entry("order", "retried", 201, "created", x.clone()),
+        entry("order", "retried", 201, "created", x.clone()),
+        entry("order-changed", "retried", 422, "rejected", None),
+        entry("order", "late", 409, "sold-out", None),
+        entry("order", "late", 409, "sold-out", None),
+    ];
+    let verdicts = check(&db, Some(&clean), None, default_stale_after())
+        .await
+        .unwrap();
+    assert!(verdict(&verdicts, "I3").pass, "{verdicts:#?}");
+
+    let contradicting = vec![
+        entry("order", "reused", 201, "created", x.clone()),
+        entry("order", "reused", 422, "rejected", None),
+        entry("order", "two-ids", 201, "created", x.clone()),
+        entry("order", "two-ids", 201, "created", y.clone()),
+        entry("order", "sold", 409, "sold-out", None),
+        entry("order", "sold", 201, "created", x.clone()),
+        entry("hold", "held", 201, "created", x.clone()),
+        entry("hold", "held", 404, "rejected", None),
+    ];
+    let verdicts = check(&db, Some(&contradicting), None, default_stale_after())
+        .await
+        .unwrap();
+    let i3 = verdict(&verdicts, "I3");
+    assert!(!i3.pass);
+    let (x, y) = (x.unwrap(), y.unwrap());
+    let mut two_ids = [x.clone(), y];
+    two_ids.sort();
+    assert_eq!(
+        i3.rows,
+        [
+            format!("hold key held: answered 201 {x} and 404 rejected"),
+            format!("order key reused: answered 201 {x} and 422 rejected"),
+            format!("order key sold: answered 201 {x} and 409 sold-out"),
+            format!(
+                "order key two-ids: answered 201 {} and 201 {}",
+                two_ids[0], two_ids[1]
+            ),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn the_quiet_check_fails_only_on_in_flight_keys_older_than_the_stale_window() {
+    let db = sqlx::PgPool::connect(&fresh_database().await)
+        .await
+        .unwrap();
+    let insert = |key: &'static str, state: &'static str, age_ms: i32| {
+        let db = db.clone();
+        async move {
+            sqlx::query(
+                "insert into idempotency_keys \
+                   (scope, key, fingerprint, state, owner, response_status, locked_at) \
+                 values ('api', $1, 'f', $2, gen_random_uuid(), \
+                         case when $2 = 'completed' then 201 end, \
+                         now() - make_interval(secs => $3 / 1000.0))",
+            )
+            .bind(key)
+            .bind(state)
+            .bind(age_ms)
+            .execute(&db)
+            .await
+            .unwrap();
+        }
+    };
+    // A request still working, and an old one that completed.
+    insert("working", "in_flight", 1_000).await;
+    insert("done", "completed", 3_600_000).await;
+    let i6 = |stale_after: Duration| {
+        let db = db.clone();
+        async move {
+            let verdicts = check(&db, None, None, stale_after).await.unwrap();
+            verdict(&verdicts, "I6").clone()
+        }
+    };
+    assert!(i6(default_stale_after()).await.pass);
+    // The window is the caller's: a shorter one makes the working key stale.
+    let short = i6(Duration::from_millis(500)).await;
+    assert!(!short.pass);
+    assert!(
+        short.rows[0].starts_with("idempotency key api/working in flight since"),
+        "{:?}",
+        short.rows
+    );
+
+    insert("died", "in_flight", 3_600_000).await;
+    let i6 = i6(default_stale_after()).await;
+    assert_eq!(i6.violations, 1, "{:?}", i6.rows);
+    assert!(i6.rows[0].contains("api/died"), "{:?}", i6.rows);
 }
 
 #[tokio::test]

@@ -4,6 +4,7 @@
 mod admin;
 mod browser;
 mod catalogue;
+mod faults;
 mod health;
 mod helpers;
 mod holds;

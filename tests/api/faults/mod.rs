@@ -1,0 +1,27 @@
+//! Building blocks for fault-injection tests: [`proxy::FaultProxy`], a TCP proxy that
+//! delays, swallows or resets the traffic between the application and PostgreSQL or
+//! Redis; [`terminate_backends`], which cuts a database's connections as a PostgreSQL
+//! restart or failover would; and, on `ServerProcess`, `pause`, `resume` and `kill9` for
+//! a server that stalls or crashes.
+
+pub mod proxy;
+
+mod process;
+
+use sqlx::PgExecutor;
+
+/// Terminates every client connection to `database` except the one this runs on, and
+/// waits (up to 5 s each) until they are gone; returns how many there were. Pools notice
+/// at their next use of each connection. `db` (a connection, or a pool: then its other
+/// connections to `database` go too) may be connected to any database of the server.
+pub async fn terminate_backends(db: impl PgExecutor<'_>, database: &str) -> sqlx::Result<i64> {
+    sqlx::query_scalar(
+        r#"select count(*) filter (where pg_terminate_backend(pid, 5000))
+             from pg_stat_activity
+            where datname = $1 and backend_type = 'client backend'
+              and pid <> pg_backend_pid()"#,
+    )
+    .bind(database)
+    .fetch_one(db)
+    .await
+}
