@@ -186,6 +186,11 @@ pub async fn spawn_app_with(settings: Settings) -> TestApp {
 
 /// Starts the application with a Redis server of its own, which the test may stop.
 pub async fn spawn_app_with_own_redis() -> TestApp {
+    spawn_app_with_own_redis_and(test_settings().await).await
+}
+
+/// [`spawn_app_with_own_redis`] with `settings` (whose Redis URL it replaces).
+pub async fn spawn_app_with_own_redis_and(mut settings: Settings) -> TestApp {
     let dir = servers()
         .await
         .root
@@ -193,7 +198,6 @@ pub async fn spawn_app_with_own_redis() -> TestApp {
     let redis = tokio::task::spawn_blocking(move || LocalRedis::start(&dir, None).unwrap())
         .await
         .unwrap();
-    let mut settings = test_settings().await;
     settings.redis_url = Some(redis.url());
     let mut app = spawn_app_with(settings).await;
     app.own_redis = Some(redis);

@@ -5,8 +5,10 @@
 //! a server that stalls or crashes.
 
 pub mod proxy;
+pub mod sale;
 
 mod process;
+mod scenarios;
 
 use sqlx::PgExecutor;
 
