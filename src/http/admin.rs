@@ -4,6 +4,11 @@
 //! [`require_admin`] middleware, so none can be added without the guard, and the route
 //! inventory test walks the same list. Anonymous requests are sent to the login page
 //! (pages) or answered 401 (API). Every POST carries the session's CSRF token.
+//!
+//! Every stock change (the stock forms and the stock API) is applied once per idempotency
+//! key, by `apply_once`: forms carry a key made when they are rendered, and answer 303 to
+//! a page that shows the result (`?done=<key>`), so a refresh, a double click or a resubmit
+//! from the back button replays that answer instead of changing stock again.
 
 use std::time::{Duration, Instant};
 
@@ -566,7 +571,7 @@ struct FormOutcome {
 }
 
 impl FormOutcome {
-    /// The change's answer, to be completed in `tx`.
+    /// A form's change that went through in `tx`, answered by this outcome.
     fn changed(self, tx: sqlx::Transaction<'static, sqlx::Postgres>) -> Changed {
         Changed {
             tx,
