@@ -4,8 +4,13 @@
 //! [`require_admin`] middleware, so none can be added without the guard, and the route
 //! inventory test walks the same list. Anonymous requests are sent to the login page
 //! (pages) or answered 401 (API). Every POST carries the session's CSRF token.
+//!
+//! Every stock change (the stock forms and the stock API) is applied once per idempotency
+//! key, by `apply_once`: forms carry a key made when they are rendered, and answer 303 to
+//! a page that shows the result (`?done=<key>`), so a refresh, a double click or a resubmit
+//! from the back button replays that answer instead of changing stock again.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix_web::body::MessageBody;
 use actix_web::cookie::{Cookie, SameSite};
@@ -15,6 +20,7 @@ use actix_web::middleware::{Next, from_fn};
 use actix_web::{FromRequest, HttpMessage, HttpRequest, HttpResponse, web};
 use askama::Template;
 use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::shop::TokenForm;
@@ -22,7 +28,7 @@ use super::{AppState, Chrome, csrf, detached, html, see_other};
 use crate::admin::{self, Admin, Attempt, LoginLimits};
 use crate::catalog::{self, Sku, format_cents};
 use crate::error::AppError;
-use crate::idempotency::{self, Begin, Scope, StoredResponse};
+use crate::idempotency::{self, Begin, Claim, IdempotencyKey, Scope, StoredResponse};
 use crate::inventory::db::{self as stock, Adjusted, Movement};
 use crate::orders::db::{OrderFilter, OrderSummary};
 use crate::orders::{self, Cancelled, Order};
@@ -460,6 +466,218 @@ pub async fn get_dashboard_json(
         .json(dashboard(&state).await?))
 }
 
+// ---------------------------------------------------------------- stock changes, applied once
+
+/// How long a second press of a stock form (a double click, a refresh while the first is
+/// still running) waits for the first to finish before it is answered 409.
+const SECOND_PRESS_WAIT: Duration = Duration::from_secs(2);
+
+/// A stock change that went through, and the transaction it is still open in: the
+/// idempotency record is completed in that same transaction, so the change and the record
+/// of it commit together or not at all.
+struct Changed {
+    tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    status: u16,
+    body: serde_json::Value,
+}
+
+/// What claiming a key for a stock change came to.
+enum Once {
+    /// The change ran now; this answer is stored under the key.
+    Applied(StoredResponse),
+    /// The change ran before under this key: its stored answer. Nothing ran now.
+    Replayed(StoredResponse),
+    /// The key was used before for a change with other values. Nothing ran.
+    Mismatch,
+    /// The key's first request is still running. Nothing ran.
+    InFlight,
+}
+
+/// An admin's own key space: `{admin id}:{key}`, so two admins never share a key.
+fn admin_key(admin: &Admin, key: &IdempotencyKey) -> Result<IdempotencyKey, AppError> {
+    IdempotencyKey::parse(&format!("{}:{}", admin.id, key.as_str()))
+        .map_err(|_| AppError::BadRequest("The Idempotency-Key is too long.".into()))
+}
+
+/// Runs `change` at most once per `key`, by the orders' protocol: the key is claimed, the
+/// change runs and the key is completed with its answer in the change's own transaction; a
+/// change that fails (`Err`, which is not stored) releases the key so a retry starts
+/// afresh. While the key's first request is still running, waits up to `wait` for it.
+///
+/// The outer error is the machinery's (the database), the inner one the change's. It runs
+/// as its own task, so a client that goes away leaves the key completed or released, never
+/// stuck in flight.
+async fn apply_once<E, F>(
+    state: &AppState,
+    scope: Scope,
+    key: IdempotencyKey,
+    fingerprint: &impl Serialize,
+    wait: Duration,
+    change: F,
+) -> Result<Result<Once, E>, AppError>
+where
+    E: 'static,
+    F: AsyncFnOnce(&PgPool) -> Result<Changed, E> + 'static,
+{
+    let fingerprint = idempotency::Fingerprint::of(fingerprint);
+    let stale = orders::stale_after(&state.settings);
+    let db = state.db.clone();
+    detached(async move {
+        let deadline = Instant::now() + wait;
+        let mut pause = Duration::from_millis(20);
+        let claim = loop {
+            match idempotency::begin(&db, scope, &key, &fingerprint, stale).await? {
+                Begin::Started(claim) => break claim,
+                Begin::Replay(stored) => return Ok(Ok(Once::Replayed(stored))),
+                Begin::Mismatch => return Ok(Ok(Once::Mismatch)),
+                Begin::InFlight if Instant::now() < deadline => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(200));
+                }
+                Begin::InFlight => return Ok(Ok(Once::InFlight)),
+            }
+        };
+        match change(&db).await {
+            Ok(Changed {
+                mut tx,
+                status,
+                body,
+            }) => {
+                let stored = StoredResponse { status, body };
+                if !idempotency::complete(&mut tx, &claim, &stored).await? {
+                    tx.rollback().await?;
+                    return Err(AppError::conflict(
+                        "This request was taken over by a retry.",
+                    ));
+                }
+                tx.commit().await?;
+                Ok(Ok(Once::Applied(stored)))
+            }
+            Err(e) => {
+                idempotency::abandon(&db, &claim).await?;
+                Ok(Err(e))
+            }
+        }
+    })
+    .await?
+}
+
+/// What a stock form did, stored under the form's key: the page that shows the result, and
+/// the notice it shows there.
+#[derive(Debug, Serialize, Deserialize)]
+struct FormOutcome {
+    page: String,
+    notice: String,
+}
+
+impl FormOutcome {
+    /// A form's change that went through in `tx`, answered by this outcome.
+    fn changed(self, tx: sqlx::Transaction<'static, sqlx::Postgres>) -> Changed {
+        Changed {
+            tx,
+            status: StatusCode::SEE_OTHER.as_u16(),
+            body: serde_json::to_value(self).expect("a form outcome is plain JSON"),
+        }
+    }
+}
+
+/// A fresh key for a stock form being rendered.
+fn new_form_key() -> String {
+    IdempotencyKey::generate().as_str().to_string()
+}
+
+/// The hidden key a stock form carries (made when the form was rendered).
+fn form_key(raw: &str) -> Result<IdempotencyKey, AppError> {
+    IdempotencyKey::parse(raw).map_err(|_| {
+        AppError::BadRequest(
+            "This form is out of date or damaged; reload the page and submit it again.".into(),
+        )
+    })
+}
+
+/// Runs a stock form's change once per form key (and admin), and answers post/redirect/get:
+/// 303 to the page that shows the result, the first time and for every replay of the same
+/// form (a refresh, a double click, going back and submitting again); 422 when the key
+/// comes back with other values; 409 while its first request is still running.
+async fn apply_form<E, F>(
+    state: &AppState,
+    admin: &Admin,
+    key: &IdempotencyKey,
+    fingerprint: &impl Serialize,
+    change: F,
+) -> Result<Result<HttpResponse, E>, AppError>
+where
+    E: 'static,
+    F: AsyncFnOnce(&PgPool) -> Result<Changed, E> + 'static,
+{
+    let scoped = admin_key(admin, key)?;
+    let once = apply_once(
+        state,
+        Scope::AdminForm,
+        scoped,
+        fingerprint,
+        SECOND_PRESS_WAIT,
+        change,
+    )
+    .await?;
+    let stored = match once {
+        Err(e) => return Ok(Err(e)),
+        Ok(Once::Applied(stored) | Once::Replayed(stored)) => stored,
+        Ok(Once::Mismatch) => {
+            return Err(AppError::Unprocessable(
+                "This form was already submitted with other values, so these were not \
+                 applied and nothing changed. Open the page again for a fresh form."
+                    .into(),
+            ));
+        }
+        Ok(Once::InFlight) => {
+            return Err(AppError::Conflict {
+                message: "This form was sent twice and the first is still being applied; \
+                          nothing was done twice. Reload the page in a moment to see the result."
+                    .into(),
+                retry_after: Some(1),
+                details: None,
+            });
+        }
+    };
+    let outcome: FormOutcome =
+        serde_json::from_value(stored.body).map_err(|e| AppError::Internal(e.into()))?;
+    let done = crate::error::percent_encode(key.as_str());
+    Ok(Ok(see_other(&format!("{}?done={done}", outcome.page))))
+}
+
+/// `?done=<form key>` on a page a stock form redirected to.
+#[derive(Deserialize)]
+pub struct DoneQuery {
+    done: Option<String>,
+}
+
+/// The notice of this admin's stock form `done`, if it was applied and shows on `page`.
+async fn done_notice(
+    state: &AppState,
+    admin: &Admin,
+    page: &str,
+    done: Option<&str>,
+) -> Result<Option<String>, AppError> {
+    let Some(key) = done.and_then(|raw| IdempotencyKey::parse(raw).ok()) else {
+        return Ok(None);
+    };
+    let Ok(key) = admin_key(admin, &key) else {
+        return Ok(None);
+    };
+    // `completed` looks a record up by scope and key; the owner plays no part.
+    let claim = Claim {
+        scope: Scope::AdminForm,
+        key,
+        owner: Uuid::nil(),
+    };
+    let stored = idempotency::completed(&state.db, &claim).await?;
+    Ok(stored
+        .and_then(|s| serde_json::from_value::<FormOutcome>(s.body).ok())
+        .filter(|outcome| outcome.page == page)
+        .map(|outcome| outcome.notice))
+}
+
 // ---------------------------------------------------------------- products
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -552,6 +770,9 @@ struct ProductPage {
     notice: Option<(String, bool)>,
     /// Another admin's or a shopper's change moved stock under this form.
     moved: Option<i32>,
+    /// Fresh idempotency keys for the "add units" and "set the count" forms.
+    restock_key: String,
+    adjust_key: String,
 }
 
 async fn load_product(state: &AppState, raw: &str) -> Result<ProductRow, AppError> {
@@ -582,6 +803,8 @@ pub async fn get_new_product(req: HttpRequest, admin: Admin) -> Result<HttpRespo
         is_new: true,
         notice: None,
         moved: None,
+        restock_key: new_form_key(),
+        adjust_key: new_form_key(),
     };
     html(StatusCode::OK, &page)
 }
@@ -663,6 +886,8 @@ pub async fn post_products(
             is_new: true,
             notice: Some((crate::error::sentence(&message), true)),
             moved: None,
+            restock_key: new_form_key(),
+            adjust_key: new_form_key(),
         };
         html(StatusCode::UNPROCESSABLE_ENTITY, &page)
     };
@@ -700,18 +925,25 @@ pub async fn post_products(
     Ok(see_other(&format!("/admin/products/{sku}")))
 }
 
+/// A product, with its stock forms; after one of them, `?done=<key>` shows what it did.
 pub async fn get_product(
     req: HttpRequest,
     admin: Admin,
     state: web::Data<AppState>,
     path: web::Path<String>,
+    query: web::Query<DoneQuery>,
 ) -> Result<HttpResponse, AppError> {
+    let product = load_product(&state, &path).await?;
+    let page = format!("/admin/products/{}", product.sku);
+    let notice = done_notice(&state, &admin, &page, query.done.as_deref()).await?;
     let page = ProductPage {
         chrome: page_chrome(&req, &admin),
-        product: load_product(&state, &path).await?,
+        product,
         is_new: false,
-        notice: None,
+        notice: notice.map(|n| (n, false)),
         moved: None,
+        restock_key: new_form_key(),
+        adjust_key: new_form_key(),
     };
     html(StatusCode::OK, &page)
 }
@@ -735,6 +967,8 @@ pub async fn post_product(
                 is_new: false,
                 notice: Some((crate::error::sentence(&message), true)),
                 moved: None,
+                restock_key: new_form_key(),
+                adjust_key: new_form_key(),
             };
             html(StatusCode::UNPROCESSABLE_ENTITY, &page)
         }
@@ -758,6 +992,8 @@ pub async fn post_product(
 pub struct StockForm {
     #[serde(default)]
     csrf: String,
+    #[serde(default)]
+    key: String,
     #[serde(default)]
     units: String,
     #[serde(default)]
@@ -810,11 +1046,13 @@ async fn product_notice(
         is_new: false,
         notice: Some(notice),
         moved,
+        restock_key: new_form_key(),
+        adjust_key: new_form_key(),
     };
     html(status, &page)
 }
 
-/// "Add N units": a delta, which never conflicts with sales.
+/// "Add N units": a delta, which never conflicts with sales. Applied once per form.
 pub async fn post_restock(
     req: HttpRequest,
     admin: Admin,
@@ -823,6 +1061,7 @@ pub async fn post_restock(
     form: web::Form<StockForm>,
 ) -> Result<HttpResponse, AppError> {
     csrf::check_admin(&admin, &form.csrf)?;
+    let key = form_key(&form.key)?;
     let product = load_product(&state, &path).await?;
     let checked = whole(&form.units, "Units to add", 1, 10_000_000)
         .and_then(|units| Ok((units, reason_of(&form.reason)?)));
@@ -843,27 +1082,31 @@ pub async fn post_restock(
         }
     };
     let sku = Sku::parse(&product.sku).expect("stored SKUs are valid");
-    let mut tx = state.db.begin().await?;
-    let on_hand = stock::restock(&mut tx, &sku, units, &reason, &admin.username).await?;
-    tx.commit().await?;
-    state.redis.clear_sold_out(&sku).await;
-    let notice = (
-        format!("Added {units} units; {on_hand} on hand now."),
-        false,
-    );
-    product_notice(
-        &req,
-        &admin,
+    let fingerprint = ("restock", sku.as_str(), units, reason.clone());
+    let (restocked, actor) = (sku.clone(), admin.username.clone());
+    let answer = apply_form(
         &state,
-        &product.sku,
-        StatusCode::OK,
-        notice,
-        None,
+        &admin,
+        &key,
+        &fingerprint,
+        async move |db: &PgPool| -> Result<Changed, AppError> {
+            let mut tx = db.begin().await?;
+            let on_hand = stock::restock(&mut tx, &restocked, units, &reason, &actor).await?;
+            let outcome = FormOutcome {
+                page: format!("/admin/products/{restocked}"),
+                notice: format!("Added {units} units; {on_hand} on hand now."),
+            };
+            Ok(outcome.changed(tx))
+        },
     )
-    .await
+    .await??;
+    state.redis.clear_sold_out(&sku).await;
+    Ok(answer)
 }
 
 /// "Set the count to N": compare-and-set against the count the form was rendered with.
+/// Applied once per form; when stock moved under the form, nothing is applied and the
+/// form comes back (409) with the new figure.
 pub async fn post_adjust(
     req: HttpRequest,
     admin: Admin,
@@ -872,6 +1115,7 @@ pub async fn post_adjust(
     form: web::Form<StockForm>,
 ) -> Result<HttpResponse, AppError> {
     csrf::check_admin(&admin, &form.csrf)?;
+    let key = form_key(&form.key)?;
     let product = load_product(&state, &path).await?;
     let checked = (|| {
         let expected = whole(&form.expected, "The count the form showed", 0, i32::MAX)?;
@@ -895,40 +1139,76 @@ pub async fn post_adjust(
         }
     };
     let sku = Sku::parse(&product.sku).expect("stored SKUs are valid");
-    let mut tx = state.db.begin().await?;
-    let outcome = stock::adjust(&mut tx, &sku, expected, new, &reason, &admin.username).await?;
-    tx.commit().await?;
-    let (status, notice, moved) = match outcome {
-        Adjusted::Done => {
+    let fingerprint = ("adjust", sku.as_str(), expected, new, reason.clone());
+    let (adjusted, actor) = (sku.clone(), admin.username.clone());
+    let answer = apply_form(
+        &state,
+        &admin,
+        &key,
+        &fingerprint,
+        async move |db: &PgPool| -> Result<Changed, NotSet> {
+            let mut tx = db.begin().await.map_err(AppError::from)?;
+            let outcome = stock::adjust(&mut tx, &adjusted, expected, new, &reason, &actor)
+                .await
+                .map_err(AppError::from)?;
+            match outcome {
+                Adjusted::Done => {
+                    let outcome = FormOutcome {
+                        page: format!("/admin/products/{adjusted}"),
+                        notice: format!("On hand set to {new}."),
+                    };
+                    Ok(outcome.changed(tx))
+                }
+                Adjusted::Moved { on_hand } => Err(NotSet::Moved { on_hand }),
+                Adjusted::BelowReserved { reserved } => Err(NotSet::BelowReserved { reserved }),
+            }
+        },
+    )
+    .await?;
+    let (notice, moved) = match answer {
+        Ok(answer) => {
             state.redis.clear_sold_out(&sku).await;
-            (
-                StatusCode::OK,
-                (format!("On hand set to {new}."), false),
-                None,
-            )
+            return Ok(answer);
         }
-        Adjusted::Moved { on_hand } => (
-            StatusCode::CONFLICT,
-            (
-                format!(
-                    "Stock moved while you were counting: the form showed {expected} on hand, \
-                     now there are {on_hand}. Nothing was changed; check the new figure and \
-                     submit again."
-                ),
-                true,
+        Err(NotSet::Failed(e)) => return Err(e),
+        Err(NotSet::Moved { on_hand }) => (
+            format!(
+                "Stock moved while you were counting: the form showed {expected} on hand, \
+                 now there are {on_hand}. Nothing was changed; check the new figure and \
+                 submit again."
             ),
             Some(on_hand),
         ),
-        Adjusted::BelowReserved { reserved } => (
-            StatusCode::CONFLICT,
-            (
-                format!("{reserved} units are held in checkouts; the count cannot go below that."),
-                true,
-            ),
+        Err(NotSet::BelowReserved { reserved }) => (
+            format!("{reserved} units are held in checkouts; the count cannot go below that."),
             None,
         ),
     };
-    product_notice(&req, &admin, &state, &product.sku, status, notice, moved).await
+    let notice = (notice, true);
+    product_notice(
+        &req,
+        &admin,
+        &state,
+        &product.sku,
+        StatusCode::CONFLICT,
+        notice,
+        moved,
+    )
+    .await
+}
+
+/// Why a count was not set: stock moved under the form (nothing changed, nothing stored
+/// under the key, so the same form may be sent again), or an error.
+enum NotSet {
+    Moved { on_hand: i32 },
+    BelowReserved { reserved: i32 },
+    Failed(AppError),
+}
+
+impl From<AppError> for NotSet {
+    fn from(e: AppError) -> Self {
+        Self::Failed(e)
+    }
 }
 
 #[derive(Template)]
@@ -1084,7 +1364,9 @@ pub async fn get_orders(
 struct OrderPage {
     chrome: Chrome,
     order: Order,
-    notice: Option<(String, bool)>,
+    notice: Option<String>,
+    /// A fresh idempotency key for the cancel form.
+    cancel_key: String,
 }
 
 async fn load_order(state: &AppState, raw: &str) -> Result<Order, AppError> {
@@ -1095,107 +1377,138 @@ async fn load_order(state: &AppState, raw: &str) -> Result<Order, AppError> {
         .ok_or_else(not_found)
 }
 
+/// An order, with its cancel form; after cancelling, `?done=<key>` shows what it did.
 pub async fn get_order(
     req: HttpRequest,
     admin: Admin,
     state: web::Data<AppState>,
     path: web::Path<String>,
+    query: web::Query<DoneQuery>,
 ) -> Result<HttpResponse, AppError> {
+    let order = load_order(&state, &path).await?;
+    let page = format!("/admin/orders/{}", order.id);
     let page = OrderPage {
         chrome: page_chrome(&req, &admin),
-        order: load_order(&state, &path).await?,
-        notice: None,
+        notice: done_notice(&state, &admin, &page, query.done.as_deref()).await?,
+        order,
+        cancel_key: new_form_key(),
     };
     html(StatusCode::OK, &page)
 }
 
+/// The forms that act on one thing (cancel an order, release a hold).
+#[derive(Deserialize)]
+pub struct ActionForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    key: String,
+}
+
+/// Cancels an order (its units come back through `cancel` ledger rows). Applied once per
+/// form; cancelling an order that is already cancelled changes nothing and says so.
 pub async fn post_cancel(
-    req: HttpRequest,
     admin: Admin,
     state: web::Data<AppState>,
     path: web::Path<String>,
-    form: web::Form<TokenForm>,
+    form: web::Form<ActionForm>,
 ) -> Result<HttpResponse, AppError> {
     csrf::check_admin(&admin, &form.csrf)?;
+    let key = form_key(&form.key)?;
     let order = load_order(&state, &path).await?;
-    let (db, actor, id) = (state.db.clone(), admin.username.clone(), order.id);
-    let outcome =
-        detached(async move { orders::cancel(&db, id, &actor, "cancelled by an admin").await })
-            .await??;
-    let notice = match outcome {
-        Some(Cancelled::Now) => {
-            for line in &order.lines {
-                state.redis.clear_sold_out(&line.sku()).await;
-            }
-            (
-                "Order cancelled; its units are back in stock.".to_string(),
-                false,
-            )
-        }
-        Some(Cancelled::Already) => (
-            "This order was already cancelled; nothing changed.".into(),
-            false,
-        ),
-        None => return Err(AppError::not_found("No such order.")),
-    };
-    let page = OrderPage {
-        chrome: page_chrome(&req, &admin),
-        order: load_order(&state, &path).await?,
-        notice: Some(notice),
-    };
-    html(StatusCode::OK, &page)
+    let shared = state.clone().into_inner();
+    let actor = admin.username.clone();
+    apply_form(
+        &state,
+        &admin,
+        &key,
+        &("cancel", order.id),
+        async move |db: &PgPool| -> Result<Changed, AppError> {
+            // The cancel commits on its own, and only once per order however often it is
+            // asked (it locks the order and checks its status); the key is completed just
+            // after, so a retry that finds the key stale and takes it over is told
+            // "already cancelled".
+            let notice = match orders::cancel(db, order.id, &actor, "cancelled by an admin").await?
+            {
+                Some(Cancelled::Now) => {
+                    for line in &order.lines {
+                        shared.redis.clear_sold_out(&line.sku()).await;
+                    }
+                    "Order cancelled; its units are back in stock."
+                }
+                Some(Cancelled::Already) => "This order was already cancelled; nothing changed.",
+                None => return Err(AppError::not_found("No such order.")),
+            };
+            let outcome = FormOutcome {
+                page: format!("/admin/orders/{}", order.id),
+                notice: notice.into(),
+            };
+            Ok(outcome.changed(db.begin().await?))
+        },
+    )
+    .await?
 }
 
 #[derive(Template)]
 #[template(path = "admin/holds.html")]
 struct HoldsPage {
     chrome: Chrome,
-    holds: Vec<crate::holds::Hold>,
+    /// Each active hold, with a fresh idempotency key for its release form.
+    holds: Vec<(crate::holds::Hold, String)>,
     notice: Option<String>,
 }
 
+/// The active holds; after a release, `?done=<key>` shows what it did.
 pub async fn get_holds(
     req: HttpRequest,
     admin: Admin,
     state: web::Data<AppState>,
+    query: web::Query<DoneQuery>,
 ) -> Result<HttpResponse, AppError> {
+    let holds = crate::holds::db::active_holds(&state.db, 200).await?;
     let page = HoldsPage {
         chrome: page_chrome(&req, &admin),
-        holds: crate::holds::db::active_holds(&state.db, 200).await?,
-        notice: None,
+        holds: holds.into_iter().map(|h| (h, new_form_key())).collect(),
+        notice: done_notice(&state, &admin, "/admin/holds", query.done.as_deref()).await?,
     };
     html(StatusCode::OK, &page)
 }
 
+/// Releases a checkout hold: its units go back on sale at once. Applied once per form.
 pub async fn post_release_hold(
-    req: HttpRequest,
     admin: Admin,
     state: web::Data<AppState>,
     path: web::Path<String>,
-    form: web::Form<TokenForm>,
+    form: web::Form<ActionForm>,
 ) -> Result<HttpResponse, AppError> {
     csrf::check_admin(&admin, &form.csrf)?;
+    let key = form_key(&form.key)?;
     let id = Uuid::parse_str(&path).map_err(|_| AppError::not_found("No such hold."))?;
     let shared = state.clone().into_inner();
     let actor = admin.username.clone();
-    let released = detached(async move {
-        crate::holds::release(&shared.db, Some(&shared.redis), id, &actor).await
-    })
-    .await?;
-    let notice = match released {
-        Ok(crate::holds::Released::Now) => "Hold released; its units are back on sale.",
-        Ok(crate::holds::Released::Already) => "That hold was already released.",
-        Err(crate::holds::HoldError::AlreadyConfirmed(_)) => {
-            "That hold has already become an order."
-        }
-        Err(e) => return Err(e.into()),
-    };
-    let page = HoldsPage {
-        chrome: page_chrome(&req, &admin),
-        holds: crate::holds::db::active_holds(&state.db, 200).await?,
-        notice: Some(notice.into()),
-    };
-    html(StatusCode::OK, &page)
+    apply_form(
+        &state,
+        &admin,
+        &key,
+        &("release", id),
+        async move |db: &PgPool| -> Result<Changed, AppError> {
+            // Like a cancel: the release commits on its own and happens once per hold;
+            // the key is completed just after.
+            use crate::holds::{HoldError, Released};
+            let notice = match crate::holds::release(db, Some(&shared.redis), id, &actor).await {
+                Ok(Released::Now) => "Hold released; its units are back on sale.",
+                Ok(Released::Already) => "That hold was already released.",
+                Err(HoldError::AlreadyConfirmed(_)) => "That hold has already become an order.",
+                Err(e) => return Err(e.into()),
+            };
+            let outcome = FormOutcome {
+                page: "/admin/holds".into(),
+                notice: notice.into(),
+            };
+            Ok(outcome.changed(db.begin().await?))
+        },
+    )
+    .await?
 }
 
 // ---------------------------------------------------------------- admin JSON API
@@ -1223,63 +1536,25 @@ fn check_api_csrf(req: &HttpRequest, admin: &Admin) -> Result<(), AppError> {
     csrf::check_admin(admin, token)
 }
 
-/// Runs a stock change under an `Idempotency-Key` (scoped to the admin): a retry gets the
-/// first answer back. It runs as its own task, so a client that goes away leaves the key
-/// completed or released, never stuck in flight.
-async fn idempotent_stock_change<F>(
-    req: &HttpRequest,
-    state: &AppState,
-    admin: &Admin,
-    fingerprint: &impl Serialize,
-    change: F,
-) -> Result<HttpResponse, AppError>
-where
-    F: AsyncFnOnce(&mut sqlx::PgConnection) -> Result<(u16, serde_json::Value), AppError> + 'static,
-{
-    let key = super::api::idempotency_key(req)?;
-    let key = idempotency::IdempotencyKey::parse(&format!("{}:{}", admin.id, key.as_str()))
-        .map_err(|_| AppError::BadRequest("The Idempotency-Key is too long.".into()))?;
-    let fingerprint = idempotency::Fingerprint::of(fingerprint);
-    let stale = orders::stale_after(&state.settings);
-    let db = state.db.clone();
-    let (stored, replayed) = detached(async move {
-        let claim = match idempotency::begin(&db, Scope::Admin, &key, &fingerprint, stale).await? {
-            Begin::Started(claim) => claim,
-            Begin::Replay(stored) => return Ok((stored, true)),
-            Begin::Mismatch => {
-                return Err(AppError::Unprocessable(
-                    "This Idempotency-Key was already used for a different request.".into(),
-                ));
-            }
-            Begin::InFlight => {
-                return Err(AppError::Conflict {
-                    message: "A request with this Idempotency-Key is still being processed.".into(),
-                    retry_after: Some(1),
-                    details: None,
-                });
-            }
-        };
-        let mut tx = db.begin().await?;
-        match change(&mut tx).await {
-            Ok((status, body)) => {
-                let stored = StoredResponse { status, body };
-                if !idempotency::complete(&mut tx, &claim, &stored).await? {
-                    tx.rollback().await?;
-                    return Err(AppError::conflict(
-                        "This request was taken over by a retry.",
-                    ));
-                }
-                tx.commit().await?;
-                Ok((stored, false))
-            }
-            Err(e) => {
-                tx.rollback().await?;
-                idempotency::abandon(&db, &claim).await?;
-                Err(e)
-            }
+/// The admin API's answer to a stock change under an `Idempotency-Key`: the stored JSON,
+/// the first time and (marked replayed) for every retry.
+fn api_answer(once: Once) -> Result<HttpResponse, AppError> {
+    let (stored, replayed) = match once {
+        Once::Applied(stored) => (stored, false),
+        Once::Replayed(stored) => (stored, true),
+        Once::Mismatch => {
+            return Err(AppError::Unprocessable(
+                "This Idempotency-Key was already used for a different request.".into(),
+            ));
         }
-    })
-    .await??;
+        Once::InFlight => {
+            return Err(AppError::Conflict {
+                message: "A request with this Idempotency-Key is still being processed.".into(),
+                retry_after: Some(1),
+                details: None,
+            });
+        }
+    };
     let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
     let mut res = HttpResponse::build(status);
     if replayed {
@@ -1308,16 +1583,30 @@ pub async fn post_api_restock(
     }
     let reason = reason_of(&body.reason)?;
     let fingerprint = ("restock", sku.as_str(), body.units, reason.clone());
+    let key = admin_key(&admin, &super::api::idempotency_key(&req)?)?;
     let (units, actor) = (body.units, admin.username.clone());
     let restocked = sku.clone();
-    let response = idempotent_stock_change(&req, &state, &admin, &fingerprint, async move |conn| {
-        let sku = restocked;
-        let on_hand = stock::restock(conn, &sku, units, &reason, &actor).await?;
-        Ok((200, serde_json::json!({"sku": sku, "on_hand": on_hand})))
-    })
-    .await?;
+    let once = apply_once(
+        &state,
+        Scope::Admin,
+        key,
+        &fingerprint,
+        Duration::ZERO,
+        async move |db: &PgPool| -> Result<Changed, AppError> {
+            let sku = restocked;
+            let mut tx = db.begin().await?;
+            let on_hand = stock::restock(&mut tx, &sku, units, &reason, &actor).await?;
+            let body = serde_json::json!({"sku": sku, "on_hand": on_hand});
+            Ok(Changed {
+                tx,
+                status: 200,
+                body,
+            })
+        },
+    )
+    .await??;
     state.redis.clear_sold_out(&sku).await;
-    Ok(response)
+    api_answer(once)
 }
 
 pub async fn post_api_adjust(
@@ -1346,27 +1635,46 @@ pub async fn post_api_adjust(
         body.on_hand,
         reason.clone(),
     );
+    let key = admin_key(&admin, &super::api::idempotency_key(&req)?)?;
     let (expected, new, actor) = (body.expected_on_hand, body.on_hand, admin.username.clone());
     let adjusted = sku.clone();
-    let response = idempotent_stock_change(&req, &state, &admin, &fingerprint, async move |conn| {
-        let sku = adjusted;
-        match stock::adjust(conn, &sku, expected, new, &reason, &actor).await? {
-            Adjusted::Done => Ok((200, serde_json::json!({"sku": sku, "on_hand": new}))),
-            Adjusted::Moved { on_hand } => Err(AppError::Conflict {
-                message: format!(
-                    "Stock moved: expected {expected} on hand, but there are {on_hand}; nothing was changed."
-                ),
-                retry_after: None,
-                details: Some(serde_json::json!({"on_hand": on_hand})),
-            }),
-            Adjusted::BelowReserved { reserved } => Err(AppError::Conflict {
-                message: format!("{reserved} units are held in checkouts; on_hand cannot go below that."),
-                retry_after: None,
-                details: Some(serde_json::json!({"reserved": reserved})),
-            }),
-        }
-    })
-    .await?;
+    let once = apply_once(
+        &state,
+        Scope::Admin,
+        key,
+        &fingerprint,
+        Duration::ZERO,
+        async move |db: &PgPool| -> Result<Changed, AppError> {
+            let sku = adjusted;
+            let mut tx = db.begin().await?;
+            match stock::adjust(&mut tx, &sku, expected, new, &reason, &actor).await? {
+                Adjusted::Done => {
+                    let body = serde_json::json!({"sku": sku, "on_hand": new});
+                    Ok(Changed {
+                        tx,
+                        status: 200,
+                        body,
+                    })
+                }
+                Adjusted::Moved { on_hand } => Err(AppError::Conflict {
+                    message: format!(
+                        "Stock moved: expected {expected} on hand, but there are {on_hand}; \
+                         nothing was changed."
+                    ),
+                    retry_after: None,
+                    details: Some(serde_json::json!({"on_hand": on_hand})),
+                }),
+                Adjusted::BelowReserved { reserved } => Err(AppError::Conflict {
+                    message: format!(
+                        "{reserved} units are held in checkouts; on_hand cannot go below that."
+                    ),
+                    retry_after: None,
+                    details: Some(serde_json::json!({"reserved": reserved})),
+                }),
+            }
+        },
+    )
+    .await??;
     state.redis.clear_sold_out(&sku).await;
-    Ok(response)
+    api_answer(once)
 }

@@ -69,6 +69,8 @@ pub enum Scope {
     Page,
     /// Admin stock changes through the API.
     Admin,
+    /// Admin stock-changing forms (their stored answer is a page to redirect to, not JSON).
+    AdminForm,
 }
 
 impl Scope {
@@ -78,6 +80,7 @@ impl Scope {
             Self::ApiHold => "api-hold",
             Self::Page => "page",
             Self::Admin => "admin",
+            Self::AdminForm => "admin-form",
         }
     }
 }

@@ -694,3 +694,127 @@ async fn an_admin_watches_a_flash_sale_live_on_the_dashboard() {
     assert_eq!(shown, on_hand.to_string(), "and settled on the truth");
     b.close().await.unwrap();
 }
+
+/// Fills in the "add units" form on the page the browser is on (whatever it held before)
+/// and returns the form's idempotency key.
+async fn fill_restock(b: &fantoccini::Client, units: &str, reason: &str) -> String {
+    for (id, text) in [("units", units), ("restock-reason", reason)] {
+        let field = b.find(Locator::Id(id)).await.unwrap();
+        field.clear().await.unwrap();
+        field.send_keys(text).await.unwrap();
+    }
+    b.find(Locator::Css(
+        "form[action$=\"/restock\"] input[name=\"key\"]",
+    ))
+    .await
+    .unwrap()
+    .attr("value")
+    .await
+    .unwrap()
+    .expect("the form carries a key")
+}
+
+/// The notice on the page, once there is one.
+async fn notice(b: &fantoccini::Client) -> String {
+    b.wait()
+        .for_element(Locator::Id("notice"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn an_admin_restock_refreshed_resubmitted_and_double_clicked_adds_once_per_intended_submit() {
+    let app = spawn_app().await;
+    app.add_product("FORM-1", "Restocked by hand", 1_000, 65)
+        .await;
+    stockade::admin::create_admin(
+        &app.db,
+        crate::helpers::ADMIN_USER,
+        crate::helpers::ADMIN_PASSWORD,
+    )
+    .await
+    .unwrap();
+    let restocks = "select count(*) from stock_movements where reason = 'restock'";
+    let b = browser().await;
+    b.goto(&app.url("/admin/products/FORM-1")).await.unwrap();
+    log_in(&b).await;
+    b.wait().for_element(Locator::Id("restock")).await.unwrap();
+
+    // One submit: 303 to the product page, which says what was done.
+    let key = fill_restock(&b, "5", "Delivery").await;
+    b.find(Locator::Id("restock"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert_eq!(notice(&b).await, "Added 5 units; 70 on hand now.");
+    let result = b.current_url().await.unwrap();
+    assert_eq!(result.path(), "/admin/products/FORM-1");
+    assert_eq!(result.query(), Some(format!("done={key}").as_str()));
+    assert_eq!(app.stock("FORM-1").await, (70, 0));
+
+    // Reloading the result page shows the result again and adds nothing.
+    b.refresh().await.unwrap();
+    assert_eq!(notice(&b).await, "Added 5 units; 70 on hand now.");
+    assert_eq!(app.stock("FORM-1").await, (70, 0));
+
+    // Back to the form that was sent, and send it again: the same result, nothing added.
+    b.back().await.unwrap();
+    b.wait().for_element(Locator::Id("restock")).await.unwrap();
+    assert_eq!(
+        fill_restock(&b, "5", "Delivery").await,
+        key,
+        "back shows the form that was sent"
+    );
+    b.find(Locator::Id("restock"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    b.wait().for_url(&result).await.unwrap();
+    assert_eq!(notice(&b).await, "Added 5 units; 70 on hand now.");
+    assert_eq!(app.stock("FORM-1").await, (70, 0));
+    assert_eq!(app.count(restocks).await, 1);
+
+    // A second delivery, double-clicked while the first click is still being applied (the
+    // test holds the stock row, so the first request waits): the units are added once.
+    let second = fill_restock(&b, "5", "Second delivery").await;
+    assert_ne!(second, key, "the result page carries a fresh form");
+    let mut lock = app.db.begin().await.unwrap();
+    sqlx::query("select on_hand from stock where sku = 'FORM-1' for update")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let double_click = b.execute(
+        "const b = document.getElementById('restock'); b.click(); setTimeout(() => b.click(), 150);",
+        vec![],
+    );
+    let release = async {
+        while app
+            .count("select count(*) from idempotency_keys where state = 'in_flight'")
+            .await
+            == 0
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        // The second click's request arrives meanwhile and waits for the first.
+        tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+        lock.rollback().await.unwrap();
+    };
+    let (clicked, ()) = tokio::join!(double_click, release);
+    clicked.unwrap();
+    let second_result = result
+        .join(&format!("/admin/products/FORM-1?done={second}"))
+        .unwrap();
+    b.wait().for_url(&second_result).await.unwrap();
+    assert_eq!(notice(&b).await, "Added 5 units; 75 on hand now.");
+    assert_eq!(app.stock("FORM-1").await, (75, 0));
+    assert_eq!(app.count(restocks).await, 2);
+    app.assert_invariants().await;
+    b.close().await.unwrap();
+}
