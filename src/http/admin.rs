@@ -28,7 +28,7 @@ use super::{AppState, Chrome, csrf, detached, html, see_other};
 use crate::admin::{self, Admin, Attempt, LoginLimits};
 use crate::catalog::{self, Sku, format_cents};
 use crate::error::AppError;
-use crate::idempotency::{self, Begin, Claim, IdempotencyKey, Scope, StoredResponse};
+use crate::idempotency::{self, Begin, IdempotencyKey, Scope, StoredResponse};
 use crate::inventory::db::{self as stock, Adjusted, Movement};
 use crate::orders::db::{OrderFilter, OrderSummary};
 use crate::orders::{self, Cancelled, Order};
@@ -665,13 +665,7 @@ async fn done_notice(
     let Ok(key) = admin_key(admin, &key) else {
         return Ok(None);
     };
-    // `completed` looks a record up by scope and key; the owner plays no part.
-    let claim = Claim {
-        scope: Scope::AdminForm,
-        key,
-        owner: Uuid::nil(),
-    };
-    let stored = idempotency::completed(&state.db, &claim).await?;
+    let stored = idempotency::stored(&state.db, Scope::AdminForm, &key).await?;
     Ok(stored
         .and_then(|s| serde_json::from_value::<FormOutcome>(s.body).ok())
         .filter(|outcome| outcome.page == page)

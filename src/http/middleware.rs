@@ -88,7 +88,10 @@ pub async fn around_request(
     let route = res.request().match_pattern().unwrap_or_default();
     let latency_ms = started.elapsed().as_secs_f64() * 1e3;
     span.in_scope(|| {
-        if status >= 500 {
+        if status == 503 {
+            // Shed or cut off: expected under overload and faults, and said to the client.
+            tracing::warn!(status, route, latency_ms, cause, "request refused for now");
+        } else if status >= 500 {
             tracing::error!(status, route, latency_ms, cause, "request failed");
         } else {
             tracing::info!(status, route, latency_ms, "request finished");

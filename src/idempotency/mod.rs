@@ -284,6 +284,27 @@ pub async fn settled(pool: &PgPool, claim: &Claim) -> sqlx::Result<Settled> {
     })
 }
 
+/// The response stored under a completed key, whatever request it answered (for pages
+/// that show the outcome of a form by its key).
+pub async fn stored(
+    pool: &PgPool,
+    scope: Scope,
+    key: &IdempotencyKey,
+) -> sqlx::Result<Option<StoredResponse>> {
+    let row: Option<(i16, serde_json::Value)> = sqlx::query_as(
+        r#"select response_status, response_body from idempotency_keys
+            where scope = $1 and key = $2 and state = 'completed'"#,
+    )
+    .bind(scope.as_str())
+    .bind(key.as_str())
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.map(|(status, body)| StoredResponse {
+        status: status as u16,
+        body,
+    }))
+}
+
 /// A claim that is abandoned unless its request completes it: dropping the guard (an
 /// error, or the request cut off by its budget) releases the key in the background,
 /// retrying while the database is unreachable, so a retry is not kept waiting for the

@@ -203,11 +203,14 @@ async fn place(
     // Not a decided outcome: free the key so a retry starts afresh. A committed order
     // has completed the record, which this leaves alone.
     guard.release().await;
-    if matches!(error, OrderError::TimedOut | OrderError::Database(_))
-        && let Ok(Settled::Completed(stored)) = idempotency::settled(deps.db, &claim).await
+    if matches!(
+        error,
+        OrderError::TimedOut | OrderError::Database(_) | OrderError::Busy
+    ) && let Ok(Settled::Completed(stored)) = idempotency::settled(deps.db, &claim).await
     {
         // The transaction committed after all (the timeout fired during COMMIT, or the
-        // connection broke after it): answer with what it did.
+        // connection broke after it), or a retry that took the key over while this
+        // request stalled placed it: answer with what was done.
         return replay(deps, stored, intent).await;
     }
     Err(error)
