@@ -67,7 +67,7 @@ struct ServeArgs {
     #[arg(long)]
     data_dir: Option<PathBuf>,
     /// Order strategy (overrides STOCKADE_ORDER_STRATEGY).
-    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(["redis-lock", "pg-atomic", "naive-unsafe"]))]
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(["redis-lock", "pg-atomic", "batched", "naive-unsafe"]))]
     strategy: Option<String>,
     /// Allow the naive-unsafe strategy, which oversells on purpose.
     #[arg(long)]

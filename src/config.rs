@@ -23,13 +23,16 @@ pub enum ConfigError {
     Inconsistent(String),
 }
 
-/// How an order decrements stock; see DESIGN.md section 3.
+/// How an order decrements stock (the README compares them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OrderStrategy {
     /// Redis lease per SKU, then the conditional update (the default).
     RedisLock,
     /// The conditional update alone.
     PgAtomic,
+    /// Group commit per SKU: concurrent single-SKU orders queue behind one leader, which
+    /// takes the lease once and applies the whole batch in one transaction.
+    Batched,
     /// Read, check in Rust, write back. Oversells; only for demonstrations.
     NaiveUnsafe,
 }
@@ -39,6 +42,7 @@ impl OrderStrategy {
         match self {
             Self::RedisLock => "redis-lock",
             Self::PgAtomic => "pg-atomic",
+            Self::Batched => "batched",
             Self::NaiveUnsafe => "naive-unsafe",
         }
     }
@@ -50,8 +54,9 @@ impl FromStr for OrderStrategy {
         match s {
             "redis-lock" => Ok(Self::RedisLock),
             "pg-atomic" => Ok(Self::PgAtomic),
+            "batched" => Ok(Self::Batched),
             "naive-unsafe" => Ok(Self::NaiveUnsafe),
-            _ => Err("expected one of redis-lock, pg-atomic, naive-unsafe".into()),
+            _ => Err("expected one of redis-lock, pg-atomic, batched, naive-unsafe".into()),
         }
     }
 }
@@ -97,6 +102,11 @@ pub struct Settings {
     pub local_redis_port: Option<u16>,
     /// `STOCKADE_ORDER_STRATEGY`.
     pub order_strategy: OrderStrategy,
+    /// `STOCKADE_BATCH_MAX`: most orders one `batched` transaction applies.
+    pub batch_max: usize,
+    /// `STOCKADE_BATCH_WAIT_US`: how long a `batched` leader waits for more orders before
+    /// applying a batch that is not full (0: take what has queued meanwhile).
+    pub batch_wait: Duration,
     /// `STOCKADE_WORKERS`: HTTP worker threads; 0 means one per CPU core.
     pub workers: usize,
     /// `STOCKADE_DB_POOL_SIZE`: connections per process.
@@ -163,6 +173,8 @@ impl Default for Settings {
             local_pg_port: None,
             local_redis_port: None,
             order_strategy: OrderStrategy::RedisLock,
+            batch_max: 128,
+            batch_wait: Duration::ZERO,
             workers: 0,
             db_pool_size: 16,
             redis_prefix: "stockade:".into(),
@@ -199,6 +211,8 @@ pub const VARIABLES: &[&str] = &[
     "STOCKADE_LOCAL_PG_PORT",
     "STOCKADE_LOCAL_REDIS_PORT",
     "STOCKADE_ORDER_STRATEGY",
+    "STOCKADE_BATCH_MAX",
+    "STOCKADE_BATCH_WAIT_US",
     "STOCKADE_WORKERS",
     "STOCKADE_DB_POOL_SIZE",
     "STOCKADE_REDIS_PREFIX",
@@ -286,6 +300,13 @@ impl Settings {
             s.order_strategy = v
                 .parse()
                 .map_err(|e: String| malformed("STOCKADE_ORDER_STRATEGY", &v, &e))?;
+        }
+        if let Some(v) = take("STOCKADE_BATCH_MAX") {
+            s.batch_max = bounded("STOCKADE_BATCH_MAX", &v, 1, 10_000)?;
+        }
+        if let Some(v) = take("STOCKADE_BATCH_WAIT_US") {
+            s.batch_wait =
+                Duration::from_micros(bounded("STOCKADE_BATCH_WAIT_US", &v, 0, 1_000_000)?);
         }
         if let Some(v) = take("STOCKADE_WORKERS") {
             s.workers = bounded("STOCKADE_WORKERS", &v, 0, 256)?;

@@ -22,6 +22,8 @@ pub struct Metrics {
     pub stale_fences: IntCounter,
     /// 1 while Redis is unreachable and orders run on the database guard alone.
     pub degraded: IntGauge,
+    /// Orders applied per `batched` transaction.
+    pub batch_size: Histogram,
 }
 
 impl Metrics {
@@ -61,6 +63,11 @@ impl Metrics {
             "1 while Redis is unreachable and orders use the database guard alone",
         )
         .expect("valid metric");
+        let batch_size = Histogram::with_opts(
+            HistogramOpts::new("batch_size", "Orders applied per batched transaction")
+                .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]),
+        )
+        .expect("valid metric");
         for metric in [
             Box::new(orders.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(lease_wait.clone()),
@@ -68,6 +75,7 @@ impl Metrics {
             Box::new(idempotent_replays.clone()),
             Box::new(stale_fences.clone()),
             Box::new(degraded.clone()),
+            Box::new(batch_size.clone()),
         ] {
             registry.register(metric).expect("metric registered once");
         }
@@ -79,6 +87,7 @@ impl Metrics {
             idempotent_replays,
             stale_fences,
             degraded,
+            batch_size,
         }
     }
 

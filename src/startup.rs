@@ -60,11 +60,20 @@ impl Application {
             crate::orders::stale_after(&settings),
         );
         crate::holds::spawn_sweeper(db.clone(), redis.clone(), settings.sweep_interval);
+        let settings = Arc::new(settings);
+        let metrics = Arc::new(Metrics::new());
+        let batcher = Arc::new(crate::orders::Batcher::new(
+            db.clone(),
+            redis.clone(),
+            settings.clone(),
+            metrics.clone(),
+        ));
         let state = web::Data::new(AppState {
             db,
             redis,
-            settings: Arc::new(settings),
-            metrics: Arc::new(Metrics::new()),
+            settings,
+            metrics,
+            batcher,
         });
         let app_state = state.clone();
         let server = HttpServer::new(move || {

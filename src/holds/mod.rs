@@ -1,4 +1,4 @@
-//! Checkout holds (DESIGN.md section 4). A hold reserves stock for a shopper for a while:
+//! Checkout holds. A hold reserves stock for a shopper for a while:
 //! placing one goes through the same idempotency, leases and conditional update as an
 //! order ([`crate::orders::place_hold`]), with `reserved += q` instead of `on_hand −= q`.
 //!

@@ -1,5 +1,5 @@
 //! The JSON API under `/api/v1`. Errors are RFC 9457 problem documents (rendered by the
-//! middleware); the contract is in DESIGN.md section 6.
+//! middleware); the README's "HTTP surface" lists the contract.
 
 use actix_web::http::{StatusCode, header};
 use actix_web::{HttpRequest, HttpResponse, web};

@@ -27,6 +27,8 @@ pub struct AppState {
     pub redis: Redis,
     pub settings: Arc<Settings>,
     pub metrics: Arc<Metrics>,
+    /// The per-SKU queues of the `batched` strategy.
+    pub batcher: Arc<crate::orders::Batcher>,
 }
 
 impl AppState {
@@ -36,6 +38,7 @@ impl AppState {
             redis: &self.redis,
             settings: &self.settings,
             metrics: &self.metrics,
+            batcher: &self.batcher,
         }
     }
 }

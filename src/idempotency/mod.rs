@@ -3,9 +3,13 @@
 //! - a completed key with the same request fingerprint replays the stored response;
 //! - the same key with another fingerprint is refused (422);
 //! - the same key while its first request is still running is refused (409, retry);
-//! - a request that died in flight leaves a record whose lock runs out; the next retry
-//!   takes it over. Completing the record happens in the order's own transaction, so a
-//!   taken-over key can never already have an order.
+//! - orders and holds claim their key inside their own transaction ([`begin_in`]): a
+//!   concurrent request with the same key waits for that transaction and then replays its
+//!   answer, and a request that dies leaves no record at all;
+//! - other callers claim with [`begin`] (committed at once); a request that died in flight
+//!   then leaves a record whose lock runs out, and the next retry takes it over, or the
+//!   purge deletes it. Completing the record happens in the change's own transaction, so a
+//!   taken-over key can never already have its change.
 //!
 //! Decided outcomes (an order, or "not enough stock") are stored; validation failures and
 //! "busy, try again" are not, and their record is removed.
@@ -94,6 +98,10 @@ impl Fingerprint {
         let bytes = serde_json::to_vec(canonical).expect("serialisable request");
         Self(hex::encode(Sha256::digest(bytes)))
     }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
 }
 
 /// A response kept under a key.
@@ -136,10 +144,26 @@ struct Row {
     stale: bool,
 }
 
-/// Claims `key` for a request with `fingerprint`. An in-flight record older than
-/// `stale_after` belongs to a request that died; it is taken over.
+/// Claims `key` for a request with `fingerprint`, on its own (committed at once). An
+/// in-flight record older than `stale_after` belongs to a request that died; it is taken
+/// over.
 pub async fn begin(
     pool: &PgPool,
+    scope: Scope,
+    key: &IdempotencyKey,
+    fingerprint: &Fingerprint,
+    stale_after: Duration,
+) -> sqlx::Result<Begin> {
+    let mut conn = pool.acquire().await?;
+    begin_in(&mut conn, scope, key, fingerprint, stale_after).await
+}
+
+/// [`begin`] inside the caller's transaction: the claim is then invisible to others until
+/// the transaction commits (a concurrent request with the same key waits for it, and then
+/// finds the key completed), and vanishes if it rolls back — a request that dies leaves no
+/// record behind.
+pub async fn begin_in(
+    conn: &mut PgConnection,
     scope: Scope,
     key: &IdempotencyKey,
     fingerprint: &Fingerprint,
@@ -152,22 +176,75 @@ pub async fn begin(
         owner,
         fingerprint: fingerprint.clone(),
     };
-    let inserted = sqlx::query(
-        r#"insert into idempotency_keys (scope, key, fingerprint, state, owner)
-           values ($1, $2, $3, 'in_flight', $4)
-           on conflict (scope, key) do nothing"#,
-    )
-    .bind(scope.as_str())
-    .bind(key.as_str())
-    .bind(&fingerprint.0)
-    .bind(owner)
-    .execute(pool)
-    .await?
-    .rows_affected();
-    if inserted == 1 {
-        return Ok(Begin::Started(claim));
+    loop {
+        let inserted = sqlx::query(
+            r#"insert into idempotency_keys (scope, key, fingerprint, state, owner)
+               values ($1, $2, $3, 'in_flight', $4)
+               on conflict (scope, key) do nothing"#,
+        )
+        .bind(scope.as_str())
+        .bind(key.as_str())
+        .bind(&fingerprint.0)
+        .bind(owner)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+        if inserted == 1 {
+            return Ok(Begin::Started(claim));
+        }
+        let found = lookup(&mut *conn, scope, key, fingerprint, stale_after).await?;
+        let stale_owner = match found {
+            // Removed between our insert and select (abandoned): try again.
+            Found::Absent => continue,
+            Found::Completed(stored) => return Ok(Begin::Replay(stored)),
+            Found::Mismatch => return Ok(Begin::Mismatch),
+            Found::InFlight => return Ok(Begin::InFlight),
+            Found::Stale(stale_owner) => stale_owner,
+        };
+        // Take over a dead request's key; only one of several retries wins.
+        let taken = sqlx::query(
+            r#"update idempotency_keys set owner = $4, locked_at = now()
+                where scope = $1 and key = $2 and state = 'in_flight' and owner = $3"#,
+        )
+        .bind(scope.as_str())
+        .bind(key.as_str())
+        .bind(stale_owner)
+        .bind(owner)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+        return Ok(if taken == 1 {
+            Begin::Started(claim)
+        } else {
+            Begin::InFlight
+        });
     }
+}
 
+/// What the record of a key says about a request with a given fingerprint.
+#[derive(Debug)]
+pub enum Found {
+    /// No record.
+    Absent,
+    /// Completed for this same request: replay this.
+    Completed(StoredResponse),
+    /// The key was used for a different request.
+    Mismatch,
+    /// Another request is working on it.
+    InFlight,
+    /// In flight, but its request died (older than the stale window); its owner.
+    Stale(Uuid),
+}
+
+/// Reads the record of `key` without claiming it: how a decided key is answered before
+/// any work (a lease, a transaction) is spent on it.
+pub async fn lookup(
+    conn: impl sqlx::PgExecutor<'_>,
+    scope: Scope,
+    key: &IdempotencyKey,
+    fingerprint: &Fingerprint,
+    stale_after: Duration,
+) -> sqlx::Result<Found> {
     let row: Option<Row> = sqlx::query_as(
         r#"select fingerprint, state, owner, response_status, response_body,
                   locked_at < now() - make_interval(secs => $3) as stale
@@ -177,41 +254,53 @@ pub async fn begin(
     .bind(scope.as_str())
     .bind(key.as_str())
     .bind(stale_after.as_secs_f64())
-    .fetch_optional(pool)
+    .fetch_optional(conn)
     .await?;
-    let Some(row) = row else {
-        // Removed between our insert and select (abandoned): try once more from scratch.
-        return Box::pin(begin(pool, scope, key, fingerprint, stale_after)).await;
-    };
-    if row.fingerprint != fingerprint.0 {
-        return Ok(Begin::Mismatch);
-    }
-    if row.state == "completed" {
-        return Ok(Begin::Replay(StoredResponse {
+    Ok(match row {
+        None => Found::Absent,
+        Some(row) if row.fingerprint != fingerprint.0 => Found::Mismatch,
+        Some(row) if row.state == "completed" => Found::Completed(StoredResponse {
             status: row.response_status.unwrap_or(500) as u16,
             body: row.response_body.unwrap_or(serde_json::Value::Null),
-        }));
-    }
-    if !row.stale {
-        return Ok(Begin::InFlight);
-    }
-    // Take over a dead request's key; only one of several retries wins.
-    let taken = sqlx::query(
-        r#"update idempotency_keys set owner = $4, locked_at = now()
-            where scope = $1 and key = $2 and state = 'in_flight' and owner = $3"#,
+        }),
+        Some(row) if row.stale => Found::Stale(row.owner),
+        Some(_) => Found::InFlight,
+    })
+}
+
+/// Stores a decided `response` under a key that was never claimed (a decision reached
+/// without a transaction of its own, such as "not enough stock"): one statement, one
+/// commit. When the key has a record already, returns what it says instead.
+pub async fn store(
+    pool: &PgPool,
+    scope: Scope,
+    key: &IdempotencyKey,
+    fingerprint: &Fingerprint,
+    response: &StoredResponse,
+    stale_after: Duration,
+) -> sqlx::Result<Option<Found>> {
+    let inserted = sqlx::query(
+        r#"insert into idempotency_keys
+                  (scope, key, fingerprint, state, owner, response_status, response_body,
+                   completed_at)
+           values ($1, $2, $3, 'completed', $4, $5, $6, now())
+           on conflict (scope, key) do nothing"#,
     )
     .bind(scope.as_str())
     .bind(key.as_str())
-    .bind(row.owner)
-    .bind(owner)
+    .bind(&fingerprint.0)
+    .bind(Uuid::new_v4())
+    .bind(response.status as i16)
+    .bind(&response.body)
     .execute(pool)
     .await?
     .rows_affected();
-    Ok(if taken == 1 {
-        Begin::Started(claim)
-    } else {
-        Begin::InFlight
-    })
+    if inserted == 1 {
+        return Ok(None);
+    }
+    lookup(pool, scope, key, fingerprint, stale_after)
+        .await
+        .map(Some)
 }
 
 /// Stores the response under the claimed key, inside the caller's transaction. Returns
@@ -252,38 +341,6 @@ pub async fn abandon(pool: &PgPool, claim: &Claim) -> sqlx::Result<()> {
     Ok(())
 }
 
-/// What became of a claimed key whose outcome this request does not know.
-#[derive(Debug)]
-pub enum Settled {
-    /// Completed for this same request (by this one, or by a retry that took it over).
-    Completed(StoredResponse),
-    /// Completed for a different request (the key was purged and reused meanwhile).
-    Mismatch,
-    /// Not completed (still in flight elsewhere, or gone).
-    Open,
-}
-
-/// The stored outcome of the claimed key (used after a transaction whose outcome is
-/// unknown, e.g. cut off during COMMIT, or after the claim was taken over).
-pub async fn settled(pool: &PgPool, claim: &Claim) -> sqlx::Result<Settled> {
-    let row: Option<(String, i16, serde_json::Value)> = sqlx::query_as(
-        r#"select fingerprint, response_status, response_body from idempotency_keys
-            where scope = $1 and key = $2 and state = 'completed'"#,
-    )
-    .bind(claim.scope.as_str())
-    .bind(claim.key.as_str())
-    .fetch_optional(pool)
-    .await?;
-    Ok(match row {
-        Some((fingerprint, ..)) if fingerprint != claim.fingerprint.0 => Settled::Mismatch,
-        Some((_, status, body)) => Settled::Completed(StoredResponse {
-            status: status as u16,
-            body,
-        }),
-        None => Settled::Open,
-    })
-}
-
 /// The response stored under a completed key, whatever request it answered (for pages
 /// that show the outcome of a form by its key).
 pub async fn stored(
@@ -304,73 +361,6 @@ pub async fn stored(
         body,
     }))
 }
-
-/// A claim that is abandoned unless its request completes it: dropping the guard (an
-/// error, or the request cut off by its budget) releases the key in the background,
-/// retrying while the database is unreachable, so a retry is not kept waiting for the
-/// record to go stale.
-pub struct ClaimGuard {
-    pool: PgPool,
-    claim: Option<Claim>,
-}
-
-impl ClaimGuard {
-    pub fn new(pool: &PgPool, claim: &Claim) -> Self {
-        Self {
-            pool: pool.clone(),
-            claim: Some(claim.clone()),
-        }
-    }
-
-    /// The request completed the record (or lost it to a retry): nothing to release.
-    pub fn disarm(mut self) {
-        self.claim = None;
-    }
-
-    /// Releases the key now, so an immediate retry finds it free; if the database does
-    /// not answer in time, the release goes on in the background.
-    pub async fn release(mut self) {
-        let Some(claim) = self.claim.take() else {
-            return;
-        };
-        match tokio::time::timeout(Duration::from_secs(1), abandon(&self.pool, &claim)).await {
-            Ok(Ok(())) => {}
-            _ => self.claim = Some(claim),
-        }
-    }
-}
-
-impl Drop for ClaimGuard {
-    fn drop(&mut self) {
-        let Some(claim) = self.claim.take() else {
-            return;
-        };
-        let pool = self.pool.clone();
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        runtime.spawn(async move {
-            let mut pause = Duration::from_millis(100);
-            for attempt in 1..=ABANDON_ATTEMPTS {
-                match tokio::time::timeout(Duration::from_secs(1), abandon(&pool, &claim)).await {
-                    Ok(Ok(())) => return,
-                    Ok(Err(e)) if attempt == ABANDON_ATTEMPTS => {
-                        tracing::warn!(error = %e, "could not release an idempotency key; the purge will")
-                    }
-                    Err(_) if attempt == ABANDON_ATTEMPTS => {
-                        tracing::warn!("could not release an idempotency key in time; the purge will")
-                    }
-                    _ => {}
-                }
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(1));
-            }
-        });
-    }
-}
-
-/// How often a guard tries to release its key before leaving it to the purge.
-const ABANDON_ATTEMPTS: u32 = 8;
 
 /// Deletes completed records older than `ttl`. Returns how many.
 pub async fn purge(pool: &PgPool, ttl: Duration) -> sqlx::Result<u64> {

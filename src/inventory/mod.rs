@@ -1,6 +1,6 @@
 //! Stock levels and the ledger. Every change of `on_hand` or `reserved` goes through this
 //! module and writes a `stock_movements` row in the same transaction, so the ledger always
-//! sums to the stock row (invariant I1 of DESIGN.md).
+//! sums to the stock row (invariant I1).
 
 pub mod db;
 

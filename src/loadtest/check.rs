@@ -1,4 +1,4 @@
-//! `stockade check`: the invariants of DESIGN.md section 2, read from PostgreSQL (and
+//! `stockade check`: the invariants I1–I6 (listed in the README), read from PostgreSQL (and
 //! Redis, and the client log of a run when there is one). Each prints PASS or FAIL with
 //! the rows that break it.
 

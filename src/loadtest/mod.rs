@@ -103,7 +103,7 @@ pub struct LoadtestArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "naive-unsafe,pg-atomic,redis-lock"
+        default_value = "naive-unsafe,pg-atomic,redis-lock,batched"
     )]
     pub strategies: Vec<String>,
     /// Server processes to start when there are no targets.

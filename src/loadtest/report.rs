@@ -123,6 +123,7 @@ fn colour_of(strategy: &str, i: usize) -> RGBColor {
         "naive-unsafe" => COLOURS[2],
         "pg-atomic" => COLOURS[1],
         "redis-lock" => COLOURS[0],
+        "batched" => COLOURS[3],
         _ => COLOURS[i % COLOURS.len()],
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! A lease queues the buyers of one SKU so the database does not burn work on conflicts;
 //! it is not what prevents overselling — the conditional update in
-//! [`crate::inventory::db::take_stock`] is (DESIGN.md section 2). So:
+//! [`crate::inventory::db::take_stock`] is. So:
 //! - an order takes the leases of all its SKUs at once, in sorted order, in one Lua script
 //!   (all or nothing);
 //! - each grant carries a fencing token from one counter; the stock row refuses a write

@@ -1,10 +1,12 @@
 //! Orders: what a shopper asks for ([`OrderRequest`], parsed at the edge), and what they
 //! get ([`Order`]). [`place_order`] is the one way an order is made, for pages and the API
-//! alike; read it with DESIGN.md section 3 beside you.
+//! alike; the README's "How an order is placed" walks through it.
 
+pub mod batch;
 pub mod db;
 mod place;
 
+pub use batch::Batcher;
 pub use place::{OrderDeps, OrderError, Placement, place_hold, place_order, stale_after};
 
 use chrono::{DateTime, Utc};

@@ -1,16 +1,20 @@
-//! Placing an order (DESIGN.md section 3):
+//! Placing an order (or a checkout hold):
 //!
 //! 1. the request arrives parsed ([`OrderRequest`]); unknown SKUs are refused, not stored;
-//! 2. the idempotency key is claimed, or its stored answer replayed;
-//! 3. a plain read answers "not enough stock" at once when that is already so;
-//! 4. the SKU leases are taken (strategy `redis-lock`), all or nothing, with a fence;
-//! 5. one transaction: conditional decrements in SKU order, the order and its lines, the
-//!    ledger rows, and the idempotency record;
+//! 2. a key already decided is answered from its record: the stored answer replayed, 422
+//!    for another request under it, 409 while another request is working on it;
+//! 3. a plain read answers "not enough stock" at once when that is already so, stored
+//!    under the key by one statement;
+//! 4. the SKU leases are taken (strategy `redis-lock`), all or nothing, with a fence, and
+//!    renewed while the transaction runs;
+//! 5. one transaction, one commit: the key claimed, conditional decrements in SKU order,
+//!    the order and its lines, the ledger rows, and the key completed with the answer;
 //! 6. the leases are released by compare-and-delete.
 //!
 //! Whatever Redis does, step 5's conditional update is what keeps stock from going below
 //! zero; a write whose fence is older than the row's is refused and retried under a fresh
-//! lease.
+//! lease. Because the key is claimed inside the transaction, a twin request with the same
+//! key waits for it and replays its answer, and a request that dies leaves nothing behind.
 
 use std::time::{Duration, Instant};
 
@@ -18,14 +22,13 @@ use chrono::Utc;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use super::batch::BatchAnswer;
 use super::db::{self, OrderProduct};
 use super::{Order, OrderLine, OrderRequest, Shortage};
 use crate::catalog::Sku;
 use crate::config::{OrderStrategy, Settings};
 use crate::holds::Hold;
-use crate::idempotency::{
-    self, Begin, Claim, ClaimGuard, IdempotencyKey, Scope, Settled, StoredResponse,
-};
+use crate::idempotency::{self, Begin, Fingerprint, Found, IdempotencyKey, Scope, StoredResponse};
 use crate::inventory::db::{Take, reserve_stock, take_stock, take_stock_naive};
 use crate::locking::{Acquire, Lease, Redis};
 use crate::metrics::Metrics;
@@ -37,6 +40,7 @@ pub struct OrderDeps<'a> {
     pub redis: &'a Redis,
     pub settings: &'a Settings,
     pub metrics: &'a Metrics,
+    pub batcher: &'a std::sync::Arc<super::Batcher>,
 }
 
 /// What a request asks for: stock sold now, or stock held for a while.
@@ -92,7 +96,7 @@ impl OrderError {
 }
 
 /// How many times a write refused for a stale fence is retried under a fresh lease.
-const MAX_ATTEMPTS: usize = 5;
+pub(super) const MAX_ATTEMPTS: usize = 5;
 
 /// Places `request` under `key`: the single entry point for pages and the API.
 #[tracing::instrument(skip_all, fields(scope = scope.as_str(), lines = request.lines().len()))]
@@ -147,6 +151,14 @@ pub fn stale_after(s: &Settings) -> Duration {
     s.request_budget + s.fault_pause_after_lease + Duration::from_secs(2)
 }
 
+/// The key a request is placed under, with what its record must match.
+struct Keyed<'a> {
+    scope: Scope,
+    key: &'a IdempotencyKey,
+    fingerprint: Fingerprint,
+    stale_after: Duration,
+}
+
 async fn place(
     deps: OrderDeps<'_>,
     scope: Scope,
@@ -154,111 +166,93 @@ async fn place(
     request: &OrderRequest,
     intent: Intent,
 ) -> Result<Placement, OrderError> {
-    let fingerprint = request.fingerprint();
-    let claim = match idempotency::begin(
-        deps.db,
+    let keyed = Keyed {
         scope,
         key,
-        &fingerprint,
-        stale_after(deps.settings),
+        fingerprint: request.fingerprint(),
+        stale_after: stale_after(deps.settings),
+    };
+    // A decided key is answered from its record, before any lease or transaction. One
+    // connection serves both reads, and goes back to the pool before the lease wait.
+    let mut conn = deps.db.acquire().await?;
+    match idempotency::lookup(
+        &mut *conn,
+        scope,
+        key,
+        &keyed.fingerprint,
+        keyed.stale_after,
     )
     .await?
     {
-        Begin::Started(claim) => claim,
-        Begin::Replay(stored) => {
+        Found::Completed(stored) => {
             deps.metrics.idempotent_replays.inc();
             return replay(deps, stored, intent).await;
         }
-        Begin::Mismatch => return Err(OrderError::KeyReused),
-        Begin::InFlight => return Err(OrderError::InFlight),
-    };
-
-    // Released in the background if this request ends without an answer of its own,
-    // even when it is cut off by its budget.
-    let guard = ClaimGuard::new(deps.db, &claim);
-    let result = async {
-        // A key whose record was purged may still have its order: that is the answer.
-        if let Some(placement) = existing(deps, &claim, intent).await? {
-            deps.metrics.idempotent_replays.inc();
-            return Ok(placement);
-        }
-        let skus = request.skus();
-        let products = db::products_for(deps.db, &skus).await?;
-        let unknown: Vec<String> = skus
-            .iter()
-            .filter(|s| !products.iter().any(|p| p.sku == s.as_str()))
-            .map(|s| s.to_string())
-            .collect();
-        if !unknown.is_empty() {
-            return Err(OrderError::UnknownSkus(unknown));
-        }
-        place_claimed(deps, &claim, request, &products, intent).await
+        Found::Mismatch => return Err(OrderError::KeyReused),
+        Found::InFlight => return Err(OrderError::InFlight),
+        Found::Absent | Found::Stale(_) => {}
     }
-    .await;
 
-    let Err(error) = result else {
-        guard.disarm();
-        return result;
+    let skus = request.skus();
+    let products = db::products_for(&mut *conn, &skus).await?;
+    drop(conn);
+    let unknown: Vec<String> = skus
+        .iter()
+        .filter(|s| !products.iter().any(|p| p.sku == s.as_str()))
+        .map(|s| s.to_string())
+        .collect();
+    if !unknown.is_empty() {
+        return Err(OrderError::UnknownSkus(unknown));
+    }
+    let error = match place_keyed(deps, &keyed, request, &products, intent).await {
+        Err(error @ (OrderError::TimedOut | OrderError::Database(_) | OrderError::Busy)) => error,
+        decided => return decided,
     };
-    // Not a decided outcome: free the key so a retry starts afresh. A committed order
-    // has completed the record, which this leaves alone.
-    guard.release().await;
-    if matches!(
-        error,
-        OrderError::TimedOut | OrderError::Database(_) | OrderError::Busy
-    ) && let Ok(Settled::Completed(stored)) = idempotency::settled(deps.db, &claim).await
+    // The transaction may have committed after all (the timeout fired during COMMIT, or
+    // the connection broke after it), or a retry elsewhere placed it while this request
+    // stalled: answer with what was done.
+    if let Ok(Found::Completed(stored)) =
+        idempotency::lookup(deps.db, scope, key, &keyed.fingerprint, keyed.stale_after).await
     {
-        // The transaction committed after all (the timeout fired during COMMIT, or the
-        // connection broke after it), or a retry that took the key over while this
-        // request stalled placed it: answer with what was done.
         return replay(deps, stored, intent).await;
     }
     Err(error)
 }
 
-/// The answer for a request whose claim was taken over (it stalled past the stale
-/// window and a retry of the same request went ahead): what the retry decided, or 409
-/// while it is still deciding. Never "key reused" for the same request.
-async fn settled_elsewhere(
+/// The answer for a request that found its key decided by another request — a retry
+/// that went ahead while this one stalled, or a concurrent twin: what that request
+/// decided, or 409 while it is still deciding. Never "key reused" for the same request.
+async fn decided_elsewhere(
     deps: OrderDeps<'_>,
-    claim: &Claim,
+    keyed: &Keyed<'_>,
+    found: Found,
     intent: Intent,
 ) -> Result<Placement, OrderError> {
-    match idempotency::settled(deps.db, claim).await? {
-        Settled::Completed(stored) => {
+    match found {
+        Found::Completed(stored) => {
             deps.metrics.idempotent_replays.inc();
             replay(deps, stored, intent).await
         }
-        Settled::Mismatch => Err(OrderError::KeyReused),
-        Settled::Open => match existing_placement(deps, claim, intent).await? {
-            Some((placement, _)) => Ok(placement),
+        Found::Mismatch => Err(OrderError::KeyReused),
+        Found::InFlight | Found::Stale(_) => Err(OrderError::InFlight),
+        // The record is gone (purged) but the key's order or hold is there: that is it.
+        Found::Absent => match existing_placement(deps, keyed, intent).await? {
+            Some(placement) => {
+                deps.metrics.idempotent_replays.inc();
+                Ok(placement)
+            }
             None => Err(OrderError::InFlight),
         },
     }
 }
 
-/// The order or hold already made under the claimed key (its record purged since), stored
-/// again under the key and returned.
-async fn existing(
-    deps: OrderDeps<'_>,
-    claim: &Claim,
-    intent: Intent,
-) -> Result<Option<Placement>, OrderError> {
-    let Some((placement, body)) = existing_placement(deps, claim, intent).await? else {
-        return Ok(None);
-    };
-    let mut conn = deps.db.acquire().await?;
-    idempotency::complete(&mut conn, claim, &StoredResponse { status: 201, body }).await?;
-    Ok(Some(placement))
-}
-
-/// The order or hold made under the claimed key, with the body to store for it.
+/// The order or hold made under the key.
 async fn existing_placement(
     deps: OrderDeps<'_>,
-    claim: &Claim,
+    keyed: &Keyed<'_>,
     intent: Intent,
-) -> Result<Option<(Placement, serde_json::Value)>, OrderError> {
-    let (scope, key) = (claim.scope.as_str(), claim.key.as_str());
+) -> Result<Option<Placement>, OrderError> {
+    let (scope, key) = (keyed.scope.as_str(), keyed.key.as_str());
     Ok(Some(match intent {
         Intent::Order => {
             let Some(id) = db::order_for_key(deps.db, scope, key).await? else {
@@ -267,14 +261,10 @@ async fn existing_placement(
             let Some(order) = db::find_order(deps.db, id).await? else {
                 return Ok(None);
             };
-            let body = serde_json::to_value(&order).expect("orders serialise");
-            (
-                Placement::Placed {
-                    order,
-                    replayed: true,
-                },
-                body,
-            )
+            Placement::Placed {
+                order,
+                replayed: true,
+            }
         }
         Intent::Hold => {
             let Some(id) = crate::holds::db::hold_for_key(deps.db, scope, key).await? else {
@@ -283,14 +273,10 @@ async fn existing_placement(
             let Some(hold) = crate::holds::db::find_hold(deps.db, id).await? else {
                 return Ok(None);
             };
-            let body = serde_json::to_value(&hold).expect("holds serialise");
-            (
-                Placement::Held {
-                    hold,
-                    replayed: true,
-                },
-                body,
-            )
+            Placement::Held {
+                hold,
+                replayed: true,
+            }
         }
     }))
 }
@@ -350,9 +336,9 @@ fn shortages_of(request: &OrderRequest, available: &[(String, i32)]) -> Vec<Shor
         .collect()
 }
 
-async fn place_claimed(
+async fn place_keyed(
     deps: OrderDeps<'_>,
-    claim: &Claim,
+    keyed: &Keyed<'_>,
     request: &OrderRequest,
     products: &[OrderProduct],
     intent: Intent,
@@ -366,7 +352,14 @@ async fn place_claimed(
         .collect();
     let shortages = shortages_of(request, &seen);
     if !shortages.is_empty() {
-        return store_insufficient(deps, claim, shortages, intent).await;
+        return store_insufficient(deps, keyed, shortages, intent).await;
+    }
+
+    if s.order_strategy == OrderStrategy::Batched
+        && intent == Intent::Order
+        && let [line] = request.lines()
+    {
+        return place_batched(deps, keyed, request, line.sku.clone(), intent).await;
     }
 
     let skus = request.skus();
@@ -396,7 +389,7 @@ async fn place_claimed(
                         let now = crate::inventory::db::availability(deps.db, &skus).await?;
                         let shortages = shortages_of(request, &now);
                         if !shortages.is_empty() {
-                            return store_insufficient(deps, claim, shortages, intent).await;
+                            return store_insufficient(deps, keyed, shortages, intent).await;
                         }
                         deps.redis.clear_sold_out(&sku).await;
                         attempts += 1;
@@ -407,7 +400,8 @@ async fn place_claimed(
                     }
                 }
             }
-            OrderStrategy::PgAtomic | OrderStrategy::NaiveUnsafe => None,
+            // `batched` comes here for orders of several SKUs, and for holds.
+            OrderStrategy::PgAtomic | OrderStrategy::NaiveUnsafe | OrderStrategy::Batched => None,
         };
         attempts += 1;
 
@@ -420,7 +414,7 @@ async fn place_claimed(
             .as_ref()
             .map(|l| deps.redis.keep_alive(l, s.lease_ttl));
         let outcome =
-            tokio::time::timeout(s.tx_timeout, transact(deps, claim, request, fence, intent)).await;
+            tokio::time::timeout(s.tx_timeout, transact(deps, keyed, request, fence, intent)).await;
         drop(watchdog);
         release(deps.redis, lease.as_ref()).await;
 
@@ -436,14 +430,16 @@ async fn place_claimed(
                 }
                 return Ok(placement);
             }
-            Ok(Ok(Tx::ClaimLost)) => return settled_elsewhere(deps, claim, intent).await,
+            Ok(Ok(Tx::Decided(found))) => {
+                return decided_elsewhere(deps, keyed, found, intent).await;
+            }
             Ok(Ok(Tx::Short(shortages))) => {
                 for short in shortages.iter().filter(|s| s.available == 0) {
                     if let Ok(sku) = Sku::parse(&short.sku) {
                         deps.redis.hint_sold_out(&sku).await;
                     }
                 }
-                return store_insufficient(deps, claim, shortages, intent).await;
+                return store_insufficient(deps, keyed, shortages, intent).await;
             }
             Ok(Ok(Tx::StaleFence { last_fence })) => {
                 // A newer lease wrote the row: ours had expired, or Redis forgot the
@@ -474,15 +470,16 @@ enum Tx {
     StaleFence {
         last_fence: i64,
     },
-    /// A retry took the key over (this request stalled past the stale window); nothing
-    /// was written.
-    ClaimLost,
+    /// Another request decided the key first (what its record says now); nothing was
+    /// written.
+    Decided(Found),
 }
 
-/// The one transaction of an order or hold.
+/// The one transaction of an order or hold, and its one commit: the key's claim, the
+/// stock changes, the order or hold, the ledger rows, and the completed key.
 async fn transact(
     deps: OrderDeps<'_>,
-    claim: &Claim,
+    keyed: &Keyed<'_>,
     request: &OrderRequest,
     fence: Option<i64>,
     intent: Intent,
@@ -490,9 +487,34 @@ async fn transact(
     let naive = deps.settings.order_strategy == OrderStrategy::NaiveUnsafe;
     let order_id = Uuid::new_v4();
     let reference = order_id.to_string();
-    let actor = claim.scope.as_str();
+    let actor = keyed.scope.as_str();
 
     let mut tx = deps.db.begin().await?;
+    // Claimed inside the transaction: a concurrent request with the same key waits here
+    // for this one to end, and a request that dies leaves no record behind.
+    let claim = match idempotency::begin_in(
+        &mut tx,
+        keyed.scope,
+        keyed.key,
+        &keyed.fingerprint,
+        keyed.stale_after,
+    )
+    .await?
+    {
+        Begin::Started(claim) => claim,
+        Begin::Replay(stored) => {
+            tx.rollback().await?;
+            return Ok(Tx::Decided(Found::Completed(stored)));
+        }
+        Begin::Mismatch => {
+            tx.rollback().await?;
+            return Ok(Tx::Decided(Found::Mismatch));
+        }
+        Begin::InFlight => {
+            tx.rollback().await?;
+            return Ok(Tx::Decided(Found::InFlight));
+        }
+    };
     let mut shortages = Vec::new();
     let mut sold_out = Vec::new();
     // Lines are sorted by SKU: every order locks stock rows in the same order.
@@ -553,7 +575,7 @@ async fn transact(
     // Microsecond precision, as PostgreSQL stores it, so replays compare equal.
     let now = chrono::DateTime::from_timestamp_micros(Utc::now().timestamp_micros())
         .expect("now is representable");
-    let (scope, key) = (claim.scope.as_str(), claim.key.as_str());
+    let (scope, key) = (keyed.scope.as_str(), keyed.key.as_str());
     let (placement, body) = match intent {
         Intent::Order => {
             let order = Order {
@@ -567,10 +589,9 @@ async fn transact(
             };
             match db::insert_order(&mut tx, &order, scope, key).await {
                 Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-                    // The key already has its order: a retry that took the key over
-                    // placed it while this request stalled.
+                    // The key already has its order, from before its record was purged.
                     tx.rollback().await?;
-                    return Ok(Tx::ClaimLost);
+                    return Ok(Tx::Decided(Found::Absent));
                 }
                 other => other?,
             }
@@ -598,7 +619,7 @@ async fn transact(
             match crate::holds::db::insert_hold(&mut tx, &hold, ttl, scope, key).await {
                 Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
                     tx.rollback().await?;
-                    return Ok(Tx::ClaimLost);
+                    return Ok(Tx::Decided(Found::Absent));
                 }
                 other => hold.expires_at = other?,
             }
@@ -613,10 +634,10 @@ async fn transact(
         }
     };
     let stored = StoredResponse { status: 201, body };
-    if !idempotency::complete(&mut tx, claim, &stored).await? {
+    if !idempotency::complete(&mut tx, &claim, &stored).await? {
         // Our claim was taken over as stale; the other request decides.
         tx.rollback().await?;
-        return Ok(Tx::ClaimLost);
+        return Ok(Tx::Decided(Found::InFlight));
     }
     tx.commit().await?;
     Ok(Tx::Done {
@@ -625,9 +646,51 @@ async fn transact(
     })
 }
 
+/// A single-SKU order under `batched`: queued behind its SKU's leader, answered from the
+/// batch.
+async fn place_batched(
+    deps: OrderDeps<'_>,
+    keyed: &Keyed<'_>,
+    request: &OrderRequest,
+    sku: Sku,
+    intent: Intent,
+) -> Result<Placement, OrderError> {
+    let job = super::batch::Job {
+        scope: keyed.scope,
+        key: keyed.key.clone(),
+        fingerprint: keyed.fingerprint.clone(),
+        request: request.clone(),
+        answer: tokio::sync::oneshot::channel().0,
+    };
+    match deps.batcher.submit(sku.clone(), job).await {
+        BatchAnswer::Placed(order) => Ok(Placement::Placed {
+            order,
+            replayed: false,
+        }),
+        BatchAnswer::Short(shortages) => Ok(Placement::Insufficient {
+            shortages,
+            replayed: false,
+        }),
+        BatchAnswer::DecidedElsewhere => {
+            let found = idempotency::lookup(
+                deps.db,
+                keyed.scope,
+                keyed.key,
+                &keyed.fingerprint,
+                keyed.stale_after,
+            )
+            .await?;
+            decided_elsewhere(deps, keyed, found, intent).await
+        }
+        BatchAnswer::Failed(error) => Err(error),
+    }
+}
+
+/// Stores "not enough stock" under the key (one statement, one commit) and answers it;
+/// if another request decided the key first, its answer.
 async fn store_insufficient(
     deps: OrderDeps<'_>,
-    claim: &Claim,
+    keyed: &Keyed<'_>,
     shortages: Vec<Shortage>,
     intent: Intent,
 ) -> Result<Placement, OrderError> {
@@ -635,13 +698,21 @@ async fn store_insufficient(
         status: 409,
         body: serde_json::json!({ "shortages": shortages }),
     };
-    let mut conn = deps.db.acquire().await?;
-    if !idempotency::complete(&mut conn, claim, &stored).await? {
-        drop(conn);
-        return settled_elsewhere(deps, claim, intent).await;
+    let k = keyed;
+    match idempotency::store(
+        deps.db,
+        k.scope,
+        k.key,
+        &k.fingerprint,
+        &stored,
+        k.stale_after,
+    )
+    .await?
+    {
+        None => Ok(Placement::Insufficient {
+            shortages,
+            replayed: false,
+        }),
+        Some(found) => decided_elsewhere(deps, keyed, found, intent).await,
     }
-    Ok(Placement::Insufficient {
-        shortages,
-        replayed: false,
-    })
 }

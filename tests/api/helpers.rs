@@ -362,7 +362,7 @@ impl TestApp {
         sqlx::query_scalar(sql).fetch_one(&self.db).await.unwrap()
     }
 
-    /// Checks I1–I3 of DESIGN.md section 2 on this app's database.
+    /// Checks invariants I1–I3 (see the README) on this app's database.
     pub async fn assert_invariants(&self) {
         let mismatches = stockade::inventory::db::ledger_mismatches(&self.db)
             .await

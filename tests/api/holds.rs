@@ -129,6 +129,9 @@ async fn competing_sweepers_release_each_expired_hold_exactly_once() {
     let mut settings = test_settings().await;
     settings.hold_ttl = Duration::from_secs(1);
     settings.sweep_interval = Duration::from_secs(3600); // this process does not sweep
+    // Patient: 200 holds queue for two SKUs at once; what is tested is the sweeping.
+    settings.lease_wait = Duration::from_secs(10);
+    settings.request_budget = Duration::from_secs(30);
     let app = spawn_app_with(settings).await;
     app.add_product("SWEEP-A", "A", 100, 1_000).await;
     app.add_product("SWEEP-B", "B", 100, 1_000).await;
@@ -146,7 +149,7 @@ async fn competing_sweepers_release_each_expired_hold_exactly_once() {
             .as_u16()
     }))
     .await;
-    assert!(holds.iter().all(|s| *s == 201));
+    assert!(holds.iter().all(|s| *s == 201), "{holds:?}");
     assert_eq!(app.stock("SWEEP-A").await.1, 200);
     assert_eq!(app.stock("SWEEP-B").await.1, 400);
 

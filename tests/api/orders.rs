@@ -4,7 +4,8 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use rand::seq::SliceRandom;
-use stockade::config::OrderStrategy;
+use stockade::catalog::Sku;
+use stockade::config::{OrderStrategy, Settings};
 
 use crate::helpers::{
     ServerProcess, TestApp, post_order_to, serve_app, spawn_app, spawn_app_with,
@@ -109,6 +110,115 @@ async fn hot_sku_with_redis_leases_sells_exactly_its_stock_across_two_processes(
 #[tokio::test]
 async fn hot_sku_with_the_database_guard_alone_sells_exactly_its_stock() {
     assert_hot_sku_never_oversells("pg-atomic").await;
+}
+
+#[tokio::test]
+async fn hot_sku_batched_sells_exactly_its_stock_across_two_processes() {
+    assert_hot_sku_never_oversells("batched").await;
+}
+
+#[tokio::test]
+async fn a_batch_gives_each_request_its_own_answer() {
+    let app = spawn_app_with(Settings {
+        order_strategy: OrderStrategy::Batched,
+        // Long enough that the requests below meet in one batch.
+        batch_wait: Duration::from_millis(400),
+        ..test_settings().await
+    })
+    .await;
+    app.add_product("BATCH-1", "Batched", 1_000, 4).await;
+    let earlier = app.post_order("replayed", &[("BATCH-1", 1)]).await;
+    assert_eq!(earlier.status().as_u16(), 201);
+    let earlier: serde_json::Value = earlier.json().await.unwrap();
+    // A key used for another request, and one whose first request is still running.
+    sqlx::query(
+        r#"insert into idempotency_keys (scope, key, fingerprint, state, owner, response_status, response_body, completed_at)
+           values ('api', 'mismatch', 'another request', 'completed', gen_random_uuid(), 409, '{}', now())"#,
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
+    let same_request = stockade::orders::OrderRequest::new(
+        vec![(Sku::parse("BATCH-1").unwrap(), 1)],
+        None,
+        None,
+        10,
+    )
+    .unwrap()
+    .fingerprint();
+    sqlx::query(
+        r#"insert into idempotency_keys (scope, key, fingerprint, state, owner)
+           values ('api', 'busy', $1, 'in_flight', gen_random_uuid())"#,
+    )
+    .bind(same_request.as_str())
+    .execute(&app.db)
+    .await
+    .unwrap();
+
+    // Six new keys (one sent twice) for the three units left, and the three old keys.
+    let keys = [
+        "new-1", "new-2", "new-3", "new-4", "new-5", "twin", "twin", "replayed", "mismatch", "busy",
+    ];
+    let app_ref = &app;
+    let answers = join_all(keys.iter().map(|key| async move {
+        let res = app_ref.post_order(key, &[("BATCH-1", 1)]).await;
+        let status = res.status().as_u16();
+        let retry_after = res.headers().contains_key("retry-after");
+        let body: serde_json::Value = res.json().await.unwrap();
+        (*key, status, retry_after, body)
+    }))
+    .await;
+    let answer = |key: &str| {
+        answers
+            .iter()
+            .filter(|(k, ..)| *k == key)
+            .map(|(_, status, retry_after, body)| (*status, *retry_after, body.clone()))
+            .collect::<Vec<_>>()
+    };
+    let new_keys = ["new-1", "new-2", "new-3", "new-4", "new-5", "twin"];
+    let placed: Vec<&str> = new_keys
+        .iter()
+        .copied()
+        .filter(|k| answer(k)[0].0 == 201)
+        .collect();
+    assert_eq!(placed.len(), 3, "three units, three orders: {answers:?}");
+    for key in new_keys.iter().filter(|k| !placed.contains(k)) {
+        let (status, _, body) = &answer(key)[0];
+        assert_eq!(*status, 409, "{key}: {body}");
+        assert_eq!(body["shortages"][0]["available"], 0, "{key}: {body}");
+    }
+    let twin = answer("twin");
+    assert_eq!(twin[0].0, twin[1].0, "one key, one answer: {twin:?}");
+    assert_eq!(
+        twin[0].2["id"], twin[1].2["id"],
+        "one key, one answer: {twin:?}"
+    );
+    let replayed = &answer("replayed")[0];
+    assert_eq!((replayed.0, &replayed.2["id"]), (201, &earlier["id"]));
+    assert_eq!(answer("mismatch")[0].0, 422);
+    let busy = &answer("busy")[0];
+    assert_eq!((busy.0, busy.1), (409, true), "{busy:?}");
+    assert!(busy.2.get("shortages").is_none(), "{busy:?}");
+
+    assert_eq!(app.count("select count(*) from orders").await, 4);
+    assert_eq!(app.stock("BATCH-1").await.0, 0);
+    app.assert_invariants().await;
+    // The new orders met in few transactions.
+    let metrics = app.get_text("/metrics").await.1;
+    let metric = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing: {metrics}"))
+    };
+    let (batches, batched) = (
+        metric("stockade_batch_size_count"),
+        metric("stockade_batch_size_sum"),
+    );
+    assert!(
+        batched / batches > 1.5,
+        "{batched} orders in {batches} batches"
+    );
 }
 
 #[tokio::test]

@@ -444,11 +444,12 @@ async fn a_server_stopped_mid_sale_costs_the_other_about_a_lease_ttl_and_no_key_
     report.assert_matches(&app, 50).await;
 }
 
-#[tokio::test]
-async fn a_server_killed_mid_sale_loses_no_acknowledged_order_and_strands_no_key() {
+/// Two servers sell with `strategy`; one is killed with SIGKILL mid-sale.
+async fn kill_a_server_mid_sale(strategy: &str) {
     let app = spawn_app_with(tight(test_settings().await)).await;
     app.add_product(SKU, "Drop", 5_000, 50).await;
-    let env = tight_env();
+    let mut env = tight_env();
+    env.push(("STOCKADE_ORDER_STRATEGY", strategy.to_string()));
     let (mut killed, other) = (
         serve_app(&app, &env, &[]).await,
         serve_app(&app, &env, &[]).await,
@@ -469,6 +470,16 @@ async fn a_server_killed_mid_sale_loses_no_acknowledged_order_and_strands_no_key
         .await
         .unwrap();
     assert!(verdicts.iter().all(|v| v.pass), "{verdicts:?}");
+}
+
+#[tokio::test]
+async fn a_server_killed_mid_sale_loses_no_acknowledged_order_and_strands_no_key() {
+    kill_a_server_mid_sale("redis-lock").await;
+}
+
+#[tokio::test]
+async fn a_batch_leader_killed_mid_batch_leaves_no_order_without_its_key_and_no_key_stuck() {
+    kill_a_server_mid_sale("batched").await;
 }
 
 #[tokio::test]
