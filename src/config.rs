@@ -107,6 +107,9 @@ pub struct Settings {
     /// `STOCKADE_BATCH_WAIT_US`: how long a `batched` leader waits for more orders before
     /// applying a batch that is not full (0: take what has queued meanwhile).
     pub batch_wait: Duration,
+    /// `STOCKADE_PAGE_CACHE_MS`: how long a process reuses what it read for the catalogue
+    /// and product pages (0: read every time).
+    pub page_cache: Duration,
     /// `STOCKADE_WORKERS`: HTTP worker threads; 0 means one per CPU core.
     pub workers: usize,
     /// `STOCKADE_DB_POOL_SIZE`: connections per process.
@@ -175,6 +178,7 @@ impl Default for Settings {
             order_strategy: OrderStrategy::RedisLock,
             batch_max: 128,
             batch_wait: Duration::ZERO,
+            page_cache: Duration::from_millis(500),
             workers: 0,
             db_pool_size: 16,
             redis_prefix: "stockade:".into(),
@@ -213,6 +217,7 @@ pub const VARIABLES: &[&str] = &[
     "STOCKADE_ORDER_STRATEGY",
     "STOCKADE_BATCH_MAX",
     "STOCKADE_BATCH_WAIT_US",
+    "STOCKADE_PAGE_CACHE_MS",
     "STOCKADE_WORKERS",
     "STOCKADE_DB_POOL_SIZE",
     "STOCKADE_REDIS_PREFIX",
@@ -307,6 +312,9 @@ impl Settings {
         if let Some(v) = take("STOCKADE_BATCH_WAIT_US") {
             s.batch_wait =
                 Duration::from_micros(bounded("STOCKADE_BATCH_WAIT_US", &v, 0, 1_000_000)?);
+        }
+        if let Some(v) = take("STOCKADE_PAGE_CACHE_MS") {
+            s.page_cache = Duration::from_millis(bounded("STOCKADE_PAGE_CACHE_MS", &v, 0, 60_000)?);
         }
         if let Some(v) = take("STOCKADE_WORKERS") {
             s.workers = bounded("STOCKADE_WORKERS", &v, 0, 256)?;

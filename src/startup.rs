@@ -62,11 +62,15 @@ impl Application {
         crate::holds::spawn_sweeper(db.clone(), redis.clone(), settings.sweep_interval);
         let settings = Arc::new(settings);
         let metrics = Arc::new(Metrics::new());
+        let catalog = Arc::new(crate::catalog::cache::CatalogCache::new(
+            settings.page_cache,
+        ));
         let batcher = Arc::new(crate::orders::Batcher::new(
             db.clone(),
             redis.clone(),
             settings.clone(),
             metrics.clone(),
+            catalog.clone(),
         ));
         let state = web::Data::new(AppState {
             db,
@@ -74,6 +78,7 @@ impl Application {
             settings,
             metrics,
             batcher,
+            catalog,
         });
         let app_state = state.clone();
         let server = HttpServer::new(move || {

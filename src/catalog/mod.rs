@@ -1,6 +1,7 @@
 //! What is for sale: products identified by a [`Sku`], with prices in cents. Stock levels
 //! live in [`crate::inventory`]; this module only joins them in for display.
 
+pub mod cache;
 pub mod db;
 mod seed;
 

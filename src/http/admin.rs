@@ -1094,6 +1094,7 @@ pub async fn post_restock(
         },
     )
     .await??;
+    state.catalog.forget(&sku);
     state.redis.clear_sold_out(&sku).await;
     Ok(answer)
 }
@@ -1161,6 +1162,7 @@ pub async fn post_adjust(
     .await?;
     let (notice, moved) = match answer {
         Ok(answer) => {
+            state.catalog.forget(&sku);
             state.redis.clear_sold_out(&sku).await;
             return Ok(answer);
         }
@@ -1599,6 +1601,7 @@ pub async fn post_api_restock(
         },
     )
     .await??;
+    state.catalog.forget(&sku);
     state.redis.clear_sold_out(&sku).await;
     api_answer(once)
 }
@@ -1669,6 +1672,7 @@ pub async fn post_api_adjust(
         },
     )
     .await??;
+    state.catalog.forget(&sku);
     state.redis.clear_sold_out(&sku).await;
     api_answer(once)
 }

@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use super::middleware::problem_response;
 use super::{AppState, detached};
-use crate::catalog::{self, ProductView, Sku};
+use crate::catalog::{ProductView, Sku};
 use crate::error::AppError;
 use crate::holds;
 use crate::idempotency::{IdempotencyKey, Scope};
@@ -39,7 +39,9 @@ impl From<ProductView> for ProductJson {
 }
 
 pub async fn get_products(state: web::Data<AppState>) -> Result<HttpResponse, AppError> {
-    let products: Vec<ProductJson> = catalog::db::list_products(&state.db)
+    let products: Vec<ProductJson> = state
+        .catalog
+        .products(&state.db)
         .await?
         .into_iter()
         .map(ProductJson::from)
@@ -53,7 +55,9 @@ pub async fn get_product(
 ) -> Result<HttpResponse, AppError> {
     let not_found = || AppError::not_found(format!("No product with SKU {path:?}."));
     let sku = Sku::parse(&path).map_err(|_| not_found())?;
-    let product = catalog::db::find_product(&state.db, &sku)
+    let product = state
+        .catalog
+        .product(&state.db, &sku)
         .await?
         .ok_or_else(not_found)?;
     Ok(HttpResponse::Ok().json(ProductJson::from(product)))

@@ -29,6 +29,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// The per-SKU queues of the `batched` strategy.
     pub batcher: Arc<crate::orders::Batcher>,
+    /// What the storefront pages read, kept for a moment.
+    pub catalog: Arc<crate::catalog::cache::CatalogCache>,
 }
 
 impl AppState {
@@ -39,6 +41,7 @@ impl AppState {
             settings: &self.settings,
             metrics: &self.metrics,
             batcher: &self.batcher,
+            catalog: &self.catalog,
         }
     }
 }

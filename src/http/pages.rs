@@ -5,7 +5,7 @@ use askama::Template;
 use askama_web::WebTemplate;
 
 use super::{AppState, Chrome};
-use crate::catalog::{self, ProductView, Sku};
+use crate::catalog::{ProductView, Sku};
 use crate::error::AppError;
 
 #[derive(Template, WebTemplate)]
@@ -20,7 +20,7 @@ pub async fn get_catalogue(
     req: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<CataloguePage, AppError> {
-    let products = catalog::db::list_products(&state.db).await?;
+    let products = state.catalog.products(&state.db).await?;
     Ok(CataloguePage {
         chrome: Chrome::new(&req),
         products,
@@ -43,7 +43,9 @@ pub async fn get_product(
 ) -> Result<ProductPage, AppError> {
     let not_found = || AppError::not_found(format!("We have no product with SKU {path:?}."));
     let sku = Sku::parse(&path).map_err(|_| not_found())?;
-    let product = catalog::db::find_product(&state.db, &sku)
+    let product = state
+        .catalog
+        .product(&state.db, &sku)
         .await?
         .ok_or_else(not_found)?;
     Ok(ProductPage {

@@ -30,6 +30,7 @@ use uuid::Uuid;
 
 use super::{Order, OrderError, OrderRequest, Shortage};
 use crate::catalog::Sku;
+use crate::catalog::cache::CatalogCache;
 use crate::config::Settings;
 use crate::idempotency::{Fingerprint, IdempotencyKey, Scope};
 use crate::locking::{Acquire, Redis};
@@ -64,16 +65,24 @@ pub struct Batcher {
     redis: Redis,
     settings: Arc<Settings>,
     metrics: Arc<Metrics>,
+    catalog: Arc<CatalogCache>,
 }
 
 impl Batcher {
-    pub fn new(db: PgPool, redis: Redis, settings: Arc<Settings>, metrics: Arc<Metrics>) -> Self {
+    pub fn new(
+        db: PgPool,
+        redis: Redis,
+        settings: Arc<Settings>,
+        metrics: Arc<Metrics>,
+        catalog: Arc<CatalogCache>,
+    ) -> Self {
         Self {
             queues: Mutex::default(),
             db,
             redis,
             settings,
             metrics,
+            catalog,
         }
     }
 
@@ -181,6 +190,7 @@ impl Batcher {
         match outcome {
             Ok(answers) => {
                 if answers.sold_out {
+                    self.catalog.forget(sku);
                     self.redis.hint_sold_out(sku).await;
                 }
                 for (job, answer) in jobs.into_iter().zip(answers.each) {

@@ -41,6 +41,8 @@ pub struct OrderDeps<'a> {
     pub settings: &'a Settings,
     pub metrics: &'a Metrics,
     pub batcher: &'a std::sync::Arc<super::Batcher>,
+    /// Forgotten for a SKU this process sells out, so its pages say so at once.
+    pub catalog: &'a crate::catalog::cache::CatalogCache,
 }
 
 /// What a request asks for: stock sold now, or stock held for a while.
@@ -175,24 +177,22 @@ async fn place(
     // A decided key is answered from its record, before any lease or transaction. One
     // connection serves both reads, and goes back to the pool before the lease wait.
     let mut conn = deps.db.acquire().await?;
-    match idempotency::lookup(
+    let found = idempotency::lookup(
         &mut *conn,
         scope,
         key,
         &keyed.fingerprint,
         keyed.stale_after,
     )
-    .await?
-    {
-        Found::Completed(stored) => {
-            deps.metrics.idempotent_replays.inc();
-            return replay(deps, stored, intent).await;
-        }
-        Found::Mismatch => return Err(OrderError::KeyReused),
-        Found::InFlight => return Err(OrderError::InFlight),
+    .await?;
+    match found {
         Found::Absent | Found::Stale(_) => {}
+        found => {
+            // Back to the pool first: a replay reads with a connection of its own.
+            drop(conn);
+            return decided_elsewhere(deps, &keyed, found, intent).await;
+        }
     }
-
     let skus = request.skus();
     let products = db::products_for(&mut *conn, &skus).await?;
     drop(conn);
@@ -426,6 +426,7 @@ async fn place_keyed(
                 sold_out,
             })) => {
                 for sku in &sold_out {
+                    deps.catalog.forget(sku);
                     deps.redis.hint_sold_out(sku).await;
                 }
                 return Ok(placement);

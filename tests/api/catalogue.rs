@@ -192,3 +192,49 @@ async fn seeding_writes_a_ledger_that_sums_to_stock() {
     assert_eq!(mismatches.len(), 1);
     assert_eq!(mismatches[0].sku, "MG-STONE-350");
 }
+
+#[tokio::test]
+async fn pages_reuse_what_they_read_for_a_moment_and_show_sold_out_at_once() {
+    let app = crate::helpers::spawn_app_with(stockade::config::Settings {
+        page_cache: std::time::Duration::from_millis(500),
+        ..crate::helpers::test_settings().await
+    })
+    .await;
+    app.add_product("CACHE-1", "Cached", 1_000, 4).await;
+    let page = || async { app.get_text("/products/CACHE-1").await.1 };
+    assert!(page().await.contains("Only 4 left"));
+
+    // A change this process did not make shows once the entry is half a second old:
+    // meanwhile views are served without reading the database.
+    sqlx::query("update stock set on_hand = 3 where sku = 'CACHE-1'")
+        .execute(&app.db)
+        .await
+        .unwrap();
+    sqlx::query(
+        "insert into stock_movements (sku, delta, reason, actor) values ('CACHE-1', -1, 'adjust', 'test')",
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
+    assert!(page().await.contains("Only 4 left"), "served from memory");
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    assert!(
+        page().await.contains("Only 3 left"),
+        "at most half a second stale"
+    );
+
+    // Selling the last units here shows "Sold out" at once, on the page and in the API.
+    assert_eq!(
+        app.post_order("last", &[("CACHE-1", 3)]).await.status(),
+        201
+    );
+    assert!(page().await.contains("Sold out"));
+    let api: serde_json::Value = app
+        .get("/api/v1/products/CACHE-1")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(api["available"], 0);
+    app.assert_invariants().await;
+}

@@ -127,6 +127,8 @@ pub async fn test_settings() -> Settings {
         request_budget: Duration::from_secs(10),
         db_acquire_timeout: Duration::from_secs(5),
         lease_wait: Duration::from_secs(2),
+        // Pages show the database as it is; the cache has a test of its own.
+        page_cache: Duration::ZERO,
         log_format: LogFormat::Pretty,
         log_filter: log.clone().unwrap_or_else(|| "off".into()),
         ..Settings::default()
@@ -480,6 +482,7 @@ pub async fn serve_app(app: &TestApp, extra: &[(&str, String)], args: &[&str]) -
         ("STOCKADE_REQUEST_BUDGET_MS", "10000".into()),
         ("STOCKADE_DB_ACQUIRE_TIMEOUT_MS", "5000".into()),
         ("STOCKADE_LEASE_WAIT_MS", "2000".into()),
+        ("STOCKADE_PAGE_CACHE_MS", "0".into()),
     ];
     env.extend(extra.iter().cloned());
     serve(&env, args).await

@@ -21,7 +21,8 @@ use crate::helpers::{
 fn tight(s: Settings) -> Settings {
     Settings {
         request_budget: Duration::from_secs(2),
-        db_acquire_timeout: Duration::from_millis(500),
+        // Twice production's, as tests share two cores with each other.
+        db_acquire_timeout: Duration::from_millis(1_000),
         statement_timeout: Duration::from_millis(800),
         tx_timeout: Duration::from_millis(1_000),
         lease_wait: Duration::from_millis(700),
