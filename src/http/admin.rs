@@ -1094,8 +1094,7 @@ pub async fn post_restock(
         },
     )
     .await??;
-    state.catalog.forget(&sku);
-    state.redis.clear_sold_out(&sku).await;
+    state.stock_changed(&sku).await;
     Ok(answer)
 }
 
@@ -1162,8 +1161,7 @@ pub async fn post_adjust(
     .await?;
     let (notice, moved) = match answer {
         Ok(answer) => {
-            state.catalog.forget(&sku);
-            state.redis.clear_sold_out(&sku).await;
+            state.stock_changed(&sku).await;
             return Ok(answer);
         }
         Err(NotSet::Failed(e)) => return Err(e),
@@ -1428,7 +1426,7 @@ pub async fn post_cancel(
             {
                 Some(Cancelled::Now) => {
                     for line in &order.lines {
-                        shared.redis.clear_sold_out(&line.sku()).await;
+                        shared.stock_changed(&line.sku()).await;
                     }
                     "Order cancelled; its units are back in stock."
                 }
@@ -1601,8 +1599,7 @@ pub async fn post_api_restock(
         },
     )
     .await??;
-    state.catalog.forget(&sku);
-    state.redis.clear_sold_out(&sku).await;
+    state.stock_changed(&sku).await;
     api_answer(once)
 }
 
@@ -1672,7 +1669,6 @@ pub async fn post_api_adjust(
         },
     )
     .await??;
-    state.catalog.forget(&sku);
-    state.redis.clear_sold_out(&sku).await;
+    state.stock_changed(&sku).await;
     api_answer(once)
 }

@@ -34,6 +34,13 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// After this process changed `sku`'s stock outside an order: its pages and its
+    /// sold-out hint are forgotten, so returned units are offered at once.
+    pub async fn stock_changed(&self, sku: &crate::catalog::Sku) {
+        self.catalog.forget(sku);
+        self.redis.clear_sold_out(sku).await;
+    }
+
     pub fn order_deps(&self) -> OrderDeps<'_> {
         OrderDeps {
             db: &self.db,

@@ -315,6 +315,66 @@ pub async fn take_stock_naive(
     })
 }
 
+/// Locks `sku`'s stock row for a batch of sales and reads what is available and the
+/// highest fence that wrote it; `None` when there is no such row.
+pub async fn lock_for_sale(conn: &mut PgConnection, sku: &Sku) -> sqlx::Result<Option<(i32, i64)>> {
+    sqlx::query_as(r#"select on_hand - reserved, last_fence from stock where sku = $1 for update"#)
+        .bind(sku.as_str())
+        .fetch_optional(conn)
+        .await
+}
+
+/// Sells `total` units of `sku` for a batch of orders, with the one conditional statement
+/// every sale goes through: false (nothing changed) unless enough is available and, with a
+/// `fence`, no newer lease has written the row. The batch writes its ledger rows with
+/// [`record_sales`].
+pub async fn sell_units(
+    conn: &mut PgConnection,
+    sku: &Sku,
+    total: i32,
+    fence: Option<i64>,
+) -> sqlx::Result<bool> {
+    let updated = sqlx::query(
+        r#"update stock
+              set on_hand = on_hand - $2,
+                  last_fence = greatest(last_fence, $3),
+                  updated_at = now()
+            where sku = $1
+              and on_hand - reserved >= $2
+              and ($3::bigint is null or last_fence < $3)"#,
+    )
+    .bind(sku.as_str())
+    .bind(total)
+    .bind(fence)
+    .execute(conn)
+    .await?
+    .rows_affected();
+    Ok(updated == 1)
+}
+
+/// One `order` ledger row per sale of `sku` (quantity, order reference, actor), by one
+/// statement.
+pub async fn record_sales(
+    conn: &mut PgConnection,
+    sku: &Sku,
+    quantities: &[i32],
+    references: &[String],
+    actors: &[&str],
+) -> sqlx::Result<()> {
+    sqlx::query(
+        r#"insert into stock_movements (sku, delta, reserved_delta, reason, reference, actor)
+           select $1, -quantity, 0, 'order', reference, actor
+             from unnest($2::int[], $3::text[], $4::text[]) as u(quantity, reference, actor)"#,
+    )
+    .bind(sku.as_str())
+    .bind(quantities)
+    .bind(references)
+    .bind(actors)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
 /// One ledger row to append: `delta` to on_hand, `reserved_delta` to reserved.
 #[derive(Debug, Clone, Copy)]
 pub struct Entry<'a> {

@@ -33,6 +33,7 @@ use crate::catalog::Sku;
 use crate::catalog::cache::CatalogCache;
 use crate::config::Settings;
 use crate::idempotency::{Fingerprint, IdempotencyKey, Scope};
+use crate::inventory::db as stock;
 use crate::locking::{Acquire, Redis};
 use crate::metrics::Metrics;
 
@@ -272,18 +273,16 @@ async fn transact(
         .map(|j| claims.remove(&(j.scope.as_str(), j.key.as_str())))
         .collect();
 
-    // 2. Lock the row and allocate in arrival order.
-    let row: Option<(i32, i64, String, i64)> = sqlx::query_as(
-        r#"select s.on_hand - s.reserved, s.last_fence, p.name, p.price_cents
-             from stock s join products p on p.sku = s.sku
-            where s.sku = $1 and p.active
-              for update of s"#,
-    )
-    .bind(sku.as_str())
-    .fetch_optional(&mut *tx)
-    .await?;
-    // A product deactivated since its orders queued sells nothing.
-    let (mut left, last_fence, name, price) = row.unwrap_or((0, 0, String::new(), 0));
+    // 2. Lock the row and allocate in arrival order, at today's price. A product
+    //    deactivated since its orders queued sells nothing.
+    let locked = stock::lock_for_sale(&mut tx, sku).await?;
+    let product = super::db::products_for(&mut *tx, std::slice::from_ref(sku))
+        .await?
+        .pop();
+    let (mut left, last_fence, name, price) = match (locked, product) {
+        (Some((available, last_fence)), Some(p)) => (available, last_fence, p.name, p.price_cents),
+        (locked, _) => (0, locked.map_or(0, |(_, f)| f), String::new(), 0),
+    };
     if let Some(fence) = fence
         && last_fence >= fence
     {
@@ -329,28 +328,11 @@ async fn transact(
 
     // 3. One conditional update for the accepted total: the database still refuses to go
     //    below zero, or past a newer fence.
-    if taken > 0 {
-        let updated = sqlx::query(
-            r#"update stock
-                  set on_hand = on_hand - $2,
-                      last_fence = greatest(last_fence, $3),
-                      updated_at = now()
-                where sku = $1
-                  and on_hand - reserved >= $2
-                  and ($3::bigint is null or last_fence < $3)"#,
-        )
-        .bind(sku.as_str())
-        .bind(taken)
-        .bind(fence)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if updated != 1 {
-            // Impossible under the row lock; refuse the whole batch rather than guess.
-            return Err(sqlx::Error::Protocol(
-                "the stock row changed under its lock".into(),
-            ));
-        }
+    if taken > 0 && !stock::sell_units(&mut tx, sku, taken, fence).await? {
+        // Impossible under the row lock; refuse the whole batch rather than guess.
+        return Err(sqlx::Error::Protocol(
+            "the stock row changed under its lock".into(),
+        ));
     }
     let placed: Vec<(&Job, &Order)> = jobs
         .iter()
@@ -461,16 +443,6 @@ async fn insert_orders(
     .execute(&mut *conn)
     .await?;
     let references: Vec<String> = ids.iter().map(Uuid::to_string).collect();
-    sqlx::query(
-        r#"insert into stock_movements (sku, delta, reserved_delta, reason, reference, actor)
-           select $1, -quantity, 0, 'order', reference, actor
-             from unnest($2::int[], $3::text[], $4::text[]) as u(quantity, reference, actor)"#,
-    )
-    .bind(sku.as_str())
-    .bind(&quantities)
-    .bind(&references)
-    .bind(&scopes)
-    .execute(&mut *conn)
-    .await?;
+    stock::record_sales(conn, sku, &quantities, &references, &scopes).await?;
     Ok(())
 }

@@ -346,6 +346,27 @@ impl TestApp {
             .unwrap()
     }
 
+    /// Whether the app says its lease layer is degraded (`/metrics`).
+    pub async fn lease_layer_degraded(&self) -> bool {
+        self.get_text("/metrics")
+            .await
+            .1
+            .lines()
+            .any(|l| l == "stockade_lease_layer_degraded 1")
+    }
+
+    /// Waits for the lease layer's breaker to close, failing if it takes a second.
+    pub async fn assert_leases_back_within_a_second(&self) {
+        let since = std::time::Instant::now();
+        while self.lease_layer_degraded().await {
+            assert!(
+                since.elapsed() < Duration::from_secs(1),
+                "the breaker is still open a second after Redis came back"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// POSTs an API order of `lines` under `key`.
     pub async fn post_order(&self, key: &str, lines: &[(&str, i64)]) -> reqwest::Response {
         post_order_to(&self.client, &self.address, key, lines).await

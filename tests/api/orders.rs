@@ -550,29 +550,12 @@ async fn orders_continue_on_the_database_guard_while_redis_is_down() {
     assert_eq!(app.stock("DOWN-1").await.0, 0);
     let ready: serde_json::Value = app.get("/readyz").await.json().await.unwrap();
     assert_eq!(ready["order_guard"], "degraded");
-    let metrics = app.get_text("/metrics").await.1;
-    assert!(
-        metrics.contains("stockade_lease_layer_degraded 1"),
-        "{metrics}"
-    );
+    assert!(app.lease_layer_degraded().await);
 
     // Redis returns (empty): the breaker closes within a second, and leases are used
     // again, without a restart.
     app.restart_redis().await;
-    let back = std::time::Instant::now();
-    while app
-        .get_text("/metrics")
-        .await
-        .1
-        .lines()
-        .any(|l| l == "stockade_lease_layer_degraded 1")
-    {
-        assert!(
-            back.elapsed() < Duration::from_secs(1),
-            "the breaker is still open a second after Redis came back"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    app.assert_leases_back_within_a_second().await;
     sqlx::query("update stock set on_hand = 5 where sku = 'DOWN-1'")
         .execute(&app.db)
         .await

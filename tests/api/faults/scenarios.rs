@@ -85,9 +85,16 @@ async fn order_id(res: reqwest::Response) -> String {
     body["id"].as_str().expect("an order id").to_string()
 }
 
-/// Points the test's own pool at the database directly, not through the app's proxy.
-async fn direct_db(app: &mut TestApp, url: &str) {
-    app.db = PgPool::connect(url).await.unwrap();
+/// An app whose database connections go through a fault proxy (the test's own pool
+/// does not), with 100 units of [`SKU`].
+async fn behind_database_proxy(mut settings: Settings) -> (TestApp, FaultProxy) {
+    let direct = settings.database_url.clone().unwrap();
+    let proxy = FaultProxy::in_front_of(&direct);
+    settings.database_url = Some(proxy.url(&direct));
+    let mut app = spawn_app_with(settings).await;
+    app.db = PgPool::connect(&direct).await.unwrap();
+    app.add_product(SKU, "Drop", 5_000, 100).await;
+    (app, proxy)
 }
 
 #[tokio::test]
@@ -143,13 +150,7 @@ async fn a_process_that_wakes_after_its_key_was_taken_over_answers_with_the_orde
 
 #[tokio::test]
 async fn requests_in_flight_when_the_database_network_dies_answer_503_within_the_budget() {
-    let mut settings = tight(test_settings().await);
-    let direct = settings.database_url.clone().unwrap();
-    let proxy = FaultProxy::in_front_of(&direct);
-    settings.database_url = Some(proxy.url(&direct));
-    let mut app = spawn_app_with(settings).await;
-    direct_db(&mut app, &direct).await;
-    app.add_product(SKU, "Drop", 5_000, 100).await;
+    let (app, proxy) = behind_database_proxy(tight(test_settings().await)).await;
     for i in 0..3 {
         assert_eq!(post(&app, &format!("warm-{i}")).await.0, 201);
     }
@@ -202,7 +203,12 @@ async fn requests_in_flight_when_the_database_network_dies_answer_503_within_the
 
 #[tokio::test]
 async fn orders_stay_fast_on_the_database_guard_while_redis_stops_answering() {
-    let mut settings = tight(test_settings().await);
+    // Patient with the database, which is not what this test is about.
+    let mut settings = Settings {
+        db_acquire_timeout: Duration::from_secs(5),
+        request_budget: Duration::from_secs(8),
+        ..tight(test_settings().await)
+    };
     let redis_url = settings.redis_url.clone().unwrap();
     let proxy = FaultProxy::in_front_of(&redis_url);
     settings.redis_url = Some(proxy.url(&redis_url));
@@ -229,29 +235,11 @@ async fn orders_stay_fast_on_the_database_guard_while_redis_stops_answering() {
         median < Duration::from_millis(200),
         "orders wait on Redis while it is down: median {median:?}, all {latencies:?}"
     );
-    let metrics = app.get_text("/metrics").await.1;
-    assert!(
-        metrics
-            .lines()
-            .any(|l| l == "stockade_lease_layer_degraded 1")
-    );
+    assert!(app.lease_layer_degraded().await);
 
     // Redis answers again: the breaker closes within a second and leases are back.
     proxy.set(Mode::Pass);
-    let back = Instant::now();
-    while app
-        .get_text("/metrics")
-        .await
-        .1
-        .lines()
-        .any(|l| l == "stockade_lease_layer_degraded 1")
-    {
-        assert!(
-            back.elapsed() < Duration::from_secs(1),
-            "breaker still open"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    app.assert_leases_back_within_a_second().await;
     let fence = || async {
         let mut conn = app.redis().await;
         redis::cmd("GET")
@@ -280,15 +268,12 @@ async fn orders_stay_fast_on_the_database_guard_while_redis_stops_answering() {
 
 #[tokio::test]
 async fn a_saturated_pool_sheds_within_half_a_second_and_spreads_the_retries() {
-    let mut settings = tight(test_settings().await);
-    let direct = settings.database_url.clone().unwrap();
-    let proxy = FaultProxy::in_front_of(&direct);
-    settings.database_url = Some(proxy.url(&direct));
-    settings.db_pool_size = 1;
-    settings.db_acquire_timeout = Duration::from_millis(300);
-    let mut app = spawn_app_with(settings).await;
-    direct_db(&mut app, &direct).await;
-    app.add_product(SKU, "Drop", 5_000, 100).await;
+    let (app, proxy) = behind_database_proxy(Settings {
+        db_pool_size: 1,
+        db_acquire_timeout: Duration::from_millis(300),
+        ..tight(test_settings().await)
+    })
+    .await;
 
     // Each query now takes at least 300 ms, and there is one connection.
     proxy.set(Mode::Delay(Duration::from_millis(150)));
@@ -322,14 +307,8 @@ async fn a_saturated_pool_sheds_within_half_a_second_and_spreads_the_retries() {
 
 #[tokio::test]
 async fn keys_of_dead_requests_are_freed_within_seconds_and_the_checker_sees_stragglers() {
-    let mut settings = tight(test_settings().await);
-    let direct = settings.database_url.clone().unwrap();
-    let proxy = FaultProxy::in_front_of(&direct);
-    settings.database_url = Some(proxy.url(&direct));
-    let mut app = spawn_app_with(settings.clone()).await;
-    direct_db(&mut app, &direct).await;
-    app.add_product(SKU, "Drop", 5_000, 100).await;
-    let stale = stockade::orders::stale_after(&settings);
+    let (app, proxy) = behind_database_proxy(tight(test_settings().await)).await;
+    let stale = stockade::orders::stale_after(&app.settings);
 
     // A record left by a process that died mid-request, one second from going stale.
     sqlx::query(
