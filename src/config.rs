@@ -188,7 +188,7 @@ impl Default for Settings {
             db_acquire_timeout: Duration::from_millis(500),
             redis_timeout: Duration::from_millis(250),
             lease_ttl: Duration::from_millis(1_000),
-            lease_wait: Duration::from_millis(1_500),
+            lease_wait: Duration::from_millis(2_000),
             max_line_quantity: 10,
             idempotency_ttl_hours: 24,
             login_max_failures: 5,

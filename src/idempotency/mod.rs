@@ -272,7 +272,7 @@ pub async fn lookup(
 /// without a transaction of its own, such as "not enough stock"): one statement, one
 /// commit. When the key has a record already, returns what it says instead.
 pub async fn store(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     scope: Scope,
     key: &IdempotencyKey,
     fingerprint: &Fingerprint,
@@ -292,13 +292,13 @@ pub async fn store(
     .bind(Uuid::new_v4())
     .bind(response.status as i16)
     .bind(&response.body)
-    .execute(pool)
+    .execute(&mut *conn)
     .await?
     .rows_affected();
     if inserted == 1 {
         return Ok(None);
     }
-    lookup(pool, scope, key, fingerprint, stale_after)
+    lookup(conn, scope, key, fingerprint, stale_after)
         .await
         .map(Some)
 }

@@ -10,7 +10,7 @@
 //!   with a token older than the last one that wrote it;
 //! - release is compare-and-delete on the owner token, so a holder whose lease expired
 //!   cannot delete its successor's;
-//! - a holder renews its lease while it works ([`Redis::keep_alive`], a watchdog), so the
+//! - a holder renews its lease while it works ([`Redis::while_held`], a watchdog), so the
 //!   TTL can be short: it only bounds how long a stopped or dead holder blocks the SKU;
 //! - a circuit breaker stands in front of every call: after [`OPEN_AFTER`] failures in a
 //!   row (errors or timeouts) it opens, the layer reports [`Acquire::Degraded`] without
@@ -201,16 +201,6 @@ pub struct Lease {
     pub fence: i64,
 }
 
-/// Renews a lease while alive (see [`Redis::keep_alive`]).
-#[derive(Debug)]
-pub struct KeepAlive(tokio::task::JoinHandle<()>);
-
-impl Drop for KeepAlive {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// The result of trying to lease a set of SKUs.
 #[derive(Debug)]
 pub enum Acquire {
@@ -343,36 +333,46 @@ impl Redis {
         }
     }
 
-    /// Keeps `lease` alive while the returned guard lives: renews it every third of `ttl`
-    /// (a watchdog), and stops when the guard is dropped or the lease is found lost. A
-    /// stopped process renews nothing, so its lease lapses after `ttl`.
-    pub fn keep_alive(&self, lease: &Lease, ttl: Duration) -> KeepAlive {
-        let redis = self.clone();
-        let (keys, token) = (lease.keys.clone(), lease.token.clone());
-        let task = tokio::spawn(async move {
-            let mut every = tokio::time::interval(ttl / 3);
-            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            every.tick().await;
+    /// Runs `work` while keeping `lease` alive: renews it every third of `ttl` (a
+    /// watchdog, run beside `work` in the same task) until `work` ends or the lease is
+    /// found lost. A stopped process renews nothing, so its lease lapses after `ttl`.
+    pub async fn while_held<T>(
+        &self,
+        lease: Option<&Lease>,
+        ttl: Duration,
+        work: impl Future<Output = T>,
+    ) -> T {
+        let Some(lease) = lease else {
+            return work.await;
+        };
+        let renewals = async {
             loop {
-                every.tick().await;
-                let script = Script::new(RENEW);
-                let mut invocation = script.prepare_invoke();
-                for key in &keys {
-                    invocation.key(key);
-                }
-                invocation.arg(&token).arg(ttl.as_millis() as u64);
-                let mut conn = redis.conn();
-                let renewed = redis
-                    .call("lease renewal", invocation.invoke_async::<usize>(&mut conn))
-                    .await;
-                if renewed != Some(keys.len()) {
+                tokio::time::sleep(ttl / 3).await;
+                if !self.renew(lease, ttl).await {
                     // Lost (expired and re-granted, or Redis forgot it): the fence refuses
                     // this holder's write if a newer lease wrote first.
-                    return;
+                    std::future::pending::<()>().await;
                 }
             }
-        });
-        KeepAlive(task)
+        };
+        tokio::select! {
+            out = work => out,
+            () = renewals => unreachable!("renewals never end"),
+        }
+    }
+
+    /// Extends `lease` to `ttl` if it is still ours.
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> bool {
+        let script = Script::new(RENEW);
+        let mut invocation = script.prepare_invoke();
+        for key in &lease.keys {
+            invocation.key(key);
+        }
+        invocation.arg(&lease.token).arg(ttl.as_millis() as u64);
+        let mut conn = self.conn();
+        self.call("lease renewal", invocation.invoke_async::<usize>(&mut conn))
+            .await
+            == Some(lease.keys.len())
     }
 
     /// Releases what `lease` still owns; a lease that expired and was re-granted to someone

@@ -166,12 +166,11 @@ impl Batcher {
                 }
             };
             let fence = lease.as_ref().map(|l| l.fence);
-            let watchdog = lease
-                .as_ref()
-                .map(|l| self.redis.keep_alive(l, s.lease_ttl));
-            let result =
-                tokio::time::timeout(s.tx_timeout, transact(&self.db, sku, &jobs, fence)).await;
-            drop(watchdog);
+            let work = tokio::time::timeout(s.tx_timeout, transact(&self.db, sku, &jobs, fence));
+            let result = self
+                .redis
+                .while_held(lease.as_ref(), s.lease_ttl, work)
+                .await;
             if let Some(lease) = &lease {
                 self.redis.release(lease).await;
             }

@@ -19,7 +19,8 @@
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use sqlx::PgPool;
+use sqlx::pool::PoolConnection;
+use sqlx::{Acquire as _, PgConnection, PgPool, Postgres};
 use uuid::Uuid;
 
 use super::batch::BatchAnswer;
@@ -195,16 +196,16 @@ async fn place(
     }
     let skus = request.skus();
     let products = db::products_for(&mut *conn, &skus).await?;
-    drop(conn);
     let unknown: Vec<String> = skus
         .iter()
         .filter(|s| !products.iter().any(|p| p.sku == s.as_str()))
         .map(|s| s.to_string())
         .collect();
     if !unknown.is_empty() {
+        drop(conn);
         return Err(OrderError::UnknownSkus(unknown));
     }
-    let error = match place_keyed(deps, &keyed, request, &products, intent).await {
+    let error = match place_keyed(deps, &keyed, request, &products, intent, conn).await {
         Err(error @ (OrderError::TimedOut | OrderError::Database(_) | OrderError::Busy)) => error,
         decided => return decided,
     };
@@ -336,14 +337,19 @@ fn shortages_of(request: &OrderRequest, available: &[(String, i32)]) -> Vec<Shor
         .collect()
 }
 
+/// Steps 3–6 for a request whose key is undecided; `conn` is the connection its reads
+/// used. Where nothing is waited for before the transaction (no lease), that connection
+/// carries it, so a request queues for the pool once.
 async fn place_keyed(
     deps: OrderDeps<'_>,
     keyed: &Keyed<'_>,
     request: &OrderRequest,
     products: &[OrderProduct],
     intent: Intent,
+    conn: PoolConnection<Postgres>,
 ) -> Result<Placement, OrderError> {
     let s = deps.settings;
+    let mut held = Some(conn);
     // A plain read is a true answer at the moment it was read: when stock is already
     // short, say so without queueing for a lease.
     let seen: Vec<(String, i32)> = products
@@ -352,14 +358,19 @@ async fn place_keyed(
         .collect();
     let shortages = shortages_of(request, &seen);
     if !shortages.is_empty() {
-        return store_insufficient(deps, keyed, shortages, intent).await;
+        return store_insufficient(deps, keyed, shortages, intent, held.as_deref_mut()).await;
     }
 
     if s.order_strategy == OrderStrategy::Batched
         && intent == Intent::Order
         && let [line] = request.lines()
     {
+        drop(held);
         return place_batched(deps, keyed, request, line.sku.clone(), intent).await;
+    }
+    if s.order_strategy == OrderStrategy::RedisLock {
+        // Not held while queueing for the lease: waiters would drain the pool.
+        held = None;
     }
 
     let skus = request.skus();
@@ -389,7 +400,7 @@ async fn place_keyed(
                         let now = crate::inventory::db::availability(deps.db, &skus).await?;
                         let shortages = shortages_of(request, &now);
                         if !shortages.is_empty() {
-                            return store_insufficient(deps, keyed, shortages, intent).await;
+                            return store_insufficient(deps, keyed, shortages, intent, None).await;
                         }
                         deps.redis.clear_sold_out(&sku).await;
                         attempts += 1;
@@ -410,12 +421,15 @@ async fn place_keyed(
             tokio::time::sleep(s.fault_pause_after_lease).await;
         }
         let fence = lease.as_ref().map(|l| l.fence);
-        let watchdog = lease
-            .as_ref()
-            .map(|l| deps.redis.keep_alive(l, s.lease_ttl));
-        let outcome =
-            tokio::time::timeout(s.tx_timeout, transact(deps, keyed, request, fence, intent)).await;
-        drop(watchdog);
+        let work = transact(deps, keyed, request, fence, intent, held.as_deref_mut());
+        let outcome = deps
+            .redis
+            .while_held(
+                lease.as_ref(),
+                s.lease_ttl,
+                tokio::time::timeout(s.tx_timeout, work),
+            )
+            .await;
         release(deps.redis, lease.as_ref()).await;
 
         match outcome {
@@ -440,7 +454,8 @@ async fn place_keyed(
                         deps.redis.hint_sold_out(&sku).await;
                     }
                 }
-                return store_insufficient(deps, keyed, shortages, intent).await;
+                return store_insufficient(deps, keyed, shortages, intent, held.as_deref_mut())
+                    .await;
             }
             Ok(Ok(Tx::StaleFence { last_fence })) => {
                 // A newer lease wrote the row: ours had expired, or Redis forgot the
@@ -484,13 +499,17 @@ async fn transact(
     request: &OrderRequest,
     fence: Option<i64>,
     intent: Intent,
+    held: Option<&mut PgConnection>,
 ) -> Result<Tx, OrderError> {
     let naive = deps.settings.order_strategy == OrderStrategy::NaiveUnsafe;
     let order_id = Uuid::new_v4();
     let reference = order_id.to_string();
     let actor = keyed.scope.as_str();
 
-    let mut tx = deps.db.begin().await?;
+    let mut tx = match held {
+        Some(conn) => conn.begin().await?,
+        None => deps.db.begin().await?,
+    };
     // Claimed inside the transaction: a concurrent request with the same key waits here
     // for this one to end, and a request that dies leaves no record behind.
     let claim = match idempotency::begin_in(
@@ -694,22 +713,31 @@ async fn store_insufficient(
     keyed: &Keyed<'_>,
     shortages: Vec<Shortage>,
     intent: Intent,
+    conn: Option<&mut PgConnection>,
 ) -> Result<Placement, OrderError> {
     let stored = StoredResponse {
         status: 409,
         body: serde_json::json!({ "shortages": shortages }),
     };
     let k = keyed;
-    match idempotency::store(
-        deps.db,
-        k.scope,
-        k.key,
-        &k.fingerprint,
-        &stored,
-        k.stale_after,
-    )
-    .await?
-    {
+    let found = match conn {
+        Some(conn) => {
+            idempotency::store(conn, k.scope, k.key, &k.fingerprint, &stored, k.stale_after).await?
+        }
+        None => {
+            let mut conn = deps.db.acquire().await?;
+            idempotency::store(
+                &mut conn,
+                k.scope,
+                k.key,
+                &k.fingerprint,
+                &stored,
+                k.stale_after,
+            )
+            .await?
+        }
+    };
+    match found {
         None => Ok(Placement::Insufficient {
             shortages,
             replayed: false,
