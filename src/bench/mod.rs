@@ -188,7 +188,10 @@ impl BenchArgs {
         if !(plan.warmup_s >= 0.0 && plan.warmup_s.is_finite()) {
             bail!("--warmup must be a number of seconds");
         }
-        if plan.open_loop_rate.is_some_and(|r| !(r > 0.0 && r.is_finite())) {
+        if plan
+            .open_loop_rate
+            .is_some_and(|r| !(r > 0.0 && r.is_finite()))
+        {
             bail!("--rate must be a positive number of requests per second");
         }
         Ok(plan)
@@ -348,7 +351,7 @@ impl Bench<'_> {
             ("STOCKADE_REDIS_PREFIX", prefix.clone()),
             ("STOCKADE_LISTEN", "127.0.0.1:0".to_string()),
             ("STOCKADE_ORDER_STRATEGY", strategy.to_string()),
-            ("STOCKADE_LOG", "warn".to_string()),
+            ("STOCKADE_LOG", "error".to_string()),
         ];
         let commits_before = commit_count(admin, &name).await?;
         let statements_before = if statements {
@@ -414,9 +417,11 @@ impl Bench<'_> {
             (Some(before), Some(after)) => Some(after - before),
             _ => None,
         };
-        let per = |n: i64| (answered > 0).then(|| n as f64 / answered as f64);
-        closed_row.commits_per_request = per(commits);
-        closed_row.statements_per_request = statements.and_then(per);
+        let answered = answered as f64;
+        closed_row.commits_per_request = (answered > 0.0).then(|| commits as f64 / answered);
+        closed_row.statements_per_request = statements
+            .filter(|_| answered > 0.0)
+            .map(|n| n as f64 / answered);
 
         let verdicts = if workload.orders() {
             let db = PgPool::connect(&url).await?;
@@ -454,14 +459,7 @@ impl Bench<'_> {
         let plan = self.plan;
         let client = load::client(plan.connections, load.timeout)?;
         let warmup = Duration::from_secs_f64(plan.warmup_s);
-        let warm = load::closed(
-            load,
-            &client,
-            plan.connections,
-            warmup,
-            Arc::default(),
-        )
-        .await;
+        let warm = load::closed(load, &client, plan.connections, warmup, Arc::default()).await;
         let duration = Duration::from_secs(plan.duration_s);
         let live = Arc::new(Live::default());
         let label = format!("{} · {strategy}", workload.name());

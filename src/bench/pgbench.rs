@@ -36,8 +36,8 @@ pub fn find() -> anyhow::Result<PathBuf> {
     if let Some(p) = crate::local::find_binary("pgbench") {
         return Ok(p);
     }
-    if let Some(postgres) = crate::local::find_binary("postgres")
-        .and_then(|p| std::fs::canonicalize(p).ok())
+    if let Some(postgres) =
+        crate::local::find_binary("postgres").and_then(|p| std::fs::canonicalize(p).ok())
         && let Some(p) = postgres.parent().map(|d| d.join("pgbench"))
         && p.is_file()
     {
@@ -218,8 +218,7 @@ fn parse(stdout: &str) -> Option<(f64, u64, u64)> {
             && line.contains("without initial connection time")
         {
             tps = number(rest);
-        } else if let Some(rest) = line.strip_prefix("number of transactions actually processed:")
-        {
+        } else if let Some(rest) = line.strip_prefix("number of transactions actually processed:") {
             transactions = rest.trim().split('/').next()?.trim().parse().ok()?;
         } else if let Some(rest) = line.strip_prefix("number of failed transactions:") {
             failed = number(rest.trim()).map_or(0, |n| n as u64);
