@@ -701,8 +701,12 @@ fn derived_lines(rows: &[Row]) -> Vec<Derived> {
             "orders/s with group commit over orders/s with a lease per order",
         ));
     }
-    let mut strategies: Vec<&str> = rows.iter().map(|r| r.strategy.as_str()).collect();
-    strategies.dedup();
+    let mut strategies: Vec<&str> = Vec::new();
+    for row in rows {
+        if !strategies.contains(&row.strategy.as_str()) {
+            strategies.push(&row.strategy);
+        }
+    }
     for strategy in strategies {
         if let Some(value) = ratio(
             rate(Workload::SoldOut, strategy),
@@ -770,6 +774,31 @@ mod tests {
         );
         assert_eq!(plan.workloads.len(), 4);
         assert_eq!(plan.strategies, ["redis-lock", "pg-atomic", "batched"]);
+    }
+
+    #[test]
+    fn each_strategy_gets_one_sold_out_line() {
+        let measured = |status: u16| load::Measured {
+            seconds: 1.0,
+            statuses: [(status, 10)].into(),
+            latency: hdrhistogram::Histogram::new(3).unwrap(),
+        };
+        let mut rows = Vec::new();
+        for workload in [Workload::HotSku, Workload::SoldOut] {
+            for strategy in ["redis-lock", "batched"] {
+                let m = measured(workload.expected_status());
+                rows.push(Row::of(workload, strategy, "closed", None, &m));
+            }
+        }
+        let names: Vec<String> = derived_lines(&rows).into_iter().map(|d| d.name).collect();
+        assert_eq!(
+            names,
+            [
+                "hot SKU: batched ÷ redis-lock",
+                "sold-out ÷ hot SKU (redis-lock)",
+                "sold-out ÷ hot SKU (batched)"
+            ]
+        );
     }
 
     #[test]
