@@ -5,7 +5,7 @@ SHELL := /bin/bash
 APT := DEBIAN_FRONTEND=noninteractive apt-get
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test build deps-run deps-test lint clean
+.PHONY: run test bench build deps-run deps-test deps-bench lint clean
 
 ## run: install PostgreSQL and Redis if missing, build, start the shop in local mode
 run: deps-run
@@ -15,6 +15,11 @@ run: deps-run
 ## test: install test dependencies if missing, then lint and run the whole suite
 test: deps-test lint
 	cargo test --locked --all-targets
+
+## bench: the app's rates next to pgbench's on its own durable PostgreSQL (bench-report/)
+bench: deps-bench
+	cargo build --release --locked
+	./target/release/stockade bench
 
 ## lint: formatting, clippy, and the docker-compose file
 lint:
@@ -29,11 +34,16 @@ clean:
 	cargo clean
 
 # Installs what is missing with one apt-get run (Debian/Ubuntu); elsewhere names it.
-# $(1): "run" (servers) or "test" (servers, browser, docker-compose).
+# $(1): "run" (servers), "bench" (servers, pgbench) or "test" (servers, pgbench, browser,
+# docker-compose). pgbench comes with the server on Debian 12; newer releases ship it in
+# postgresql-client.
 define install_missing
 	@missing=""; \
 	( command -v initdb || ls /usr/lib/postgresql/*/bin/initdb ) >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	if [ "$(1)" != run ]; then \
+	  ( command -v pgbench || ls /usr/lib/postgresql/*/bin/pgbench ) >/dev/null 2>&1 || missing="$$missing postgresql-client"; \
+	fi; \
 	if [ "$(1)" = test ]; then \
 	  ( command -v chromium && command -v chromedriver ) >/dev/null 2>&1 || missing="$$missing chromium chromium-driver"; \
 	  command -v docker-compose >/dev/null 2>&1 || missing="$$missing docker-compose"; \
@@ -44,7 +54,7 @@ define install_missing
 	    $(SUDO) $(APT) update -qq && $(SUDO) $(APT) install -y -qq $$missing >/dev/null; \
 	  else \
 	    echo "Please install:$$missing"; \
-	    echo "(a PostgreSQL server with postgres and initdb; a Redis server; for the tests Chromium with ChromeDriver and docker-compose)"; \
+	    echo "(a PostgreSQL server with postgres and initdb; a Redis server; for the tests and the bench pgbench; for the tests Chromium with ChromeDriver and docker-compose)"; \
 	    exit 1; \
 	  fi; \
 	fi
@@ -55,3 +65,6 @@ deps-run:
 
 deps-test:
 	$(call install_missing,test)
+
+deps-bench:
+	$(call install_missing,bench)

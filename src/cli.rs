@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use anyhow::bail;
 use clap::{Args, Parser, Subcommand};
 
+use crate::bench::{self, BenchArgs};
 use crate::config::{OrderStrategy, Settings};
 use crate::loadtest::{self, CheckArgs, LoadtestArgs};
 use crate::local::{LocalOptions, LocalServices};
@@ -38,6 +39,8 @@ enum Command {
     Loadtest(Box<LoadtestArgs>),
     /// Check the invariants (I1–I6) of a database, optionally against a run's client log.
     Check(CheckArgs),
+    /// Measure each workload and strategy against pgbench on the same durable PostgreSQL.
+    Bench(Box<BenchArgs>),
 }
 
 #[derive(Debug, Subcommand)]
@@ -99,6 +102,7 @@ impl Cli {
                 Command::Admin(command) => admin_command(settings, command).await,
                 Command::Loadtest(args) => verdict(loadtest::loadtest(*args).await),
                 Command::Check(args) => verdict(loadtest::check_command(args).await),
+                Command::Bench(args) => verdict(bench::bench(*args).await),
             }
         });
         match result {

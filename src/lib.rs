@@ -6,6 +6,8 @@
 
 /// Admins: accounts, password hashes, sessions, login throttling.
 pub mod admin;
+/// `stockade bench`: the app's rates next to PostgreSQL's own (pgbench), one machine, one run.
+pub mod bench;
 /// What is for sale: products, SKUs, prices, the demo catalogue.
 pub mod catalog;
 /// Command-line interface: `serve`, `migrate`, `seed`.

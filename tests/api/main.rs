@@ -2,6 +2,7 @@
 //! [`helpers`].
 
 mod admin;
+mod bench;
 mod browser;
 mod catalogue;
 mod faults;

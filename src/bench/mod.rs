@@ -1,0 +1,810 @@
+//! `stockade bench`: how far the app is from the database beneath it, measured in one run
+//! on one machine.
+//!
+//! It starts a durable PostgreSQL (fsync and synchronous commit on) and Redis of its own
+//! (or uses DATABASE_URL and REDIS_URL), then for each workload and strategy: a fresh
+//! database, seeded through the ledger; one or more `stockade serve` processes; a warm-up;
+//! a closed-loop HTTP load for `--duration` seconds; the commits the database made per
+//! request; the invariant checker. Then `pgbench` runs the minimal SQL of the same work on
+//! the same server ([`pgbench`]), and every app rate is shown as a share of pgbench's.
+//!
+//! Workloads: `hot-sku` (every order for one SKU), `uniform` (orders spread over many
+//! SKUs), `sold-out` (every answer is 409) and `product-page` (GET /products/{sku}).
+
+pub mod load;
+pub mod pgbench;
+pub mod report;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::{Args, ValueEnum};
+use sqlx::PgPool;
+
+use self::load::{Live, Load, Measured, Work};
+use self::report::{BenchReport, Derived, PostgresInfo, Row};
+use crate::loadtest::check::{self, RedisTarget};
+use crate::loadtest::servers::ServerProcess;
+use crate::local::{LocalOptions, LocalServices};
+
+/// What the requests do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Workload {
+    /// Orders of one unit of one SKU whose stock never runs out.
+    HotSku,
+    /// Orders of one unit of a SKU picked uniformly from `--skus`.
+    Uniform,
+    /// Orders for a SKU with no stock: every answer is 409.
+    SoldOut,
+    /// GET /products/{sku}, the HTML page.
+    ProductPage,
+}
+
+impl Workload {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::HotSku => "hot-sku",
+            Self::Uniform => "uniform",
+            Self::SoldOut => "sold-out",
+            Self::ProductPage => "product-page",
+        }
+    }
+
+    /// Whether requests place orders (and so depend on the strategy and get checked).
+    pub fn orders(self) -> bool {
+        self != Self::ProductPage
+    }
+
+    /// The status every answer should have.
+    pub fn expected_status(self) -> u16 {
+        match self {
+            Self::HotSku | Self::Uniform => 201,
+            Self::SoldOut => 409,
+            Self::ProductPage => 200,
+        }
+    }
+}
+
+/// The hot SKU (also the product page's).
+pub const HOT_SKU: &str = "BENCH-HOT";
+/// The SKU with no stock.
+pub const SOLD_OUT_SKU: &str = "BENCH-SOLD";
+/// Units of the hot SKU: more than any run can sell.
+pub const HOT_STOCK: i32 = 10_000_000;
+/// Units of each uniform SKU.
+pub const UNIFORM_STOCK: i32 = 1_000_000;
+/// The uniform SKUs' names in SQL, from pgbench's `:n` (see [`uniform_sku`]).
+pub const UNIFORM_SKU_SQL: &str = "('BENCH-' || lpad(:n::text, 5, '0'))";
+
+/// The `n`th uniform SKU (1-based).
+pub fn uniform_sku(n: usize) -> String {
+    format!("BENCH-{n:05}")
+}
+
+/// `stockade bench` options.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// Workloads to run, in order.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "hot-sku,uniform,sold-out,product-page"
+    )]
+    pub workloads: Vec<Workload>,
+    /// Order strategies to compare (the product page runs once, under the first).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "redis-lock,pg-atomic,batched",
+        value_parser = clap::builder::PossibleValuesParser::new(["redis-lock", "pg-atomic", "batched"])
+    )]
+    pub strategies: Vec<String>,
+    /// Concurrent request loops (closed loop) [default: 64; --quick: 16].
+    #[arg(long)]
+    pub connections: Option<usize>,
+    /// Seconds of measured load per workload and strategy [default: 15; --quick: 3].
+    #[arg(long)]
+    pub duration: Option<u64>,
+    /// Seconds of unmeasured load before each measurement [default: 2; --quick: 0.5].
+    #[arg(long)]
+    pub warmup: Option<f64>,
+    /// SKUs of the uniform workload [default: 10000; --quick: 1000].
+    #[arg(long)]
+    pub skus: Option<usize>,
+    /// CI-sized: a few seconds per workload, fewer connections and SKUs.
+    #[arg(long)]
+    pub quick: bool,
+    /// Open-loop rate (requests/s) of the extra hot-sku `batched` line [default: 80 % of
+    /// the closed-loop rate measured for it].
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// `stockade serve` processes per strategy (connections are spread over them).
+    #[arg(long, default_value_t = 1)]
+    pub servers: usize,
+    /// pgbench clients (`-c`).
+    #[arg(long, default_value_t = 16)]
+    pub pgbench_clients: usize,
+    /// Folder for bench.json, bench.html and the pgbench scripts.
+    #[arg(long, default_value = "bench-report")]
+    pub out: PathBuf,
+    /// No progress bars.
+    #[arg(long)]
+    pub quiet: bool,
+    /// PostgreSQL to use instead of starting one (databases are created beside it).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// Redis to use instead of starting one.
+    #[arg(long, env = "REDIS_URL", hide_env_values = true)]
+    pub redis_url: Option<String>,
+}
+
+/// The options with `--quick` and the defaults applied.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Plan {
+    pub workloads: Vec<Workload>,
+    pub strategies: Vec<String>,
+    pub connections: usize,
+    pub duration_s: u64,
+    pub warmup_s: f64,
+    pub skus: usize,
+    pub open_loop_rate: Option<f64>,
+    pub servers: usize,
+    pub pgbench_clients: usize,
+    pub quick: bool,
+    #[serde(skip)]
+    pub quiet: bool,
+}
+
+impl BenchArgs {
+    fn plan(&self) -> anyhow::Result<Plan> {
+        let quick = self.quick;
+        let plan = Plan {
+            workloads: self.workloads.clone(),
+            strategies: self.strategies.clone(),
+            connections: self.connections.unwrap_or(if quick { 16 } else { 64 }),
+            duration_s: self.duration.unwrap_or(if quick { 3 } else { 15 }),
+            warmup_s: self.warmup.unwrap_or(if quick { 0.5 } else { 2.0 }),
+            skus: self.skus.unwrap_or(if quick { 1_000 } else { 10_000 }),
+            open_loop_rate: self.rate,
+            servers: self.servers.max(1),
+            pgbench_clients: self.pgbench_clients.max(1),
+            quick,
+            quiet: self.quiet,
+        };
+        if plan.workloads.is_empty() || plan.strategies.is_empty() {
+            bail!("--workloads and --strategies must name at least one each");
+        }
+        if plan.connections == 0 || plan.duration_s == 0 {
+            bail!("--connections and --duration must be positive");
+        }
+        if !(1..=99_999).contains(&plan.skus) {
+            bail!("--skus must be between 1 and 99999");
+        }
+        if !(plan.warmup_s >= 0.0 && plan.warmup_s.is_finite()) {
+            bail!("--warmup must be a number of seconds");
+        }
+        if plan
+            .open_loop_rate
+            .is_some_and(|r| !(r > 0.0 && r.is_finite()))
+        {
+            bail!("--rate must be a positive number of requests per second");
+        }
+        Ok(plan)
+    }
+}
+
+/// Runs `stockade bench`; returns whether every invariant held.
+pub async fn bench(args: BenchArgs) -> anyhow::Result<bool> {
+    let plan = args.plan()?;
+    let pgbench = pgbench::find()?;
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+
+    // PostgreSQL and Redis: the given ones, or durable local ones in a temporary folder.
+    let mut local = None;
+    let (database_url, redis_url) = match (&args.database_url, &args.redis_url) {
+        (Some(db), Some(redis)) => (db.clone(), redis.clone()),
+        _ => {
+            let dir = std::env::temp_dir().join(format!("stockade-bench-{}", std::process::id()));
+            eprintln!(
+                "starting a durable PostgreSQL and Redis in {}",
+                dir.display()
+            );
+            let options = LocalOptions {
+                ephemeral: false,
+                ..LocalOptions::default()
+            };
+            let started = LocalServices::start(&dir, &options).await;
+            let services = match started {
+                Ok(services) => services,
+                Err(e) => {
+                    let _ = std::fs::remove_dir_all(&dir);
+                    return Err(e);
+                }
+            };
+            let urls = (services.database_url(), services.redis_url());
+            local = Some((services, dir));
+            urls
+        }
+    };
+    let bench = Bench {
+        plan: &plan,
+        pgbench,
+        out: args.out.clone(),
+        database_url,
+        redis_url,
+    };
+    let result = bench.run().await;
+    if let Some((services, dir)) = local {
+        tokio::task::spawn_blocking(move || services.stop()).await?;
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    let report = result?;
+    print!("{}", report::summary(&report));
+    report::write(&report, &args.out)?;
+    println!("\nreport: {}", args.out.join("bench.html").display());
+    Ok(report.passed)
+}
+
+/// One bench run's fixed parts.
+struct Bench<'a> {
+    plan: &'a Plan,
+    pgbench: PathBuf,
+    out: PathBuf,
+    /// The database to create the bench's databases beside (and to read statistics from).
+    database_url: String,
+    redis_url: String,
+}
+
+impl Bench<'_> {
+    async fn run(&self) -> anyhow::Result<BenchReport> {
+        let plan = self.plan;
+        let admin = PgPool::connect(&self.database_url)
+            .await
+            .context("cannot connect to PostgreSQL")?;
+        let postgres = postgres_info(&admin).await?;
+        eprintln!(
+            "PostgreSQL {} (fsync {}, synchronous_commit {}); pgbench: {}",
+            postgres.version,
+            postgres.fsync,
+            postgres.synchronous_commit,
+            self.pgbench.display()
+        );
+        let statements = statement_count(&admin, "postgres").await.is_some();
+        let mut rows = Vec::new();
+        let mut pgbench_runs = Vec::new();
+        for &workload in &plan.workloads {
+            let strategies = if workload.orders() {
+                plan.strategies.clone()
+            } else {
+                plan.strategies[..1].to_vec()
+            };
+            let first = rows.len();
+            for strategy in &strategies {
+                rows.extend(self.app_run(&admin, workload, strategy, statements).await?);
+            }
+            let pg = self.pgbench_run(&admin, workload).await?;
+            for row in &mut rows[first..] {
+                row.pgbench_tps = Some(pg.tps);
+                row.ratio_to_pgbench = (pg.tps > 0.0).then(|| row.rate / pg.tps);
+            }
+            pgbench_runs.push(pg);
+        }
+        admin.close().await;
+        let derived = derived_lines(&rows);
+        let passed = rows.iter().all(|r| r.invariants != Some(false));
+        Ok(BenchReport {
+            title: "Stockade bench: the app against the database beneath it".into(),
+            postgres,
+            parameters: plan.clone(),
+            rows,
+            pgbench: pgbench_runs,
+            derived,
+            passed,
+        })
+    }
+
+    /// A fresh database for `label`, migrated and seeded for `workload`; its name and URL.
+    async fn database(&self, workload: Workload, label: &str) -> anyhow::Result<(String, String)> {
+        let name = format!(
+            "bench_{}_{}_{}",
+            workload.name(),
+            label,
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        )
+        .replace('-', "_");
+        let mut url = reqwest::Url::parse(&self.database_url).context("DATABASE_URL")?;
+        url.set_path(&format!("/{name}"));
+        crate::local::create_database(&self.database_url, &name).await?;
+        let url = url.to_string();
+        crate::startup::migrate(&crate::config::Settings {
+            database_url: Some(url.clone()),
+            ..crate::config::Settings::default()
+        })
+        .await?;
+        let db = PgPool::connect(&url).await?;
+        seed(&db, workload, self.plan.skus).await?;
+        db.close().await;
+        Ok((name, url))
+    }
+
+    /// Serves `workload` with `strategy`, loads it, counts commits, checks the invariants.
+    /// The hot SKU under `batched` also gets the open-loop line.
+    async fn app_run(
+        &self,
+        admin: &PgPool,
+        workload: Workload,
+        strategy: &str,
+        statements: bool,
+    ) -> anyhow::Result<Vec<Row>> {
+        let plan = self.plan;
+        let (name, url) = self.database(workload, strategy).await?;
+        let prefix = format!("bench-{}:", uuid::Uuid::new_v4().simple());
+        let env = vec![
+            ("DATABASE_URL", url.clone()),
+            ("REDIS_URL", self.redis_url.clone()),
+            ("STOCKADE_REDIS_PREFIX", prefix.clone()),
+            ("STOCKADE_LISTEN", "127.0.0.1:0".to_string()),
+            ("STOCKADE_ORDER_STRATEGY", strategy.to_string()),
+            ("STOCKADE_LOG", "error".to_string()),
+        ];
+        let commits_before = commit_count(admin, &name).await?;
+        let statements_before = if statements {
+            statement_count(admin, &name).await
+        } else {
+            None
+        };
+        let exe = std::env::current_exe().context("cannot find the stockade executable")?;
+        let mut servers = Vec::new();
+        for _ in 0..plan.servers {
+            servers.push(ServerProcess::start(&exe, &env, &[]).await?);
+        }
+        let load = Load {
+            targets: servers.iter().map(|s| s.address.clone()).collect(),
+            work: match workload {
+                Workload::HotSku => Work::Order {
+                    skus: Arc::new(vec![HOT_SKU.to_string()]),
+                },
+                Workload::Uniform => Work::Order {
+                    skus: Arc::new((1..=plan.skus).map(uniform_sku).collect()),
+                },
+                Workload::SoldOut => Work::Order {
+                    skus: Arc::new(vec![SOLD_OUT_SKU.to_string()]),
+                },
+                Workload::ProductPage => Work::Page {
+                    path: format!("/products/{HOT_SKU}"),
+                },
+            },
+            timeout: Duration::from_secs(10),
+        };
+        let measured = self.load(&load, workload, strategy).await;
+        let (warm, closed) = match measured {
+            Ok(m) => m,
+            Err(e) => {
+                stop_all(servers).await;
+                return Err(e);
+            }
+        };
+        // Every request of the server's life counts: commits are counted over all of it.
+        let mut answered = warm.requests() + closed.requests();
+        let mut closed_row = Row::of(workload, strategy, "closed", None, &closed);
+        let open = if workload == Workload::HotSku && strategy == "batched" {
+            let rate = plan.open_loop_rate.unwrap_or(0.8 * closed_row.rate);
+            match self.open_loop(&load, rate).await {
+                Ok(measured) => {
+                    answered += measured.requests();
+                    Some(Row::of(workload, strategy, "open", Some(rate), &measured))
+                }
+                Err(e) => {
+                    stop_all(servers).await;
+                    return Err(e);
+                }
+            }
+        } else {
+            None
+        };
+        stop_all(servers).await;
+
+        // Backends report their counts when they exit: wait for the servers' to be gone.
+        wait_for_no_sessions(admin, &name).await;
+        let commits = commit_count(admin, &name).await? - commits_before;
+        let statements = match (statements_before, statement_count(admin, &name).await) {
+            (Some(before), Some(after)) => Some(after - before),
+            _ => None,
+        };
+        let answered = answered as f64;
+        closed_row.commits_per_request = (answered > 0.0).then(|| commits as f64 / answered);
+        closed_row.statements_per_request = statements
+            .filter(|_| answered > 0.0)
+            .map(|n| n as f64 / answered);
+
+        let verdicts = if workload.orders() {
+            let db = PgPool::connect(&url).await?;
+            let redis = RedisTarget {
+                url: self.redis_url.clone(),
+                prefix,
+            };
+            let verdicts = check::check(&db, None, Some(&redis), check::default_stale_after())
+                .await
+                .map_err(|e| e.context("invariant check"));
+            db.close().await;
+            let verdicts = verdicts?;
+            println!("\ninvariants after {} with {strategy}:", workload.name());
+            check::print(&verdicts);
+            Some(verdicts)
+        } else {
+            None
+        };
+        drop_database(admin, &name).await;
+        let mut rows: Vec<Row> = std::iter::once(closed_row).chain(open).collect();
+        for row in &mut rows {
+            row.invariants = verdicts.as_ref().map(|v| v.iter().all(|v| v.pass));
+            row.verdicts = verdicts.clone().unwrap_or_default();
+        }
+        Ok(rows)
+    }
+
+    /// Warm-up, then the measured closed loop: `(warm-up, measured)`.
+    async fn load(
+        &self,
+        load: &Load,
+        workload: Workload,
+        strategy: &str,
+    ) -> anyhow::Result<(Measured, Measured)> {
+        let plan = self.plan;
+        let client = load::client(plan.connections, load.timeout)?;
+        let warmup = Duration::from_secs_f64(plan.warmup_s);
+        let warm = load::closed(load, &client, plan.connections, warmup, Arc::default()).await;
+        let duration = Duration::from_secs(plan.duration_s);
+        let live = Arc::new(Live::default());
+        let label = format!("{} · {strategy}", workload.name());
+        let progress = self.progress(label, duration, live.clone());
+        let measured = load::closed(load, &client, plan.connections, duration, live).await;
+        progress.finish();
+        Ok((warm, measured))
+    }
+
+    async fn open_loop(&self, load: &Load, rate: f64) -> anyhow::Result<Measured> {
+        let duration = Duration::from_secs(self.plan.duration_s);
+        let client = load::client(self.plan.connections, load.timeout)?;
+        let live = Arc::new(Live::default());
+        let label = format!("hot-sku · batched · open loop {rate:.0}/s");
+        let progress = self.progress(label, duration, live.clone());
+        let measured = load::open(load, &client, rate, duration, live).await;
+        progress.finish();
+        Ok(measured)
+    }
+
+    /// pgbench with the minimal SQL of `workload`, on a fresh database of its own.
+    async fn pgbench_run(
+        &self,
+        admin: &PgPool,
+        workload: Workload,
+    ) -> anyhow::Result<pgbench::PgbenchResult> {
+        let (script_name, text) = pgbench::script(workload, self.plan.skus);
+        let script = self.out.join(format!("pgbench-{script_name}.sql"));
+        std::fs::write(&script, text)?;
+        let (name, url) = self.database(workload, "pgbench").await?;
+        let live = Arc::new(Live::default());
+        let duration = Duration::from_secs(self.plan.duration_s);
+        let progress = self.progress(format!("pgbench · {script_name}"), duration, live);
+        let result = pgbench::run(
+            &self.pgbench,
+            &url,
+            &script_name,
+            &script,
+            self.plan.pgbench_clients,
+            self.plan.duration_s,
+        )
+        .await;
+        progress.finish();
+        wait_for_no_sessions(admin, &name).await;
+        drop_database(admin, &name).await;
+        let result = result?;
+        eprintln!(
+            "pgbench {script_name}: {:.0} transactions/s ({} failed)",
+            result.tps, result.failed
+        );
+        Ok(result)
+    }
+
+    fn progress(&self, label: String, duration: Duration, live: Arc<Live>) -> Progress {
+        Progress::start(self.plan.quiet, label, duration, live)
+    }
+}
+
+/// A progress bar over a phase's duration, showing answers and their rate.
+struct Progress {
+    bar: Option<indicatif::ProgressBar>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Progress {
+    fn start(quiet: bool, label: String, duration: Duration, live: Arc<Live>) -> Self {
+        if quiet {
+            return Self {
+                bar: None,
+                task: None,
+            };
+        }
+        let bar = indicatif::ProgressBar::new(duration.as_millis() as u64);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{prefix:>44} [{elapsed_precise}] {bar:30.green/white} {msg}",
+            )
+            .expect("valid template")
+            .progress_chars("█▉ "),
+        );
+        bar.set_prefix(label);
+        let shown = bar.clone();
+        let started = Instant::now();
+        let task = tokio::spawn(async move {
+            loop {
+                let elapsed = started.elapsed();
+                let answers = live.answers.load(Ordering::Relaxed);
+                shown.set_position((elapsed.as_millis() as u64).min(duration.as_millis() as u64));
+                if answers > 0 {
+                    shown.set_message(format!(
+                        "{answers} answers · {:.0}/s",
+                        answers as f64 / elapsed.as_secs_f64().max(1e-3)
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        Self {
+            bar: Some(bar),
+            task: Some(task),
+        }
+    }
+
+    fn finish(self) {
+        if let Some(task) = self.task {
+            task.abort();
+        }
+        if let Some(bar) = self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+async fn stop_all(servers: Vec<ServerProcess>) {
+    let _ = tokio::task::spawn_blocking(move || {
+        for mut server in servers {
+            server.stop();
+        }
+    })
+    .await;
+}
+
+/// Products and stock for `workload`, each with its `initial` ledger row (as
+/// `inventory::db::create_stock` writes it), set-based so 10,000 SKUs take one commit.
+async fn seed(db: &PgPool, workload: Workload, skus: usize) -> anyhow::Result<()> {
+    let (names, units): (Vec<String>, i32) = match workload {
+        Workload::HotSku | Workload::ProductPage => (vec![HOT_SKU.into()], HOT_STOCK),
+        Workload::Uniform => ((1..=skus).map(uniform_sku).collect(), UNIFORM_STOCK),
+        Workload::SoldOut => (vec![SOLD_OUT_SKU.into()], 0),
+    };
+    let mut tx = db.begin().await?;
+    sqlx::query(
+        r#"insert into products (sku, name, price_cents)
+           select sku, 'Bench item ' || sku, $2 from unnest($1::text[]) sku"#,
+    )
+    .bind(&names)
+    .bind(pgbench::PRICE_CENTS)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("insert into stock (sku, on_hand) select sku, $2 from unnest($1::text[]) sku")
+        .bind(&names)
+        .bind(units)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(
+        r#"insert into stock_movements (sku, delta, reason, actor)
+           select sku, $2, 'initial', 'bench' from unnest($1::text[]) sku"#,
+    )
+    .bind(&names)
+    .bind(units)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Transactions committed in database `name` so far.
+async fn commit_count(admin: &PgPool, name: &str) -> anyhow::Result<i64> {
+    Ok(sqlx::query_scalar(
+        "select coalesce(xact_commit, 0)::bigint from pg_stat_database where datname = $1",
+    )
+    .bind(name)
+    .fetch_optional(admin)
+    .await?
+    .unwrap_or(0))
+}
+
+/// Statements executed in database `name` so far, when `pg_stat_statements` is there.
+async fn statement_count(admin: &PgPool, name: &str) -> Option<i64> {
+    sqlx::query_scalar(
+        r#"select coalesce(sum(s.calls), 0)::bigint
+             from pg_stat_statements s join pg_database d on d.oid = s.dbid
+            where d.datname = $1"#,
+    )
+    .bind(name)
+    .fetch_one(admin)
+    .await
+    .ok()
+}
+
+/// Waits (up to 10 s) until no session is connected to database `name`.
+async fn wait_for_no_sessions(admin: &PgPool, name: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        let sessions: Result<i64, _> =
+            sqlx::query_scalar("select count(*) from pg_stat_activity where datname = $1")
+                .bind(name)
+                .fetch_one(admin)
+                .await;
+        if sessions.is_ok_and(|n| n == 0) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Drops a bench database; a failure only leaves it behind.
+async fn drop_database(admin: &PgPool, name: &str) {
+    // Identifiers cannot be bound; `name` is generated above.
+    let sql = format!(r#"drop database if exists "{name}" with (force)"#);
+    if let Err(e) = sqlx::query(sqlx::AssertSqlSafe(sql)).execute(admin).await {
+        eprintln!("could not drop database {name}: {e}");
+    }
+}
+
+async fn postgres_info(admin: &PgPool) -> anyhow::Result<PostgresInfo> {
+    let show = |setting: &'static str| async move {
+        sqlx::query_scalar::<_, String>("select current_setting($1)")
+            .bind(setting)
+            .fetch_one(admin)
+            .await
+    };
+    Ok(PostgresInfo {
+        version: show("server_version").await?,
+        fsync: show("fsync").await?,
+        synchronous_commit: show("synchronous_commit").await?,
+    })
+}
+
+/// The comparisons the table does not show at a glance.
+fn derived_lines(rows: &[Row]) -> Vec<Derived> {
+    let rate = |workload: Workload, strategy: &str| {
+        rows.iter()
+            .find(|r| r.workload == workload && r.strategy == strategy && r.mode == "closed")
+            .map(|r| r.rate)
+    };
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    };
+    let mut lines = Vec::new();
+    if let Some(value) = ratio(
+        rate(Workload::HotSku, "batched"),
+        rate(Workload::HotSku, "redis-lock"),
+    ) {
+        lines.push(Derived::ratio(
+            "hot SKU: batched ÷ redis-lock",
+            value,
+            "orders/s with group commit over orders/s with a lease per order",
+        ));
+    }
+    let mut strategies: Vec<&str> = Vec::new();
+    for row in rows {
+        if !strategies.contains(&row.strategy.as_str()) {
+            strategies.push(&row.strategy);
+        }
+    }
+    for strategy in strategies {
+        if let Some(value) = ratio(
+            rate(Workload::SoldOut, strategy),
+            rate(Workload::HotSku, strategy),
+        ) {
+            lines.push(Derived::ratio(
+                &format!("sold-out ÷ hot SKU ({strategy})"),
+                value,
+                "409 answers/s over orders/s: what refusing costs next to selling",
+            ));
+        }
+    }
+    if let Some(row) = rows
+        .iter()
+        .find(|r| r.workload == Workload::ProductPage && r.ratio_to_pgbench.is_some())
+    {
+        lines.push(Derived::ratio(
+            "product page ÷ pgbench select",
+            row.ratio_to_pgbench.unwrap_or_default(),
+            "HTML pages/s over the page's query alone",
+        ));
+    }
+    for row in rows.iter().filter(|r| r.mode == "open") {
+        lines.push(Derived {
+            name: format!(
+                "open loop: hot SKU, {} at {:.0}/s",
+                row.strategy,
+                row.offered_rate.unwrap_or_default()
+            ),
+            value: row.p99_ms,
+            shown: format!("p99 {:.1} ms", row.p99_ms),
+            detail: "latency from each request's scheduled start, at 80 % of the closed-loop \
+                     rate unless --rate says otherwise"
+                .into(),
+        });
+    }
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: BenchArgs,
+    }
+
+    #[test]
+    fn quick_shortens_what_was_not_given_and_keeps_what_was() {
+        let plan = Cli::parse_from(["bench", "--quick", "--connections", "8"])
+            .args
+            .plan()
+            .unwrap();
+        assert_eq!(
+            (plan.duration_s, plan.connections, plan.skus),
+            (3, 8, 1_000)
+        );
+        let plan = Cli::parse_from(["bench"]).args.plan().unwrap();
+        assert_eq!(
+            (plan.duration_s, plan.connections, plan.skus),
+            (15, 64, 10_000)
+        );
+        assert_eq!(plan.workloads.len(), 4);
+        assert_eq!(plan.strategies, ["redis-lock", "pg-atomic", "batched"]);
+    }
+
+    #[test]
+    fn each_strategy_gets_one_sold_out_line() {
+        let measured = |status: u16| load::Measured {
+            seconds: 1.0,
+            statuses: [(status, 10)].into(),
+            latency: hdrhistogram::Histogram::new(3).unwrap(),
+        };
+        let mut rows = Vec::new();
+        for workload in [Workload::HotSku, Workload::SoldOut] {
+            for strategy in ["redis-lock", "batched"] {
+                let m = measured(workload.expected_status());
+                rows.push(Row::of(workload, strategy, "closed", None, &m));
+            }
+        }
+        let names: Vec<String> = derived_lines(&rows).into_iter().map(|d| d.name).collect();
+        assert_eq!(
+            names,
+            [
+                "hot SKU: batched ÷ redis-lock",
+                "sold-out ÷ hot SKU (redis-lock)",
+                "sold-out ÷ hot SKU (batched)"
+            ]
+        );
+    }
+
+    #[test]
+    fn uniform_skus_in_rust_and_in_pgbench_sql_agree() {
+        assert_eq!(uniform_sku(7), "BENCH-00007");
+        assert!(UNIFORM_SKU_SQL.contains("lpad(:n::text, 5, '0')"));
+        assert!(crate::catalog::Sku::parse(&uniform_sku(99_999)).is_ok());
+    }
+}

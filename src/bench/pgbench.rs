@@ -1,0 +1,272 @@
+//! PostgreSQL's own limit: `pgbench` running the minimal SQL of the work a request does,
+//! against the same database server the app uses.
+//!
+//! The scripts write what the app writes, with the real columns, so the invariant checker
+//! would pass on a database pgbench sold from: the idempotency record claimed and completed,
+//! the conditional stock update, one ledger row, the order and its line, one COMMIT. What
+//! they leave out is everything that is not SQL: HTTP, JSON, leases, the pool, and the
+//! reads the app makes before it decides (the key's record, prices and availability).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+
+use super::Workload;
+
+/// The price every bench product is seeded with, which the scripts' orders capture.
+pub const PRICE_CENTS: i64 = 1_000;
+
+/// What pgbench measured.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PgbenchResult {
+    /// The script's name, e.g. `order-hot-sku`.
+    pub script: String,
+    /// Transactions per second, without the initial connection time.
+    pub tps: f64,
+    pub transactions: u64,
+    pub failed: u64,
+    pub clients: usize,
+    pub seconds: u64,
+}
+
+/// `pgbench`: on `PATH`, else next to `postgres`, else in Debian's versioned folders
+/// (the newest), as local mode finds the server's binaries.
+pub fn find() -> anyhow::Result<PathBuf> {
+    if let Some(p) = crate::local::find_binary("pgbench") {
+        return Ok(p);
+    }
+    if let Some(postgres) =
+        crate::local::find_binary("postgres").and_then(|p| std::fs::canonicalize(p).ok())
+        && let Some(p) = postgres.parent().map(|d| d.join("pgbench"))
+        && p.is_file()
+    {
+        return Ok(p);
+    }
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let version = e.file_name().to_str()?.parse().ok()?;
+            let p = e.path().join("bin/pgbench");
+            p.is_file().then_some((version, p))
+        })
+        .collect();
+    found.sort();
+    found.pop().map(|(_, p)| p).context(
+        "pgbench not found: it ships with PostgreSQL (Debian/Ubuntu: apt-get install \
+         postgresql-client, or the postgresql server package)",
+    )
+}
+
+/// The one-SKU order transaction; `{pick}` chooses the SKU, `{sku}` is its SQL expression.
+const ORDER: &str = r#"-- One order of one unit, written as the app writes it, in one transaction.
+\set k random(1, 9000000000000000000)
+{pick}
+begin;
+insert into idempotency_keys (scope, key, fingerprint, state, owner)
+     values ('api', 'pgbench-' || :client_id::text || '-' || :k::text, 'pgbench', 'in_flight', gen_random_uuid())
+     on conflict (scope, key) do nothing;
+update stock set on_hand = on_hand - 1, updated_at = now()
+ where sku = {sku} and on_hand - reserved >= 1;
+insert into stock_movements (sku, delta, reason, reference, actor)
+     values ({sku}, -1, 'order', md5('pgbench-' || :client_id::text || '-' || :k::text), 'pgbench');
+insert into orders (id, total_cents, idempotency_scope, idempotency_key)
+     values (md5('pgbench-' || :client_id::text || '-' || :k::text)::uuid, {price}, 'api',
+             'pgbench-' || :client_id::text || '-' || :k::text);
+insert into order_lines (order_id, sku, quantity, unit_price_cents)
+     values (md5('pgbench-' || :client_id::text || '-' || :k::text)::uuid, {sku}, 1, {price});
+update idempotency_keys
+   set state = 'completed', response_status = 201, response_body = '{}', completed_at = now()
+ where scope = 'api' and key = 'pgbench-' || :client_id::text || '-' || :k::text and state = 'in_flight';
+commit;
+"#;
+
+/// A sold-out answer: the plain read that finds no stock, and the 409 stored under the key.
+const SOLD_OUT: &str = r#"-- A sold-out answer: read availability, store the 409 under the key (one commit).
+\set k random(1, 9000000000000000000)
+select s.on_hand - s.reserved as available
+  from products p join stock s on s.sku = p.sku
+ where p.active and p.sku = {sku};
+insert into idempotency_keys
+       (scope, key, fingerprint, state, owner, response_status, response_body, completed_at)
+values ('api', 'pgbench-' || :client_id::text || '-' || :k::text, 'pgbench', 'completed',
+        gen_random_uuid(), 409, '{"shortages": []}', now())
+    on conflict (scope, key) do nothing;
+"#;
+
+/// The product page's one query (`catalog::db::find_product`).
+const PRODUCT_PAGE: &str = r#"-- The product page's query.
+select p.sku, p.name, p.description, p.price_cents, coalesce(s.on_hand - s.reserved, 0) as available
+  from products p left join stock s on s.sku = p.sku
+ where p.active and p.sku = {sku};
+"#;
+
+/// The pgbench script for `workload`, its name, and what it contains.
+pub fn script(workload: Workload, skus: usize) -> (String, String) {
+    let quoted = |sku: &str| format!("'{sku}'");
+    let (name, text) = match workload {
+        Workload::HotSku => (
+            "order-hot-sku",
+            ORDER
+                .replace("{pick}", "")
+                .replace("{sku}", &quoted(super::HOT_SKU)),
+        ),
+        Workload::Uniform => (
+            "order-uniform",
+            ORDER
+                .replace("{pick}", &format!(r"\set n random(1, {skus})"))
+                .replace("{sku}", super::UNIFORM_SKU_SQL),
+        ),
+        Workload::SoldOut => (
+            "sold-out",
+            SOLD_OUT.replace("{sku}", &quoted(super::SOLD_OUT_SKU)),
+        ),
+        Workload::ProductPage => (
+            "product-page",
+            PRODUCT_PAGE.replace("{sku}", &quoted(super::HOT_SKU)),
+        ),
+    };
+    (
+        name.to_string(),
+        text.replace("{price}", &PRICE_CENTS.to_string()),
+    )
+}
+
+/// Runs `pgbench -n -M prepared -c clients -j 2 -T seconds -f script` against `database_url`
+/// (passed through the environment, so the password is not on a command line).
+pub async fn run(
+    bin: &Path,
+    database_url: &str,
+    name: &str,
+    script: &Path,
+    clients: usize,
+    seconds: u64,
+) -> anyhow::Result<PgbenchResult> {
+    let url = reqwest::Url::parse(database_url).context("DATABASE_URL is not a URL")?;
+    let mut cmd = tokio::process::Command::new(bin);
+    cmd.args(["-n", "-M", "prepared", "-j", "2"])
+        .args(["-c", &clients.to_string(), "-T", &seconds.to_string()])
+        .arg("-f")
+        .arg(script)
+        .env("PGHOST", url.host_str().unwrap_or("127.0.0.1"))
+        .env("PGPORT", url.port().unwrap_or(5432).to_string())
+        .env("PGUSER", decode(url.username()))
+        .env("PGDATABASE", decode(url.path().trim_start_matches('/')))
+        .kill_on_drop(true);
+    if let Some(password) = url.password() {
+        cmd.env("PGPASSWORD", decode(password));
+    }
+    for (k, v) in url.query_pairs() {
+        if k == "sslmode" {
+            cmd.env("PGSSLMODE", v.as_ref());
+        }
+    }
+    let out = tokio::time::timeout(Duration::from_secs(seconds + 60), cmd.output())
+        .await
+        .context("pgbench did not finish")?
+        .with_context(|| format!("cannot run {}", bin.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!(
+            "pgbench ({name}) failed with {}:\n{stdout}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let (tps, transactions, failed) = parse(&stdout)
+        .with_context(|| format!("no `tps = …` line in pgbench's output:\n{stdout}"))?;
+    Ok(PgbenchResult {
+        script: name.to_string(),
+        tps,
+        transactions,
+        failed,
+        clients,
+        seconds,
+    })
+}
+
+/// Undoes a URL's percent-encoding (passwords may contain `@` or `:`).
+fn decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && let Some(b) = s
+                .get(i + 1..i + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+        {
+            out.push(b);
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `(tps, transactions processed, failed transactions)` from pgbench's report.
+fn parse(stdout: &str) -> Option<(f64, u64, u64)> {
+    let number = |line: &str| -> Option<f64> { line.split_whitespace().next()?.parse().ok() };
+    let mut tps = None;
+    let (mut transactions, mut failed) = (0, 0);
+    for line in stdout.lines() {
+        if let Some(rest) = line.strip_prefix("tps = ")
+            && line.contains("without initial connection time")
+        {
+            tps = number(rest);
+        } else if let Some(rest) = line.strip_prefix("number of transactions actually processed:") {
+            transactions = rest.trim().split('/').next()?.trim().parse().ok()?;
+        } else if let Some(rest) = line.strip_prefix("number of failed transactions:") {
+            failed = number(rest.trim()).map_or(0, |n| n as u64);
+        }
+    }
+    Some((tps?, transactions, failed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rate_without_connection_time_is_read_from_pgbench_output() {
+        let out = "transaction type: order.sql\nscaling factor: 1\nquery mode: prepared\n\
+                   number of clients: 16\nnumber of threads: 2\nduration: 3 s\n\
+                   number of transactions actually processed: 4521\n\
+                   number of failed transactions: 0 (0.000%)\n\
+                   latency average = 10.6 ms\ninitial connection time = 21.3 ms\n\
+                   tps = 1507.123456 (without initial connection time)\n";
+        assert_eq!(parse(out), Some((1507.123456, 4521, 0)));
+        assert_eq!(parse("no numbers here"), None);
+    }
+
+    #[test]
+    fn percent_encoded_passwords_are_decoded() {
+        assert_eq!(decode("p%40ss%3Aword"), "p@ss:word");
+        assert_eq!(decode("plain%zz"), "plain%zz");
+    }
+
+    #[test]
+    fn every_order_script_writes_the_ledger_the_order_and_completes_the_key() {
+        for workload in [Workload::HotSku, Workload::Uniform] {
+            let (_, text) = script(workload, 1000);
+            for needle in [
+                "insert into idempotency_keys",
+                "update stock",
+                "insert into stock_movements",
+                "insert into orders",
+                "insert into order_lines",
+                "set state = 'completed'",
+                "commit;",
+            ] {
+                assert!(text.contains(needle), "{needle} missing from {text}");
+            }
+            for placeholder in ["{pick}", "{sku}", "{price}"] {
+                assert!(!text.contains(placeholder), "{placeholder} left in {text}");
+            }
+        }
+    }
+}

@@ -1,0 +1,49 @@
+//! `stockade bench` end to end: its own durable PostgreSQL and Redis, a server process,
+//! pgbench, the checker, and the report.
+
+use std::process::Command;
+
+#[test]
+fn a_quick_bench_measures_the_app_and_pgbench_and_passes_the_checker() {
+    let out = tempfile::tempdir().unwrap();
+    let started = std::time::Instant::now();
+    let run = Command::new(env!("CARGO_BIN_EXE_stockade"))
+        .args(["bench", "--quick", "--quiet", "--strategies", "batched"])
+        .args(["--workloads", "hot-sku,sold-out", "--out"])
+        .arg(out.path())
+        .env_remove("DATABASE_URL")
+        .env_remove("REDIS_URL")
+        .env("STOCKADE_LOG", "error")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("PASS I1"), "{stdout}");
+    assert!(!stdout.contains("FAIL"), "{stdout}");
+
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("bench.json")).unwrap()).unwrap();
+    assert_eq!(report["passed"], true);
+    assert_eq!(
+        report["postgres"]["fsync"], "on",
+        "the bench's PostgreSQL is durable"
+    );
+    let rows = report["rows"].as_array().unwrap();
+    let hot = rows
+        .iter()
+        .find(|r| r["workload"] == "hot-sku" && r["mode"] == "closed")
+        .unwrap();
+    assert!(hot["rate"].as_f64().unwrap() > 0.0, "{hot}");
+    assert!(hot["pgbench_tps"].as_f64().unwrap() > 0.0, "{hot}");
+    assert!(hot["commits_per_request"].as_f64().unwrap() >= 1.0, "{hot}");
+    assert_eq!(hot["invariants"], true);
+    let sold_out = rows.iter().find(|r| r["workload"] == "sold-out").unwrap();
+    assert!(sold_out["rate"].as_f64().unwrap() > 0.0, "{sold_out}");
+    assert!(
+        rows.iter().any(|r| r["mode"] == "open"),
+        "the open-loop line is there"
+    );
+    assert!(out.path().join("bench.html").is_file());
+    eprintln!("bench took {:?}", started.elapsed());
+}
