@@ -6,17 +6,20 @@
 //! fence across processes, exactly as `redis-lock`), then applies the whole batch in one
 //! transaction:
 //!
-//! 1. every key of the batch is claimed by one insert; a key already decided, or twice in
-//!    the batch, is left out and answered from its record after the commit;
-//! 2. the stock row is locked (`for update`) and units are allocated in arrival order, each
-//!    order accepted while enough is left, the others refused with their own shortage;
+//! 1. the stock row is locked (`for update`) and the price read (no such product: every
+//!    order of the batch is refused, nothing written);
+//! 2. every key of the batch is claimed by one insert (a key already decided, or twice in
+//!    the batch, is left out and answered from its record after the commit), and units
+//!    are allocated in arrival order, each order accepted while enough is left, the others
+//!    refused with their own shortage;
 //! 3. one conditional update takes the accepted total (it still refuses to go below zero or
 //!    past a newer fence), and set-based inserts (`unnest`) write every order, line and
 //!    ledger row, and complete every key with its own answer;
 //! 4. one COMMIT, then every request gets its own answer.
 //!
-//! A request never poisons its batch: validation and fast replays happen before it queues,
-//! and a key decided elsewhere simply drops out. Orders of several SKUs, and holds, take
+//! A request never poisons its batch: it is parsed and validated before it queues, and a
+//! key decided elsewhere simply drops out. A queued request costs the database nothing of
+//! its own: its key, its SKU and its stock are all read by the batch's transaction. Orders of several SKUs, and holds, take
 //! the per-request path: their SKU sets rarely coincide, so they would batch alone.
 
 use std::collections::{HashMap, HashSet};
@@ -185,6 +188,9 @@ impl Batcher {
                     }
                 }
                 Ok(Ok(Applied::Done(answers))) => break Ok(answers),
+                Ok(Ok(Applied::Unknown)) => {
+                    break Err(OrderError::UnknownSkus(vec![sku.to_string()]));
+                }
             }
         };
         match outcome {
@@ -210,6 +216,7 @@ impl Batcher {
 /// key was decided after all, as a single request would).
 fn copy_error(error: &OrderError) -> OrderError {
     match error {
+        OrderError::UnknownSkus(skus) => OrderError::UnknownSkus(skus.clone()),
         OrderError::TimedOut => OrderError::TimedOut,
         OrderError::Database(e) if crate::error::is_transient(e) => OrderError::Busy,
         OrderError::Database(e) => {
@@ -226,6 +233,8 @@ enum Applied {
     StaleFence {
         last_fence: i64,
     },
+    /// No such product on sale: nothing was written.
+    Unknown,
 }
 
 /// One answer per job, in job order.
@@ -245,7 +254,26 @@ async fn transact(
     let owner = Uuid::new_v4();
     let mut tx = db.begin().await?;
 
-    // 1. Claim every key at once; those already taken drop out of the batch.
+    // 1. Lock the stock row and read today's price; a product that does not exist or is
+    //    no longer sold ends the batch before any key is claimed.
+    let locked = stock::lock_for_sale(&mut tx, sku).await?;
+    let product = super::db::products_for(&mut *tx, std::slice::from_ref(sku))
+        .await?
+        .pop();
+    let (Some((available, last_fence)), Some(product)) = (locked, product) else {
+        tx.rollback().await?;
+        return Ok(Applied::Unknown);
+    };
+    if let Some(fence) = fence
+        && last_fence >= fence
+    {
+        tx.rollback().await?;
+        return Ok(Applied::StaleFence { last_fence });
+    }
+    let (mut left, name, price) = (available, product.name, product.price_cents);
+
+    // 2. Claim every key at once; those already taken drop out of the batch. Then
+    //    allocate in arrival order.
     let scopes: Vec<&str> = jobs.iter().map(|j| j.scope.as_str()).collect();
     let keys: Vec<&str> = jobs.iter().map(|j| j.key.as_str()).collect();
     let fingerprints: Vec<&str> = jobs.iter().map(|j| j.fingerprint.as_str()).collect();
@@ -272,22 +300,6 @@ async fn transact(
         .map(|j| claims.remove(&(j.scope.as_str(), j.key.as_str())))
         .collect();
 
-    // 2. Lock the row and allocate in arrival order, at today's price. A product
-    //    deactivated since its orders queued sells nothing.
-    let locked = stock::lock_for_sale(&mut tx, sku).await?;
-    let product = super::db::products_for(&mut *tx, std::slice::from_ref(sku))
-        .await?
-        .pop();
-    let (mut left, last_fence, name, price) = match (locked, product) {
-        (Some((available, last_fence)), Some(p)) => (available, last_fence, p.name, p.price_cents),
-        (locked, _) => (0, locked.map_or(0, |(_, f)| f), String::new(), 0),
-    };
-    if let Some(fence) = fence
-        && last_fence >= fence
-    {
-        tx.rollback().await?;
-        return Ok(Applied::StaleFence { last_fence });
-    }
     let now = chrono::DateTime::from_timestamp_micros(Utc::now().timestamp_micros())
         .expect("now is representable");
     let mut each = Vec::with_capacity(jobs.len());

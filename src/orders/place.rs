@@ -175,6 +175,16 @@ async fn place(
         fingerprint: request.fingerprint(),
         stale_after: stale_after(deps.settings),
     };
+    // A single-SKU order under `batched` goes straight to its SKU's queue: the batch's
+    // transaction reads its key and its stock along with everyone else's.
+    if deps.settings.order_strategy == OrderStrategy::Batched
+        && intent == Intent::Order
+        && let [line] = request.lines()
+    {
+        let placed = place_batched(deps, &keyed, request, line.sku.clone(), intent).await;
+        return answer_or_settled(deps, &keyed, intent, placed).await;
+    }
+
     // A decided key is answered from its record, before any lease or transaction. One
     // connection serves both reads, and goes back to the pool before the lease wait.
     let mut conn = deps.db.acquire().await?;
@@ -205,15 +215,26 @@ async fn place(
         drop(conn);
         return Err(OrderError::UnknownSkus(unknown));
     }
-    let error = match place_keyed(deps, &keyed, request, &products, intent, conn).await {
+    let placed = place_keyed(deps, &keyed, request, &products, intent, conn).await;
+    answer_or_settled(deps, &keyed, intent, placed).await
+}
+
+/// `placed`, unless it failed in a way that may hide a decision: the transaction may have
+/// committed after all (the timeout fired during COMMIT, or the connection broke after
+/// it), or a retry elsewhere placed it while this request stalled; then what was done.
+async fn answer_or_settled(
+    deps: OrderDeps<'_>,
+    keyed: &Keyed<'_>,
+    intent: Intent,
+    placed: Result<Placement, OrderError>,
+) -> Result<Placement, OrderError> {
+    let error = match placed {
         Err(error @ (OrderError::TimedOut | OrderError::Database(_) | OrderError::Busy)) => error,
         decided => return decided,
     };
-    // The transaction may have committed after all (the timeout fired during COMMIT, or
-    // the connection broke after it), or a retry elsewhere placed it while this request
-    // stalled: answer with what was done.
+    let k = keyed;
     if let Ok(Found::Completed(stored)) =
-        idempotency::lookup(deps.db, scope, key, &keyed.fingerprint, keyed.stale_after).await
+        idempotency::lookup(deps.db, k.scope, k.key, &k.fingerprint, k.stale_after).await
     {
         return replay(deps, stored, intent).await;
     }
@@ -361,13 +382,6 @@ async fn place_keyed(
         return store_insufficient(deps, keyed, shortages, intent, held.as_deref_mut()).await;
     }
 
-    if s.order_strategy == OrderStrategy::Batched
-        && intent == Intent::Order
-        && let [line] = request.lines()
-    {
-        drop(held);
-        return place_batched(deps, keyed, request, line.sku.clone(), intent).await;
-    }
     if s.order_strategy == OrderStrategy::RedisLock {
         // Not held while queueing for the lease: waiters would drain the pool.
         held = None;
