@@ -141,6 +141,23 @@ pub struct BenchArgs {
     /// Redis to use instead of starting one.
     #[arg(long, env = "REDIS_URL", hide_env_values = true)]
     pub redis_url: Option<String>,
+    /// Serve with this `stockade` executable instead of this one (to measure another
+    /// build, e.g. the previous release, on the same footing).
+    #[arg(long)]
+    pub server_exe: Option<PathBuf>,
+    /// A setting for the served app, `NAME=value` (repeatable), e.g.
+    /// `--set STOCKADE_BATCH_WAIT_US=500`.
+    #[arg(long = "set", value_parser = setting)]
+    pub settings: Vec<(String, String)>,
+}
+
+fn setting(raw: &str) -> Result<(String, String), String> {
+    match raw.split_once('=') {
+        Some((name, value)) if name.starts_with("STOCKADE_") => {
+            Ok((name.to_string(), value.to_string()))
+        }
+        _ => Err("expected STOCKADE_NAME=value".into()),
+    }
 }
 
 /// The options with `--quick` and the defaults applied.
@@ -156,6 +173,10 @@ pub struct Plan {
     pub servers: usize,
     pub pgbench_clients: usize,
     pub quick: bool,
+    /// The executable serving the app.
+    pub server_exe: PathBuf,
+    /// Extra settings for the served app.
+    pub settings: Vec<(String, String)>,
     #[serde(skip)]
     pub quiet: bool,
 }
@@ -174,6 +195,11 @@ impl BenchArgs {
             servers: self.servers.max(1),
             pgbench_clients: self.pgbench_clients.max(1),
             quick,
+            server_exe: match &self.server_exe {
+                Some(exe) => exe.clone(),
+                None => std::env::current_exe().context("cannot find the stockade executable")?,
+            },
+            settings: self.settings.clone(),
             quiet: self.quiet,
         };
         if plan.workloads.is_empty() || plan.strategies.is_empty() {
@@ -322,11 +348,22 @@ impl Bench<'_> {
         url.set_path(&format!("/{name}"));
         crate::local::create_database(&self.database_url, &name).await?;
         let url = url.to_string();
-        crate::startup::migrate(&crate::config::Settings {
-            database_url: Some(url.clone()),
-            ..crate::config::Settings::default()
-        })
-        .await?;
+        // Migrated by the build that will serve it, which may be another one.
+        let migrated = tokio::process::Command::new(&self.plan.server_exe)
+            .arg("migrate")
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("DATABASE_URL", &url)
+            .env("STOCKADE_LOG", "error")
+            .status()
+            .await
+            .with_context(|| format!("cannot run {}", self.plan.server_exe.display()))?;
+        if !migrated.success() {
+            bail!(
+                "{} migrate failed ({migrated})",
+                self.plan.server_exe.display()
+            );
+        }
         let db = PgPool::connect(&url).await?;
         seed(&db, workload, self.plan.skus).await?;
         db.close().await;
@@ -345,7 +382,7 @@ impl Bench<'_> {
         let plan = self.plan;
         let (name, url) = self.database(workload, strategy).await?;
         let prefix = format!("bench-{}:", uuid::Uuid::new_v4().simple());
-        let env = vec![
+        let mut env = vec![
             ("DATABASE_URL", url.clone()),
             ("REDIS_URL", self.redis_url.clone()),
             ("STOCKADE_REDIS_PREFIX", prefix.clone()),
@@ -353,16 +390,16 @@ impl Bench<'_> {
             ("STOCKADE_ORDER_STRATEGY", strategy.to_string()),
             ("STOCKADE_LOG", "error".to_string()),
         ];
+        env.extend(plan.settings.iter().map(|(k, v)| (k.as_str(), v.clone())));
         let commits_before = commit_count(admin, &name).await?;
         let statements_before = if statements {
             statement_count(admin, &name).await
         } else {
             None
         };
-        let exe = std::env::current_exe().context("cannot find the stockade executable")?;
         let mut servers = Vec::new();
         for _ in 0..plan.servers {
-            servers.push(ServerProcess::start(&exe, &env, &[]).await?);
+            servers.push(ServerProcess::start(&plan.server_exe, &env, &[]).await?);
         }
         let load = Load {
             targets: servers.iter().map(|s| s.address.clone()).collect(),
