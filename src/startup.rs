@@ -162,10 +162,25 @@ pub async fn connect_database(settings: &Settings) -> anyhow::Result<PgPool> {
     // A request cut off by its budget drops its connection mid-call; before such a
     // connection is reused it must answer a ping, and one that does not (the network
     // died under it) is closed at once rather than left holding a pool slot.
+    // A connection handed out again within a second of its release (and its ping on
+    // release) is not pinged again; one that sat idle longer is, as the server may have
+    // gone away meanwhile. At the rates that matter this saves a round trip per use.
     let ping_within = settings.statement_timeout;
     PgPoolOptions::new()
         .max_connections(settings.db_pool_size)
         .acquire_timeout(settings.db_acquire_timeout)
+        .test_before_acquire(false)
+        .before_acquire(move |conn, meta| {
+            Box::pin(async move {
+                use sqlx::Connection;
+                if meta.idle_for < Duration::from_secs(1) {
+                    return Ok(true);
+                }
+                Ok(tokio::time::timeout(ping_within, conn.ping())
+                    .await
+                    .is_ok_and(|r| r.is_ok()))
+            })
+        })
         .after_release(move |conn, _| {
             Box::pin(async move {
                 use sqlx::Connection;

@@ -36,7 +36,9 @@ fn a_quick_bench_measures_the_app_and_pgbench_and_passes_the_checker() {
         .unwrap();
     assert!(hot["rate"].as_f64().unwrap() > 0.0, "{hot}");
     assert!(hot["pgbench_tps"].as_f64().unwrap() > 0.0, "{hot}");
-    assert!(hot["commits_per_request"].as_f64().unwrap() >= 1.0, "{hot}");
+    // Group commit: a batch of orders shares one transaction.
+    let commits = hot["commits_per_request"].as_f64().unwrap();
+    assert!(commits > 0.0 && commits < 1.0, "{hot}");
     assert_eq!(hot["invariants"], true);
     let sold_out = rows.iter().find(|r| r["workload"] == "sold-out").unwrap();
     assert!(sold_out["rate"].as_f64().unwrap() > 0.0, "{sold_out}");
