@@ -130,8 +130,6 @@ pub struct Claim {
     pub scope: Scope,
     pub key: IdempotencyKey,
     pub owner: Uuid,
-    /// The request the key was claimed for.
-    pub fingerprint: Fingerprint,
 }
 
 #[derive(sqlx::FromRow)]
@@ -174,7 +172,6 @@ pub async fn begin_in(
         scope,
         key: key.clone(),
         owner,
-        fingerprint: fingerprint.clone(),
     };
     loop {
         let inserted = sqlx::query(

@@ -132,34 +132,26 @@ async fn claim_once(
     reference: &str,
     actor: &str,
 ) -> sqlx::Result<Option<Take>> {
-    let sql = match claim {
-        Claim::Sell => {
-            r#"update stock
-                  set on_hand = on_hand - $2,
-                      last_fence = greatest(last_fence, $3),
-                      updated_at = now()
-                where sku = $1
-                  and on_hand - reserved >= $2
-                  and ($3::bigint is null or last_fence < $3)
-            returning on_hand - reserved"#
-        }
+    let left = match claim {
+        Claim::Sell => sell_units(conn, sku, quantity, fence).await?,
         Claim::Reserve => {
-            r#"update stock
-                  set reserved = reserved + $2,
-                      last_fence = greatest(last_fence, $3),
-                      updated_at = now()
-                where sku = $1
-                  and on_hand - reserved >= $2
-                  and ($3::bigint is null or last_fence < $3)
-            returning on_hand - reserved"#
+            sqlx::query_scalar(
+                r#"update stock
+                      set reserved = reserved + $2,
+                          last_fence = greatest(last_fence, $3),
+                          updated_at = now()
+                    where sku = $1
+                      and on_hand - reserved >= $2
+                      and ($3::bigint is null or last_fence < $3)
+                returning on_hand - reserved"#,
+            )
+            .bind(sku.as_str())
+            .bind(quantity)
+            .bind(fence)
+            .fetch_optional(&mut *conn)
+            .await?
         }
     };
-    let left: Option<i32> = sqlx::query_scalar(sql)
-        .bind(sku.as_str())
-        .bind(quantity)
-        .bind(fence)
-        .fetch_optional(&mut *conn)
-        .await?;
     let Some(left) = left else {
         return why_not(conn, sku, quantity, fence).await;
     };
@@ -324,32 +316,32 @@ pub async fn lock_for_sale(conn: &mut PgConnection, sku: &Sku) -> sqlx::Result<O
         .await
 }
 
-/// Sells `total` units of `sku` for a batch of orders, with the one conditional statement
-/// every sale goes through: false (nothing changed) unless enough is available and, with a
-/// `fence`, no newer lease has written the row. The batch writes its ledger rows with
+/// Sells `quantity` units of `sku` with the one conditional statement every sale goes
+/// through: nothing changes unless enough is available and, with a `fence`, no newer
+/// lease has written the row. Returns the units left, or `None` when refused. Writes no
+/// ledger row: single orders write theirs in [`take_stock`], batches with
 /// [`record_sales`].
 pub async fn sell_units(
     conn: &mut PgConnection,
     sku: &Sku,
-    total: i32,
+    quantity: i32,
     fence: Option<i64>,
-) -> sqlx::Result<bool> {
-    let updated = sqlx::query(
+) -> sqlx::Result<Option<i32>> {
+    sqlx::query_scalar(
         r#"update stock
               set on_hand = on_hand - $2,
                   last_fence = greatest(last_fence, $3),
                   updated_at = now()
             where sku = $1
               and on_hand - reserved >= $2
-              and ($3::bigint is null or last_fence < $3)"#,
+              and ($3::bigint is null or last_fence < $3)
+        returning on_hand - reserved"#,
     )
     .bind(sku.as_str())
-    .bind(total)
+    .bind(quantity)
     .bind(fence)
-    .execute(conn)
-    .await?
-    .rows_affected();
-    Ok(updated == 1)
+    .fetch_optional(conn)
+    .await
 }
 
 /// One `order` ledger row per sale of `sku` (quantity, order reference, actor), by one

@@ -40,14 +40,16 @@ use crate::inventory::db as stock;
 use crate::locking::{Acquire, Redis};
 use crate::metrics::Metrics;
 
-/// One order waiting in its SKU's queue.
+/// One single-SKU order for its SKU's queue.
 pub struct Job {
     pub scope: Scope,
     pub key: IdempotencyKey,
     pub fingerprint: Fingerprint,
     pub request: OrderRequest,
-    pub answer: oneshot::Sender<BatchAnswer>,
 }
+
+/// A job in the queue, with the way back to the request waiting for it.
+type Queued = (Job, oneshot::Sender<BatchAnswer>);
 
 /// What the leader tells one waiting request.
 #[derive(Debug)]
@@ -64,7 +66,7 @@ pub enum BatchAnswer {
 
 /// The per-SKU queues of this process, and what their leaders need.
 pub struct Batcher {
-    queues: Mutex<HashMap<Sku, mpsc::UnboundedSender<Job>>>,
+    queues: Mutex<HashMap<Sku, mpsc::UnboundedSender<Queued>>>,
     db: PgPool,
     redis: Redis,
     settings: Arc<Settings>,
@@ -93,8 +95,7 @@ impl Batcher {
     /// Queues `job` behind the leader of `sku` (starting one if there is none) and waits
     /// for its answer.
     pub async fn submit(self: &Arc<Self>, sku: Sku, job: Job) -> BatchAnswer {
-        let (tx, rx) = oneshot::channel();
-        let job = Job { answer: tx, ..job };
+        let (answer, rx) = oneshot::channel();
         {
             let mut queues = self.queues.lock().expect("batch queues");
             let queue = match queues.get(&sku) {
@@ -108,13 +109,13 @@ impl Batcher {
                 }
             };
             // The leader leaves only under this lock, after seeing its queue empty.
-            let _ = queue.send(job);
+            let _ = queue.send((job, answer));
         }
         rx.await.unwrap_or(BatchAnswer::Failed(OrderError::Busy))
     }
 
     /// The leader of one SKU: applies batches while orders keep coming, then leaves.
-    async fn lead(self: Arc<Self>, sku: Sku, mut jobs: mpsc::UnboundedReceiver<Job>) {
+    async fn lead(self: Arc<Self>, sku: Sku, mut jobs: mpsc::UnboundedReceiver<Queued>) {
         let s = &self.settings;
         loop {
             let mut batch = Vec::new();
@@ -147,7 +148,8 @@ impl Batcher {
     }
 
     /// Applies one batch under the SKU's lease and answers every job in it.
-    async fn apply(&self, sku: &Sku, jobs: Vec<Job>) {
+    async fn apply(&self, sku: &Sku, batch: Vec<Queued>) {
+        let (jobs, answers): (Vec<Job>, Vec<_>) = batch.into_iter().unzip();
         let s = &self.settings;
         let deadline = Instant::now() + s.lease_wait;
         let mut attempts = 0;
@@ -194,18 +196,18 @@ impl Batcher {
             }
         };
         match outcome {
-            Ok(answers) => {
-                if answers.sold_out {
+            Ok(decided) => {
+                if decided.sold_out {
                     self.catalog.forget(sku);
                     self.redis.hint_sold_out(sku).await;
                 }
-                for (job, answer) in jobs.into_iter().zip(answers.each) {
-                    let _ = job.answer.send(answer);
+                for (to, answer) in answers.into_iter().zip(decided.each) {
+                    let _ = to.send(answer);
                 }
             }
             Err(error) => {
-                for job in jobs {
-                    let _ = job.answer.send(BatchAnswer::Failed(copy_error(&error)));
+                for to in answers {
+                    let _ = to.send(BatchAnswer::Failed(copy_error(&error)));
                 }
             }
         }
@@ -339,7 +341,11 @@ async fn transact(
 
     // 3. One conditional update for the accepted total: the database still refuses to go
     //    below zero, or past a newer fence.
-    if taken > 0 && !stock::sell_units(&mut tx, sku, taken, fence).await? {
+    if taken > 0
+        && stock::sell_units(&mut tx, sku, taken, fence)
+            .await?
+            .is_none()
+    {
         // Impossible under the row lock; refuse the whole batch rather than guess.
         return Err(sqlx::Error::Protocol(
             "the stock row changed under its lock".into(),

@@ -694,7 +694,6 @@ async fn place_batched(
         key: keyed.key.clone(),
         fingerprint: keyed.fingerprint.clone(),
         request: request.clone(),
-        answer: tokio::sync::oneshot::channel().0,
     };
     match deps.batcher.submit(sku.clone(), job).await {
         BatchAnswer::Placed(order) => Ok(Placement::Placed {
