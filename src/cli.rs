@@ -100,9 +100,11 @@ impl Cli {
                 Command::Migrate => migrate(settings).await,
                 Command::Seed => seed(settings).await,
                 Command::Admin(command) => admin_command(settings, command).await,
-                Command::Loadtest(args) => verdict(loadtest::loadtest(*args).await),
+                Command::Loadtest(args) => {
+                    verdict(until_interrupted(loadtest::loadtest(*args)).await)
+                }
                 Command::Check(args) => verdict(loadtest::check_command(args).await),
-                Command::Bench(args) => verdict(bench::bench(*args).await),
+                Command::Bench(args) => verdict(until_interrupted(bench::bench(*args)).await),
             }
         });
         match result {
@@ -116,6 +118,18 @@ impl Cli {
                 ExitCode::FAILURE
             }
         }
+    }
+}
+
+/// Runs `work` until it ends or the process is asked to stop (Ctrl-C, SIGTERM); then
+/// drops it, which stops every server it started.
+async fn until_interrupted<T>(work: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    tokio::select! {
+        out = work => out,
+        _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted; the servers it started are stopped"),
+        _ = term.recv() => anyhow::bail!("terminated; the servers it started are stopped"),
     }
 }
 

@@ -60,6 +60,7 @@ impl Application {
             crate::orders::stale_after(&settings),
         );
         crate::holds::spawn_sweeper(db.clone(), redis.clone(), settings.sweep_interval);
+        crate::orders::sold_out::spawn_drain(db.clone(), redis.clone());
         let settings = Arc::new(settings);
         let metrics = Arc::new(Metrics::new());
         let catalog = Arc::new(crate::catalog::cache::CatalogCache::new(

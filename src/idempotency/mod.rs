@@ -265,6 +265,26 @@ pub async fn lookup(
     })
 }
 
+/// Which of `keys` (scope, key) have a record, in order.
+pub async fn present(pool: &PgPool, keys: &[(&str, &str)]) -> sqlx::Result<Vec<bool>> {
+    let scopes: Vec<&str> = keys.iter().map(|(s, _)| *s).collect();
+    let names: Vec<&str> = keys.iter().map(|(_, k)| *k).collect();
+    let found: Vec<i64> = sqlx::query_scalar(
+        r#"select u.i from unnest($1::text[], $2::text[]) with ordinality as u(scope, key, i)
+            where exists (select 1 from idempotency_keys k
+                           where k.scope = u.scope and k.key = u.key)"#,
+    )
+    .bind(&scopes)
+    .bind(&names)
+    .fetch_all(pool)
+    .await?;
+    let mut present = vec![false; keys.len()];
+    for i in found {
+        present[(i - 1) as usize] = true;
+    }
+    Ok(present)
+}
+
 /// Stores a decided `response` under a key that was never claimed (a decision reached
 /// without a transaction of its own, such as "not enough stock"): one statement, one
 /// commit. When the key has a record already, returns what it says instead.
@@ -298,6 +318,43 @@ pub async fn store(
     lookup(conn, scope, key, fingerprint, stale_after)
         .await
         .map(Some)
+}
+
+/// One decided answer to store under a key that has no record.
+pub struct Decision<'a> {
+    pub scope: &'a str,
+    pub key: &'a str,
+    pub fingerprint: &'a str,
+    pub response: StoredResponse,
+}
+
+/// Stores many decided answers by one statement (answers first kept elsewhere, such as
+/// sold-out answers kept in Redis); a key that has a record already keeps it. Returns how
+/// many were stored.
+pub async fn store_decided(pool: &PgPool, decisions: &[Decision<'_>]) -> sqlx::Result<u64> {
+    let scopes: Vec<&str> = decisions.iter().map(|d| d.scope).collect();
+    let keys: Vec<&str> = decisions.iter().map(|d| d.key).collect();
+    let fingerprints: Vec<&str> = decisions.iter().map(|d| d.fingerprint).collect();
+    let statuses: Vec<i16> = decisions.iter().map(|d| d.response.status as i16).collect();
+    let bodies: Vec<&serde_json::Value> = decisions.iter().map(|d| &d.response.body).collect();
+    Ok(sqlx::query(
+        r#"insert into idempotency_keys
+                  (scope, key, fingerprint, state, owner, response_status, response_body,
+                   completed_at)
+           select scope, key, fingerprint, 'completed', $6, status, body, now()
+             from unnest($1::text[], $2::text[], $3::text[], $4::int2[], $5::jsonb[])
+                  as u(scope, key, fingerprint, status, body)
+           on conflict (scope, key) do nothing"#,
+    )
+    .bind(&scopes)
+    .bind(&keys)
+    .bind(&fingerprints)
+    .bind(&statuses)
+    .bind(&bodies)
+    .bind(Uuid::new_v4())
+    .execute(pool)
+    .await?
+    .rows_affected())
 }
 
 /// Stores the response under the claimed key, inside the caller's transaction. Returns

@@ -25,10 +25,14 @@
 //! like every write, are kept from overselling by the conditional update alone.
 //!
 //! A "sold out" hint per SKU lets waiters stop queueing once the database has said a SKU
-//! is gone; it is only a hint, and the caller confirms it against the database.
+//! is gone. Leasing callers confirm it against the database; the sold-out answers of
+//! [`decisions`] rely on it for at most its short lifetime.
 
-use std::sync::Arc;
+pub mod decisions;
+
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
@@ -50,6 +54,9 @@ pub struct Redis {
     prefix: String,
     timeout: Duration,
     breaker: Arc<Breaker>,
+    /// SKUs this process saw hinted sold out, so it tries the cheap sold-out answer
+    /// first; the hint in Redis stays the authority.
+    sold_out_here: Arc<Mutex<HashSet<String>>>,
 }
 
 /// Consecutive failures, and whether calls are skipped until a probe succeeds.
@@ -92,6 +99,7 @@ impl Redis {
             prefix: prefix.to_string(),
             timeout,
             breaker: Arc::default(),
+            sold_out_here: Arc::default(),
         })
     }
 
@@ -254,8 +262,9 @@ return 1
 /// How far the fence counter jumps past the highest token seen once Redis has lost it.
 pub const FENCE_EPOCH: i64 = 1_000_000;
 
-/// How long the sold-out hint lives; stale hints only cost one database read.
-const SOLD_OUT_HINT_TTL_MS: u64 = 30_000;
+/// How long the sold-out hint lives unless renewed. Stock coming back clears it at once;
+/// should that clearing fail, sold-out answers may go on for at most this long.
+const SOLD_OUT_HINT_TTL_MS: u64 = 3_000;
 
 /// Extends each key's TTL to ARGV[2] ms while it is still owned by ARGV[1]; returns how
 /// many were.
@@ -313,7 +322,11 @@ impl Redis {
                         fence,
                     });
                 }
-                Some((-1, i)) => return Acquire::SoldOutHint(skus[(i - 1) as usize].clone()),
+                Some((-1, i)) => {
+                    let sku = &skus[(i - 1) as usize];
+                    self.believe_sold_out(sku, true);
+                    return Acquire::SoldOutHint(sku.clone());
+                }
                 // Busy, or the call failed: a lease this token may have got before its
                 // answer was lost expires with its TTL.
                 _ => {}
@@ -407,6 +420,7 @@ impl Redis {
 
     /// Marks `sku` as sold out, so waiting buyers stop queueing for it.
     pub async fn hint_sold_out(&self, sku: &Sku) {
+        self.believe_sold_out(sku, true);
         let mut conn = self.conn();
         let mut cmd = redis::cmd("SET");
         cmd.arg(self.sold_out_key(sku))
@@ -422,6 +436,7 @@ impl Redis {
 
     /// Removes the sold-out hint (stock came back, or the hint was stale).
     pub async fn clear_sold_out(&self, sku: &Sku) {
+        self.believe_sold_out(sku, false);
         let mut conn = self.conn();
         let mut cmd = redis::cmd("DEL");
         cmd.arg(self.sold_out_key(sku));

@@ -60,6 +60,8 @@ pub enum BatchAnswer {
     Short(Vec<Shortage>),
     /// The key was decided by another request: answer from its record.
     DecidedElsewhere,
+    /// The key has a sold-out answer kept in Redis: this.
+    FromRedis(super::sold_out::Answer),
     /// Nothing was decided; the request fails with this (and may be retried).
     Failed(OrderError),
 }
@@ -149,6 +151,12 @@ impl Batcher {
 
     /// Applies one batch under the SKU's lease and answers every job in it.
     async fn apply(&self, sku: &Sku, batch: Vec<Queued>) {
+        let Some(batch) = self.answer_sold_out(sku, batch).await else {
+            return;
+        };
+        let Some(batch) = self.answer_from_redis(batch).await else {
+            return;
+        };
         let (jobs, answers): (Vec<Job>, Vec<_>) = batch.into_iter().unzip();
         let s = &self.settings;
         let deadline = Instant::now() + s.lease_wait;
@@ -198,7 +206,9 @@ impl Batcher {
         match outcome {
             Ok(decided) => {
                 if decided.sold_out {
-                    self.catalog.forget(sku);
+                    if decided.sold_any {
+                        self.catalog.forget(sku);
+                    }
                     self.redis.hint_sold_out(sku).await;
                 }
                 for (to, answer) in answers.into_iter().zip(decided.each) {
@@ -211,6 +221,81 @@ impl Batcher {
                 }
             }
         }
+    }
+}
+
+impl Batcher {
+    /// While this process believes `sku` sold out: answers the batch from Redis (one
+    /// read of PostgreSQL for all its keys, one Redis call, no write); keys with a record
+    /// in PostgreSQL are answered from it by their own requests. Returns the jobs still
+    /// to decide, `None` when none are left.
+    async fn answer_sold_out(&self, sku: &Sku, batch: Vec<Queued>) -> Option<Vec<Queued>> {
+        if !self.redis.believes_sold_out(std::slice::from_ref(sku)) {
+            return Some(batch);
+        }
+        let keys: Vec<(&str, &str)> = batch
+            .iter()
+            .map(|(job, _)| (job.scope.as_str(), job.key.as_str()))
+            .collect();
+        let Ok(present) = crate::idempotency::present(&self.db, &keys).await else {
+            return Some(batch);
+        };
+        let (mut asking, mut rest) = (Vec::new(), Vec::new());
+        for ((job, to), present) in batch.into_iter().zip(present) {
+            if present {
+                let _ = to.send(BatchAnswer::DecidedElsewhere);
+            } else {
+                asking.push((job, to));
+            }
+        }
+        let questions: Vec<super::sold_out::Asking<'_>> = asking
+            .iter()
+            .map(|(job, _)| super::sold_out::Asking {
+                scope: job.scope,
+                key: &job.key,
+                fingerprint: &job.fingerprint,
+                requested: job.request.lines()[0].quantity.get(),
+            })
+            .collect();
+        let answers = super::sold_out::answer_many(&self.redis, sku, &questions).await;
+        drop(questions);
+        let Some(answers) = answers else {
+            return (!asking.is_empty()).then_some(asking);
+        };
+        for ((job, to), answer) in asking.into_iter().zip(answers) {
+            match answer {
+                super::sold_out::Answer::Elsewhere => rest.push((job, to)),
+                answer => {
+                    let _ = to.send(BatchAnswer::FromRedis(answer));
+                }
+            }
+        }
+        (!rest.is_empty()).then_some(rest)
+    }
+
+    /// Marks the batch's keys as decided in PostgreSQL (so no twin is answered from
+    /// Redis), and answers the jobs whose key has a sold-out answer kept in Redis; returns
+    /// the others, `None` when none are left.
+    async fn answer_from_redis(&self, batch: Vec<Queued>) -> Option<Vec<Queued>> {
+        let keys: Vec<(&str, &str)> = batch
+            .iter()
+            .map(|(job, _)| (job.scope.as_str(), job.key.as_str()))
+            .collect();
+        let stale = super::stale_after(&self.settings);
+        let Some(stored) = self.redis.mark_keys(&keys, stale).await else {
+            return Some(batch);
+        };
+        let mut rest = Vec::with_capacity(batch.len());
+        for ((job, to), stored) in batch.into_iter().zip(stored) {
+            let answer = stored.map(|s| super::sold_out::replay(&s, &job.fingerprint));
+            match answer {
+                None | Some(super::sold_out::Answer::Elsewhere) => rest.push((job, to)),
+                Some(answer) => {
+                    let _ = to.send(BatchAnswer::FromRedis(answer));
+                }
+            }
+        }
+        (!rest.is_empty()).then_some(rest)
     }
 }
 
@@ -242,8 +327,10 @@ enum Applied {
 /// One answer per job, in job order.
 struct Answers {
     each: Vec<BatchAnswer>,
-    /// The batch took the last units.
+    /// Nothing is left after the batch.
     sold_out: bool,
+    /// The batch sold something.
+    sold_any: bool,
 }
 
 /// The batch's one transaction (see the module documentation).
@@ -406,7 +493,8 @@ async fn transact(
     tx.commit().await?;
     Ok(Applied::Done(Answers {
         each,
-        sold_out: taken > 0 && left == 0,
+        sold_out: left <= 0,
+        sold_any: taken > 0,
     }))
 }
 

@@ -5,6 +5,7 @@
 pub mod batch;
 pub mod db;
 mod place;
+pub mod sold_out;
 
 pub use batch::Batcher;
 pub use place::{OrderDeps, OrderError, Placement, place_hold, place_order, stale_after};

@@ -175,9 +175,19 @@ async fn place(
         fingerprint: request.fingerprint(),
         stale_after: stale_after(deps.settings),
     };
+    // A SKU this process saw sold out: answered from Redis if it still is, no write.
+    // (`batched` does this for a whole batch at once.)
+    let strategy = deps.settings.order_strategy;
+    if strategy == OrderStrategy::RedisLock
+        && deps.redis.believes_sold_out(&request.skus())
+        && let Some(answer) = sold_out_answer(deps, &keyed, request, intent).await?
+    {
+        return Ok(answer);
+    }
+
     // A single-SKU order under `batched` goes straight to its SKU's queue: the batch's
     // transaction reads its key and its stock along with everyone else's.
-    if deps.settings.order_strategy == OrderStrategy::Batched
+    if strategy == OrderStrategy::Batched
         && intent == Intent::Order
         && let [line] = request.lines()
     {
@@ -217,6 +227,52 @@ async fn place(
     }
     let placed = place_keyed(deps, &keyed, request, &products, intent, conn).await;
     answer_or_settled(deps, &keyed, intent, placed).await
+}
+
+/// The answer for a request whose SKU this process saw sold out: from the key's record
+/// in PostgreSQL if it has one, else "not enough stock" stored in Redis while the SKU is
+/// still hinted sold out. `None`: decide as usual.
+async fn sold_out_answer(
+    deps: OrderDeps<'_>,
+    keyed: &Keyed<'_>,
+    request: &OrderRequest,
+    intent: Intent,
+) -> Result<Option<Placement>, OrderError> {
+    let k = keyed;
+    match idempotency::lookup(deps.db, k.scope, k.key, &k.fingerprint, k.stale_after).await? {
+        Found::Absent => {}
+        found => {
+            return decided_elsewhere(deps, keyed, found, intent)
+                .await
+                .map(Some);
+        }
+    }
+    let answer = super::sold_out::answer(deps.redis, k.scope, k.key, &k.fingerprint, request).await;
+    from_redis(deps, answer)
+}
+
+/// A sold-out answer kept in Redis, as a placement; `None` when there is none.
+fn from_redis(
+    deps: OrderDeps<'_>,
+    answer: super::sold_out::Answer,
+) -> Result<Option<Placement>, OrderError> {
+    use super::sold_out::Answer;
+    match answer {
+        Answer::SoldOut {
+            shortages,
+            replayed,
+        } => {
+            if replayed {
+                deps.metrics.idempotent_replays.inc();
+            }
+            Ok(Some(Placement::Insufficient {
+                shortages,
+                replayed,
+            }))
+        }
+        Answer::KeyReused => Err(OrderError::KeyReused),
+        Answer::Elsewhere => Ok(None),
+    }
 }
 
 /// `placed`, unless it failed in a way that may hide a decision: the transaction may have
@@ -379,12 +435,29 @@ async fn place_keyed(
         .collect();
     let shortages = shortages_of(request, &seen);
     if !shortages.is_empty() {
+        hint_sold_out(deps, &shortages).await;
         return store_insufficient(deps, keyed, shortages, intent, held.as_deref_mut()).await;
     }
 
     if s.order_strategy == OrderStrategy::RedisLock {
         // Not held while queueing for the lease: waiters would drain the pool.
         held = None;
+    }
+
+    if s.order_strategy == OrderStrategy::RedisLock {
+        // Marked as decided in PostgreSQL, so a twin is never answered from Redis; a key
+        // answered there already gets that answer.
+        let k = keyed;
+        let marked = deps
+            .redis
+            .mark_keys(&[(k.scope.as_str(), k.key.as_str())], k.stale_after)
+            .await;
+        if let Some(Some(stored)) = marked.and_then(|m| m.into_iter().next()) {
+            let answer = super::sold_out::replay(&stored, &k.fingerprint);
+            if let Some(placement) = from_redis(deps, answer)? {
+                return Ok(placement);
+            }
+        }
     }
 
     let skus = request.skus();
@@ -463,11 +536,7 @@ async fn place_keyed(
                 return decided_elsewhere(deps, keyed, found, intent).await;
             }
             Ok(Ok(Tx::Short(shortages))) => {
-                for short in shortages.iter().filter(|s| s.available == 0) {
-                    if let Ok(sku) = Sku::parse(&short.sku) {
-                        deps.redis.hint_sold_out(&sku).await;
-                    }
-                }
+                hint_sold_out(deps, &shortages).await;
                 return store_insufficient(deps, keyed, shortages, intent, held.as_deref_mut())
                     .await;
             }
@@ -481,6 +550,21 @@ async fn place_keyed(
                     return Err(OrderError::Busy);
                 }
             }
+        }
+    }
+}
+
+/// Hints the SKUs that have nothing left sold out (under the strategies that lease).
+async fn hint_sold_out(deps: OrderDeps<'_>, shortages: &[Shortage]) {
+    if !matches!(
+        deps.settings.order_strategy,
+        OrderStrategy::RedisLock | OrderStrategy::Batched
+    ) {
+        return;
+    }
+    for short in shortages.iter().filter(|s| s.available == 0) {
+        if let Ok(sku) = Sku::parse(&short.sku) {
+            deps.redis.hint_sold_out(&sku).await;
         }
     }
 }
@@ -704,6 +788,8 @@ async fn place_batched(
             shortages,
             replayed: false,
         }),
+        // Never "decide elsewhere": such jobs stay in their batch.
+        BatchAnswer::FromRedis(answer) => from_redis(deps, answer)?.ok_or(OrderError::InFlight),
         BatchAnswer::DecidedElsewhere => {
             let found = idempotency::lookup(
                 deps.db,

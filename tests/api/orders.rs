@@ -221,6 +221,107 @@ async fn a_batch_gives_each_request_its_own_answer() {
     );
 }
 
+/// Sold-out answers under `strategy`: kept in Redis (no write per answer), replayed for
+/// retries before and after stock comes back, copied into PostgreSQL within seconds; a
+/// key decided in PostgreSQL is never answered from Redis.
+async fn sold_out_answers_come_from_redis(strategy: OrderStrategy) {
+    let app = spawn_app_with(Settings {
+        order_strategy: strategy,
+        ..test_settings().await
+    })
+    .await;
+    app.add_product("GONE-1", "Gone", 1_000, 1).await;
+    let bought = app.post_order("buyer", &[("GONE-1", 1)]).await;
+    assert_eq!(bought.status().as_u16(), 201);
+    let bought: serde_json::Value = bought.json().await.unwrap();
+    // The first refusal may come from PostgreSQL; it teaches the process the SKU is gone.
+    assert_eq!(
+        app.post_order("learn", &[("GONE-1", 1)]).await.status(),
+        409
+    );
+
+    let res = app.post_order("fresh", &[("GONE-1", 1)]).await;
+    assert_eq!(res.status().as_u16(), 409);
+    let body: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(
+        body["shortages"],
+        serde_json::json!([{"sku": "GONE-1", "requested": 1, "available": 0}])
+    );
+    let mut redis = app.redis().await;
+    let kept: Option<String> = redis::cmd("GET")
+        .arg(format!("{}decision:api:fresh", app.settings.redis_prefix))
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let kept = kept.expect("the answer is kept in Redis");
+    assert!(kept.contains("GONE-1"), "{kept}");
+
+    // The retry replays it; another request under the key is refused.
+    let retry = app.post_order("fresh", &[("GONE-1", 1)]).await;
+    assert_eq!(retry.status().as_u16(), 409);
+    assert_eq!(retry.headers()["idempotency-replayed"], "true");
+    assert_eq!(
+        app.post_order("fresh", &[("GONE-1", 2)]).await.status(),
+        422
+    );
+    // The buyer's retry gets its order, not "sold out".
+    let again = app.post_order("buyer", &[("GONE-1", 1)]).await;
+    assert_eq!(again.status().as_u16(), 201);
+    let again: serde_json::Value = again.json().await.unwrap();
+    assert_eq!(again["id"], bought["id"]);
+
+    // Stock comes back: new keys buy it, the refused key keeps its answer.
+    let csrf = app.login_admin().await;
+    let restocked = app
+        .client
+        .post(app.url("/api/v1/admin/stock/GONE-1/restock"))
+        .header("Idempotency-Key", "restock-1")
+        .header("X-CSRF-Token", csrf)
+        .json(&serde_json::json!({"units": 5, "reason": "delivery"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(restocked.status().as_u16(), 200);
+    assert_eq!(
+        app.post_order("after", &[("GONE-1", 1)]).await.status(),
+        201
+    );
+    let retry = app.post_order("fresh", &[("GONE-1", 1)]).await;
+    assert_eq!(retry.status().as_u16(), 409);
+    assert_eq!(retry.headers()["idempotency-replayed"], "true");
+
+    // Within a few seconds the answer is in PostgreSQL too.
+    let since = Instant::now();
+    loop {
+        let status: Option<i16> = sqlx::query_scalar(
+            "select response_status from idempotency_keys where scope = 'api' and key = 'fresh'",
+        )
+        .fetch_optional(&app.db)
+        .await
+        .unwrap();
+        if status == Some(409) {
+            break;
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(5),
+            "the sold-out answer never reached PostgreSQL"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(app.count("select count(*) from orders").await, 2);
+    app.assert_invariants().await;
+}
+
+#[tokio::test]
+async fn sold_out_answers_under_batched_come_from_redis() {
+    sold_out_answers_come_from_redis(OrderStrategy::Batched).await;
+}
+
+#[tokio::test]
+async fn sold_out_answers_under_redis_lock_come_from_redis() {
+    sold_out_answers_come_from_redis(OrderStrategy::RedisLock).await;
+}
+
 #[tokio::test]
 async fn naive_read_then_write_oversells_the_same_race() {
     // Proves the race above can fail: the same buyers against read-check-write.
