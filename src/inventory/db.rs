@@ -307,13 +307,47 @@ pub async fn take_stock_naive(
     })
 }
 
-/// Locks `sku`'s stock row for a batch of sales and reads what is available and the
-/// highest fence that wrote it; `None` when there is no such row.
-pub async fn lock_for_sale(conn: &mut PgConnection, sku: &Sku) -> sqlx::Result<Option<(i32, i64)>> {
-    sqlx::query_as(r#"select on_hand - reserved, last_fence from stock where sku = $1 for update"#)
-        .bind(sku.as_str())
-        .fetch_optional(conn)
-        .await
+/// Locks the stock rows of `skus` for a batch's sale, in SKU order (byte order, as every
+/// order locks them): per SKU, the units available and the last fence that wrote it.
+/// SKUs without stock are missing from the answer.
+pub async fn lock_for_sale(
+    conn: &mut PgConnection,
+    skus: &[&str],
+) -> sqlx::Result<Vec<(String, i32, i64)>> {
+    sqlx::query_as(
+        r#"select sku, on_hand - reserved, last_fence from stock
+            where sku = any($1) order by sku collate "C" for update"#,
+    )
+    .bind(skus)
+    .fetch_all(conn)
+    .await
+}
+
+/// Sells `quantities[i]` units of `skus[i]` for every i, by one statement of the same
+/// conditional form as [`sell_units`]. Returns how many rows it changed: fewer than
+/// `skus.len()` means a row refused, and the caller must roll back.
+pub async fn sell_many(
+    conn: &mut PgConnection,
+    skus: &[&str],
+    quantities: &[i32],
+    fence: Option<i64>,
+) -> sqlx::Result<u64> {
+    Ok(sqlx::query(
+        r#"update stock s
+              set on_hand = s.on_hand - u.quantity,
+                  last_fence = greatest(s.last_fence, $3),
+                  updated_at = now()
+             from unnest($1::text[], $2::int[]) as u(sku, quantity)
+            where s.sku = u.sku
+              and s.on_hand - s.reserved >= u.quantity
+              and ($3::bigint is null or s.last_fence < $3)"#,
+    )
+    .bind(skus)
+    .bind(quantities)
+    .bind(fence)
+    .execute(conn)
+    .await?
+    .rows_affected())
 }
 
 /// Sells `quantity` units of `sku` with the one conditional statement every sale goes
@@ -344,21 +378,22 @@ pub async fn sell_units(
     .await
 }
 
-/// One `order` ledger row per sale of `sku` (quantity, order reference, actor), by one
+/// One `order` ledger row per sale (SKU, quantity, order reference, actor), by one
 /// statement.
 pub async fn record_sales(
     conn: &mut PgConnection,
-    sku: &Sku,
+    skus: &[&str],
     quantities: &[i32],
     references: &[String],
     actors: &[&str],
 ) -> sqlx::Result<()> {
     sqlx::query(
         r#"insert into stock_movements (sku, delta, reserved_delta, reason, reference, actor)
-           select $1, -quantity, 0, 'order', reference, actor
-             from unnest($2::int[], $3::text[], $4::text[]) as u(quantity, reference, actor)"#,
+           select sku, -quantity, 0, 'order', reference, actor
+             from unnest($1::text[], $2::int[], $3::text[], $4::text[])
+                  as u(sku, quantity, reference, actor)"#,
     )
-    .bind(sku.as_str())
+    .bind(skus)
     .bind(quantities)
     .bind(references)
     .bind(actors)

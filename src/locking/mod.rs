@@ -238,6 +238,32 @@ end
 return {1, redis.call('INCR', KEYS[2 * n + 1])}
 "#;
 
+/// KEYS: n lease keys, the fence counter. ARGV: token, ttl. Takes every lease that is
+/// free; returns {fence, granted_1, …, granted_n} (fence 0 when none was).
+const ACQUIRE_FREE: &str = r#"
+local out = {0}
+local any = false
+for i = 1, #KEYS - 1 do
+  if redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2], 'NX') then
+    out[i + 1] = 1
+    any = true
+  else
+    out[i + 1] = 0
+  end
+end
+if any then out[1] = redis.call('INCR', KEYS[#KEYS]) end
+return out
+"#;
+
+/// What [`Redis::acquire_free`] got.
+#[derive(Debug)]
+pub enum AcquireFree {
+    /// The leases of the SKUs marked true, under one fence (`None` when none was free).
+    Granted(Option<Lease>, Vec<bool>),
+    /// Redis did not answer, or the breaker is open: proceed on the database guard alone.
+    Degraded,
+}
+
 /// Deletes each key still owned by ARGV[1]; returns how many.
 const RELEASE: &str = r#"
 local released = 0
@@ -344,6 +370,43 @@ impl Redis {
             tokio::time::sleep(sleep.min(deadline - now)).await;
             backoff = (backoff * 2).min(Duration::from_millis(50));
         }
+    }
+
+    /// Leases whichever of `skus` are free right now, all under one fence, without
+    /// waiting for the others.
+    pub async fn acquire_free(&self, skus: &[Sku], ttl: Duration) -> AcquireFree {
+        let token = uuid::Uuid::new_v4().to_string();
+        let lease_keys: Vec<String> = skus.iter().map(|s| self.lease_key(s)).collect();
+        let script = Script::new(ACQUIRE_FREE);
+        let mut invocation = script.prepare_invoke();
+        for key in &lease_keys {
+            invocation.key(key);
+        }
+        invocation
+            .key(self.fence_key())
+            .arg(&token)
+            .arg(ttl.as_millis() as u64);
+        let mut conn = self.conn();
+        let Some(answer) = self
+            .call(
+                "lease script",
+                invocation.invoke_async::<Vec<i64>>(&mut conn),
+            )
+            .await
+        else {
+            return AcquireFree::Degraded;
+        };
+        let fence = answer.first().copied().unwrap_or(0);
+        let granted: Vec<bool> = (0..skus.len())
+            .map(|i| answer.get(i + 1) == Some(&1))
+            .collect();
+        let keys: Vec<String> = lease_keys
+            .into_iter()
+            .zip(&granted)
+            .filter_map(|(key, granted)| granted.then_some(key))
+            .collect();
+        let lease = (!keys.is_empty()).then_some(Lease { keys, token, fence });
+        AcquireFree::Granted(lease, granted)
     }
 
     /// Runs `work` while keeping `lease` alive: renews it every third of `ttl` (a

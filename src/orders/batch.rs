@@ -1,46 +1,53 @@
-//! The `batched` strategy: group commit for a hot SKU.
+//! The `batched` strategy: group commit.
 //!
-//! A hot SKU is one row, and one row takes one commit at a time; so instead of one
-//! transaction per order, concurrent single-SKU orders for the same SKU queue in this
-//! process behind one leader task. The leader takes the SKU's lease once (exclusion and a
-//! fence across processes, exactly as `redis-lock`), then applies the whole batch in one
-//! transaction:
+//! A hot SKU is one row, and one row takes one commit at a time; a wide catalogue pays
+//! one commit (one WAL flush) per order. So instead of one transaction per order,
+//! concurrent single-SKU orders queue in this process behind one leader task, which
+//! applies them in batches of up to `STOCKADE_BATCH_MAX`, whatever their SKUs:
 //!
-//! 1. the stock row is locked (`for update`) and the price read (no such product: every
-//!    order of the batch is refused, nothing written);
-//! 2. every key of the batch is claimed by one insert (a key already decided, or twice in
-//!    the batch, is left out and answered from its record after the commit), and units
-//!    are allocated in arrival order, each order accepted while enough is left, the others
-//!    refused with their own shortage;
-//! 3. one conditional update takes the accepted total (it still refuses to go below zero or
-//!    past a newer fence), and set-based inserts (`unnest`) write every order, line and
-//!    ledger row, and complete every key with its own answer;
+//! 1. orders for a SKU this process saw sold out are answered from Redis with no write
+//!    (see [`super::sold_out`]); the other keys are marked in Redis as being decided in
+//!    PostgreSQL, and a key that has an answer there already gets it;
+//! 2. the leader takes the leases of the batch's SKUs that are free, all under one fence
+//!    (exclusion and fencing across processes, as `redis-lock`); orders for a SKU whose
+//!    lease another process holds wait for the next batch, and give up with 503 after
+//!    `STOCKADE_LEASE_WAIT_MS`;
+//! 3. one transaction: the stock rows are locked in SKU order and prices read; every key
+//!    is claimed by one insert (a key already decided, or twice in the batch, drops out
+//!    and is answered from its record); units are allocated per SKU in arrival order,
+//!    each order accepted while enough is left, the others refused with their own
+//!    shortage; one conditional update takes each SKU's accepted total (it still refuses
+//!    to go below zero or past a newer fence); set-based inserts (`unnest`) write every
+//!    order, line and ledger row, and complete every key with its own answer;
 //! 4. one COMMIT, then every request gets its own answer.
 //!
-//! A request never poisons its batch: it is parsed and validated before it queues, and a
-//! key decided elsewhere simply drops out. A queued request costs the database nothing of
-//! its own: its key, its SKU and its stock are all read by the batch's transaction. Orders of several SKUs, and holds, take
-//! the per-request path: their SKU sets rarely coincide, so they would batch alone.
+//! A request never poisons its batch: it is parsed and validated before it queues, a key
+//! decided elsewhere drops out, and a SKU no longer on sale refuses only its own orders.
+//! A queued request costs the database nothing of its own: its key, its SKU and its stock
+//! are read by the batch's transaction. Orders of several SKUs, and holds, take the
+//! per-request path: their SKU sets rarely coincide, and a batch that mixed them would
+//! hold many leases for the sake of one order.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
-use super::{Order, OrderError, OrderRequest, Shortage};
+use super::sold_out::{self, Answer};
+use super::{Order, OrderError, OrderLine, OrderRequest, Shortage};
 use crate::catalog::Sku;
 use crate::catalog::cache::CatalogCache;
 use crate::config::Settings;
 use crate::idempotency::{Fingerprint, IdempotencyKey, Scope};
 use crate::inventory::db as stock;
-use crate::locking::{Acquire, Redis};
+use crate::locking::{AcquireFree, Redis};
 use crate::metrics::Metrics;
 
-/// One single-SKU order for its SKU's queue.
+/// One single-SKU order for the queue.
 pub struct Job {
     pub scope: Scope,
     pub key: IdempotencyKey,
@@ -48,8 +55,28 @@ pub struct Job {
     pub request: OrderRequest,
 }
 
-/// A job in the queue, with the way back to the request waiting for it.
-type Queued = (Job, oneshot::Sender<BatchAnswer>);
+impl Job {
+    fn sku(&self) -> &Sku {
+        &self.request.lines()[0].sku
+    }
+
+    fn quantity(&self) -> i32 {
+        self.request.lines()[0].quantity.get()
+    }
+}
+
+/// A job in the queue: the way back to the request waiting for it, and when it came.
+struct Queued {
+    job: Job,
+    answer: oneshot::Sender<BatchAnswer>,
+    since: Instant,
+}
+
+impl Queued {
+    fn answer(self, answer: BatchAnswer) {
+        let _ = self.answer.send(answer);
+    }
+}
 
 /// What the leader tells one waiting request.
 #[derive(Debug)]
@@ -61,14 +88,15 @@ pub enum BatchAnswer {
     /// The key was decided by another request: answer from its record.
     DecidedElsewhere,
     /// The key has a sold-out answer kept in Redis: this.
-    FromRedis(super::sold_out::Answer),
+    FromRedis(Answer),
     /// Nothing was decided; the request fails with this (and may be retried).
     Failed(OrderError),
 }
 
-/// The per-SKU queues of this process, and what their leaders need.
+/// The queue of this process, and what its leader needs.
 pub struct Batcher {
-    queues: Mutex<HashMap<Sku, mpsc::UnboundedSender<Queued>>>,
+    /// Open while a leader runs; the leader leaves (and closes it) when it runs dry.
+    queue: Mutex<Option<mpsc::UnboundedSender<Queued>>>,
     db: PgPool,
     redis: Redis,
     settings: Arc<Settings>,
@@ -85,7 +113,7 @@ impl Batcher {
         catalog: Arc<CatalogCache>,
     ) -> Self {
         Self {
-            queues: Mutex::default(),
+            queue: Mutex::default(),
             db,
             redis,
             settings,
@@ -94,92 +122,113 @@ impl Batcher {
         }
     }
 
-    /// Queues `job` behind the leader of `sku` (starting one if there is none) and waits
-    /// for its answer.
-    pub async fn submit(self: &Arc<Self>, sku: Sku, job: Job) -> BatchAnswer {
+    /// Queues `job` behind the leader (starting one if there is none) and waits for its
+    /// answer.
+    pub async fn submit(self: &Arc<Self>, job: Job) -> BatchAnswer {
         let (answer, rx) = oneshot::channel();
+        let queued = Queued {
+            job,
+            answer,
+            since: Instant::now(),
+        };
         {
-            let mut queues = self.queues.lock().expect("batch queues");
-            let queue = match queues.get(&sku) {
-                Some(queue) => queue.clone(),
-                None => {
-                    let (queue, jobs) = mpsc::unbounded_channel();
-                    queues.insert(sku.clone(), queue.clone());
-                    let leader = Arc::clone(self);
-                    tokio::spawn(leader.lead(sku, jobs));
-                    queue
-                }
-            };
+            let mut queue = self.queue.lock().expect("batch queue");
+            let sender = queue.get_or_insert_with(|| {
+                let (sender, jobs) = mpsc::unbounded_channel();
+                tokio::spawn(Arc::clone(self).lead(jobs));
+                sender
+            });
             // The leader leaves only under this lock, after seeing its queue empty.
-            let _ = queue.send((job, answer));
+            let _ = sender.send(queued);
         }
         rx.await.unwrap_or(BatchAnswer::Failed(OrderError::Busy))
     }
 
-    /// The leader of one SKU: applies batches while orders keep coming, then leaves.
-    async fn lead(self: Arc<Self>, sku: Sku, mut jobs: mpsc::UnboundedReceiver<Queued>) {
+    /// The leader: applies batches while orders keep coming, then leaves. Orders whose
+    /// SKU was leased elsewhere go first into the next batch.
+    async fn lead(self: Arc<Self>, mut jobs: mpsc::UnboundedReceiver<Queued>) {
         let s = &self.settings;
+        let mut waiting: VecDeque<Queued> = VecDeque::new();
+        let mut backoff = Duration::from_millis(1);
         loop {
-            let mut batch = Vec::new();
+            let mut batch: Vec<Queued> = Vec::new();
+            while batch.len() < s.batch_max {
+                match waiting.pop_front() {
+                    Some(q) => batch.push(q),
+                    None => break,
+                }
+            }
+            let retried = batch.len();
             while batch.len() < s.batch_max {
                 match jobs.try_recv() {
-                    Ok(job) => batch.push(job),
+                    Ok(q) => batch.push(q),
                     Err(_) => break,
                 }
             }
             if batch.is_empty() {
-                let mut queues = self.queues.lock().expect("batch queues");
+                let mut queue = self.queue.lock().expect("batch queue");
                 if jobs.is_empty() {
-                    queues.remove(&sku);
+                    *queue = None;
                     return;
                 }
                 continue;
+            }
+            if retried == batch.len() {
+                // Only orders whose SKUs were leased elsewhere: give those leases a moment.
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_millis(20));
+            } else {
+                backoff = Duration::from_millis(1);
             }
             if !s.batch_wait.is_zero() && batch.len() < s.batch_max {
                 let until = tokio::time::Instant::now() + s.batch_wait;
                 while batch.len() < s.batch_max {
                     match tokio::time::timeout_at(until, jobs.recv()).await {
-                        Ok(Some(job)) => batch.push(job),
+                        Ok(Some(q)) => batch.push(q),
                         _ => break,
                     }
                 }
             }
-            self.metrics.batch_size.observe(batch.len() as f64);
-            self.apply(&sku, batch).await;
+            waiting.extend(self.apply(batch).await);
         }
     }
 
-    /// Applies one batch under the SKU's lease and answers every job in it.
-    async fn apply(&self, sku: &Sku, batch: Vec<Queued>) {
-        let Some(batch) = self.answer_sold_out(sku, batch).await else {
-            return;
-        };
-        let Some(batch) = self.answer_from_redis(batch).await else {
-            return;
-        };
-        let (jobs, answers): (Vec<Job>, Vec<_>) = batch.into_iter().unzip();
+    /// Applies one batch and answers every job in it, except those whose SKU's lease is
+    /// held elsewhere: they are returned, to wait for the next batch.
+    async fn apply(&self, batch: Vec<Queued>) -> Vec<Queued> {
+        let batch = self.answer_sold_out(batch).await;
+        let mut batch = self.answer_from_redis(batch).await;
+        if batch.is_empty() {
+            return Vec::new();
+        }
         let s = &self.settings;
-        let deadline = Instant::now() + s.lease_wait;
+        let mut skus: Vec<Sku> = batch.iter().map(|q| q.job.sku().clone()).collect();
+        skus.sort_unstable();
+        skus.dedup();
+
         let mut attempts = 0;
-        let outcome = loop {
+        loop {
             attempts += 1;
-            let wait = deadline.saturating_duration_since(Instant::now());
-            let lease = match self
-                .redis
-                .acquire(std::slice::from_ref(sku), s.lease_ttl, wait)
-                .await
-            {
-                Acquire::Granted(lease) => Some(lease),
-                // Sold out says the hint: the transaction confirms it and answers every
-                // order in one commit, no lease needed.
-                Acquire::Degraded | Acquire::SoldOutHint(_) => None,
-                Acquire::Busy => {
-                    self.metrics.lease_timeouts.inc();
-                    break Err(OrderError::Busy);
-                }
+            let (lease, granted) = match self.redis.acquire_free(&skus, s.lease_ttl).await {
+                AcquireFree::Granted(lease, granted) => (lease, granted),
+                AcquireFree::Degraded => (None, vec![true; skus.len()]),
             };
+            let leased: HashSet<&Sku> = skus
+                .iter()
+                .zip(&granted)
+                .filter_map(|(sku, granted)| granted.then_some(sku))
+                .collect();
+            let (now, later): (Vec<Queued>, Vec<Queued>) = batch
+                .into_iter()
+                .partition(|q| leased.contains(q.job.sku()));
+            let later = self.give_up_on_stale(later);
+            if now.is_empty() {
+                return later;
+            }
+            self.metrics.batch_size.observe(now.len() as f64);
             let fence = lease.as_ref().map(|l| l.fence);
-            let work = tokio::time::timeout(s.tx_timeout, transact(&self.db, sku, &jobs, fence));
+            let jobs: Vec<&Job> = now.iter().map(|q| &q.job).collect();
+            let work = tokio::time::timeout(s.tx_timeout, transact(&self.db, &jobs, fence));
             let result = self
                 .redis
                 .while_held(lease.as_ref(), s.lease_ttl, work)
@@ -187,115 +236,129 @@ impl Batcher {
             if let Some(lease) = &lease {
                 self.redis.release(lease).await;
             }
-            match result {
-                Err(_) => break Err(OrderError::TimedOut),
-                Ok(Err(e)) => break Err(OrderError::Database(e)),
+            let error = match result {
+                Err(_) => OrderError::TimedOut,
+                Ok(Err(e)) => OrderError::Database(e),
                 Ok(Ok(Applied::StaleFence { last_fence })) => {
                     self.metrics.stale_fences.inc();
                     self.redis.raise_fence(last_fence).await;
-                    if attempts >= super::place::MAX_ATTEMPTS || Instant::now() >= deadline {
-                        break Err(OrderError::Busy);
+                    if attempts < super::place::MAX_ATTEMPTS {
+                        batch = now.into_iter().chain(later).collect();
+                        continue;
                     }
+                    OrderError::Busy
                 }
-                Ok(Ok(Applied::Done(answers))) => break Ok(answers),
-                Ok(Ok(Applied::Unknown)) => {
-                    break Err(OrderError::UnknownSkus(vec![sku.to_string()]));
-                }
-            }
-        };
-        match outcome {
-            Ok(decided) => {
-                if decided.sold_out {
-                    if decided.sold_any {
-                        self.catalog.forget(sku);
+                Ok(Ok(Applied::Done(decided))) => {
+                    self.after_commit(&decided).await;
+                    for (q, answer) in now.into_iter().zip(decided.each) {
+                        q.answer(answer);
                     }
-                    self.redis.hint_sold_out(sku).await;
+                    return later;
                 }
-                for (to, answer) in answers.into_iter().zip(decided.each) {
-                    let _ = to.send(answer);
-                }
+            };
+            for q in now {
+                q.answer(BatchAnswer::Failed(copy_error(&error)));
             }
-            Err(error) => {
-                for to in answers {
-                    let _ = to.send(BatchAnswer::Failed(copy_error(&error)));
-                }
-            }
+            return later;
         }
     }
-}
 
-impl Batcher {
-    /// While this process believes `sku` sold out: answers the batch from Redis (one
-    /// read of PostgreSQL for all its keys, one Redis call, no write); keys with a record
-    /// in PostgreSQL are answered from it by their own requests. Returns the jobs still
-    /// to decide, `None` when none are left.
-    async fn answer_sold_out(&self, sku: &Sku, batch: Vec<Queued>) -> Option<Vec<Queued>> {
-        if !self.redis.believes_sold_out(std::slice::from_ref(sku)) {
-            return Some(batch);
+    /// Answers 503 to the orders among `later` that waited for their lease as long as
+    /// an order may; returns the others.
+    fn give_up_on_stale(&self, later: Vec<Queued>) -> Vec<Queued> {
+        let wait = self.settings.lease_wait;
+        let (expired, keep): (Vec<Queued>, Vec<Queued>) =
+            later.into_iter().partition(|q| q.since.elapsed() >= wait);
+        for q in expired {
+            self.metrics.lease_timeouts.inc();
+            q.answer(BatchAnswer::Failed(OrderError::Busy));
         }
-        let keys: Vec<(&str, &str)> = batch
+        keep
+    }
+
+    /// Pages forget what the batch sold; SKUs it left empty are hinted sold out.
+    async fn after_commit(&self, decided: &Answers) {
+        for sku in &decided.sold {
+            self.catalog.forget(sku);
+        }
+        for sku in &decided.sold_out {
+            self.redis.hint_sold_out(sku).await;
+        }
+    }
+
+    /// Answers from Redis the orders for SKUs this process saw sold out (one read of
+    /// PostgreSQL for all their keys, one Redis call per SKU, no write); keys with a
+    /// record in PostgreSQL are answered from it by their own requests. Returns the rest.
+    async fn answer_sold_out(&self, batch: Vec<Queued>) -> Vec<Queued> {
+        let (believed, mut rest): (Vec<Queued>, Vec<Queued>) = batch.into_iter().partition(|q| {
+            self.redis
+                .believes_sold_out(std::slice::from_ref(q.job.sku()))
+        });
+        if believed.is_empty() {
+            return rest;
+        }
+        let keys: Vec<(&str, &str)> = believed
             .iter()
-            .map(|(job, _)| (job.scope.as_str(), job.key.as_str()))
+            .map(|q| (q.job.scope.as_str(), q.job.key.as_str()))
             .collect();
         let Ok(present) = crate::idempotency::present(&self.db, &keys).await else {
-            return Some(batch);
+            rest.extend(believed);
+            return rest;
         };
-        let (mut asking, mut rest) = (Vec::new(), Vec::new());
-        for ((job, to), present) in batch.into_iter().zip(present) {
+        let mut by_sku: BTreeMap<Sku, Vec<Queued>> = BTreeMap::new();
+        for (q, present) in believed.into_iter().zip(present) {
             if present {
-                let _ = to.send(BatchAnswer::DecidedElsewhere);
+                q.answer(BatchAnswer::DecidedElsewhere);
             } else {
-                asking.push((job, to));
+                by_sku.entry(q.job.sku().clone()).or_default().push(q);
             }
         }
-        let questions: Vec<super::sold_out::Asking<'_>> = asking
-            .iter()
-            .map(|(job, _)| super::sold_out::Asking {
-                scope: job.scope,
-                key: &job.key,
-                fingerprint: &job.fingerprint,
-                requested: job.request.lines()[0].quantity.get(),
-            })
-            .collect();
-        let answers = super::sold_out::answer_many(&self.redis, sku, &questions).await;
-        drop(questions);
-        let Some(answers) = answers else {
-            return (!asking.is_empty()).then_some(asking);
-        };
-        for ((job, to), answer) in asking.into_iter().zip(answers) {
-            match answer {
-                super::sold_out::Answer::Elsewhere => rest.push((job, to)),
-                answer => {
-                    let _ = to.send(BatchAnswer::FromRedis(answer));
+        for (sku, asking) in by_sku {
+            let questions: Vec<sold_out::Asking<'_>> = asking
+                .iter()
+                .map(|q| sold_out::Asking {
+                    scope: q.job.scope,
+                    key: &q.job.key,
+                    fingerprint: &q.job.fingerprint,
+                    requested: q.job.quantity(),
+                })
+                .collect();
+            let answers = sold_out::answer_many(&self.redis, &sku, &questions).await;
+            drop(questions);
+            let Some(answers) = answers else {
+                rest.extend(asking);
+                continue;
+            };
+            for (q, answer) in asking.into_iter().zip(answers) {
+                match answer {
+                    Answer::Elsewhere => rest.push(q),
+                    answer => q.answer(BatchAnswer::FromRedis(answer)),
                 }
             }
         }
-        (!rest.is_empty()).then_some(rest)
+        rest
     }
 
     /// Marks the batch's keys as decided in PostgreSQL (so no twin is answered from
     /// Redis), and answers the jobs whose key has a sold-out answer kept in Redis; returns
-    /// the others, `None` when none are left.
-    async fn answer_from_redis(&self, batch: Vec<Queued>) -> Option<Vec<Queued>> {
+    /// the others.
+    async fn answer_from_redis(&self, batch: Vec<Queued>) -> Vec<Queued> {
         let keys: Vec<(&str, &str)> = batch
             .iter()
-            .map(|(job, _)| (job.scope.as_str(), job.key.as_str()))
+            .map(|q| (q.job.scope.as_str(), q.job.key.as_str()))
             .collect();
         let stale = super::stale_after(&self.settings);
         let Some(stored) = self.redis.mark_keys(&keys, stale).await else {
-            return Some(batch);
+            return batch;
         };
         let mut rest = Vec::with_capacity(batch.len());
-        for ((job, to), stored) in batch.into_iter().zip(stored) {
-            let answer = stored.map(|s| super::sold_out::replay(&s, &job.fingerprint));
-            match answer {
-                None | Some(super::sold_out::Answer::Elsewhere) => rest.push((job, to)),
-                Some(answer) => {
-                    let _ = to.send(BatchAnswer::FromRedis(answer));
-                }
+        for (q, stored) in batch.into_iter().zip(stored) {
+            match stored.map(|s| sold_out::replay(&s, &q.job.fingerprint)) {
+                None | Some(Answer::Elsewhere) => rest.push(q),
+                Some(answer) => q.answer(BatchAnswer::FromRedis(answer)),
             }
         }
-        (!rest.is_empty()).then_some(rest)
+        rest
     }
 }
 
@@ -316,56 +379,72 @@ fn copy_error(error: &OrderError) -> OrderError {
 /// What the batch transaction did.
 enum Applied {
     Done(Answers),
-    /// A newer lease wrote the row: nothing was written.
+    /// A newer lease wrote a row: nothing was written.
     StaleFence {
         last_fence: i64,
     },
-    /// No such product on sale: nothing was written.
-    Unknown,
 }
 
-/// One answer per job, in job order.
+/// One answer per job, in job order, and what the batch did to stock.
 struct Answers {
     each: Vec<BatchAnswer>,
-    /// Nothing is left after the batch.
-    sold_out: bool,
-    /// The batch sold something.
-    sold_any: bool,
+    /// SKUs the batch sold units of.
+    sold: Vec<Sku>,
+    /// SKUs with nothing left after the batch.
+    sold_out: Vec<Sku>,
+}
+
+/// A SKU of the batch as its locked row and product say.
+struct Stocked {
+    left: i32,
+    taken: i32,
+    name: String,
+    price_cents: i64,
 }
 
 /// The batch's one transaction (see the module documentation).
-async fn transact(
-    db: &PgPool,
-    sku: &Sku,
-    jobs: &[Job],
-    fence: Option<i64>,
-) -> sqlx::Result<Applied> {
+async fn transact(db: &PgPool, jobs: &[&Job], fence: Option<i64>) -> sqlx::Result<Applied> {
     let owner = Uuid::new_v4();
+    let mut skus: Vec<Sku> = jobs.iter().map(|j| j.sku().clone()).collect();
+    skus.sort_unstable();
+    skus.dedup();
+    let names: Vec<&str> = skus.iter().map(Sku::as_str).collect();
     let mut tx = db.begin().await?;
 
-    // 1. Lock the stock row and read today's price; a product that does not exist or is
-    //    no longer sold ends the batch before any key is claimed.
-    let locked = stock::lock_for_sale(&mut tx, sku).await?;
-    let product = super::db::products_for(&mut *tx, std::slice::from_ref(sku))
-        .await?
-        .pop();
-    let (Some((available, last_fence)), Some(product)) = (locked, product) else {
-        tx.rollback().await?;
-        return Ok(Applied::Unknown);
-    };
+    // 1. Lock the stock rows and read today's prices. A SKU without both (gone, or no
+    //    longer sold) refuses its own orders; a row a newer lease wrote refuses the batch.
+    let locked = stock::lock_for_sale(&mut tx, &names).await?;
     if let Some(fence) = fence
+        && let Some(last_fence) = locked.iter().map(|(_, _, f)| *f).max()
         && last_fence >= fence
     {
         tx.rollback().await?;
         return Ok(Applied::StaleFence { last_fence });
     }
-    let (mut left, name, price) = (available, product.name, product.price_cents);
+    let products = super::db::products_for(&mut *tx, &skus).await?;
+    let mut stocked: HashMap<&str, Stocked> = HashMap::new();
+    for (sku, available, _) in &locked {
+        if let Some(p) = products.iter().find(|p| &p.sku == sku) {
+            let entry = Stocked {
+                left: *available,
+                taken: 0,
+                name: p.name.clone(),
+                price_cents: p.price_cents,
+            };
+            stocked.insert(sku.as_str(), entry);
+        }
+    }
 
-    // 2. Claim every key at once; those already taken drop out of the batch. Then
+    // 2. Claim every key of a SKU on sale at once; those already taken drop out. Then
     //    allocate in arrival order.
-    let scopes: Vec<&str> = jobs.iter().map(|j| j.scope.as_str()).collect();
-    let keys: Vec<&str> = jobs.iter().map(|j| j.key.as_str()).collect();
-    let fingerprints: Vec<&str> = jobs.iter().map(|j| j.fingerprint.as_str()).collect();
+    let on_sale: Vec<&Job> = jobs
+        .iter()
+        .copied()
+        .filter(|j| stocked.contains_key(j.sku().as_str()))
+        .collect();
+    let scopes: Vec<&str> = on_sale.iter().map(|j| j.scope.as_str()).collect();
+    let keys: Vec<&str> = on_sale.iter().map(|j| j.key.as_str()).collect();
+    let fingerprints: Vec<&str> = on_sale.iter().map(|j| j.fingerprint.as_str()).collect();
     let claimed: Vec<(String, String)> = sqlx::query_as(
         r#"insert into idempotency_keys (scope, key, fingerprint, state, owner)
            select scope, key, fingerprint, 'in_flight', $4
@@ -383,35 +462,35 @@ async fn transact(
         .iter()
         .map(|(s, k)| (s.as_str(), k.as_str()))
         .collect();
-    // A key twice in the batch: the first holds the claim, the second replays it.
-    let mine: Vec<bool> = jobs
-        .iter()
-        .map(|j| claims.remove(&(j.scope.as_str(), j.key.as_str())))
-        .collect();
 
     let now = chrono::DateTime::from_timestamp_micros(Utc::now().timestamp_micros())
         .expect("now is representable");
     let mut each = Vec::with_capacity(jobs.len());
-    let mut taken = 0;
-    for (job, mine) in jobs.iter().zip(&mine) {
-        if !mine {
+    for job in jobs {
+        let Some(stock) = stocked.get_mut(job.sku().as_str()) else {
+            each.push(BatchAnswer::Failed(OrderError::UnknownSkus(vec![
+                job.sku().to_string(),
+            ])));
+            continue;
+        };
+        // A key twice in the batch: the first holds the claim, the second replays it.
+        if !claims.remove(&(job.scope.as_str(), job.key.as_str())) {
             each.push(BatchAnswer::DecidedElsewhere);
             continue;
         }
-        let line = &job.request.lines()[0];
-        let q = line.quantity.get();
-        if q <= left {
-            left -= q;
-            taken += q;
+        let q = job.quantity();
+        if q <= stock.left {
+            stock.left -= q;
+            stock.taken += q;
             each.push(BatchAnswer::Placed(Order {
                 id: Uuid::new_v4(),
                 status: "placed".into(),
-                total_cents: price * i64::from(q),
-                lines: vec![super::OrderLine {
-                    sku: sku.to_string(),
-                    name: name.clone(),
+                total_cents: stock.price_cents * i64::from(q),
+                lines: vec![OrderLine {
+                    sku: job.sku().to_string(),
+                    name: stock.name.clone(),
                     quantity: q,
-                    unit_price_cents: price,
+                    unit_price_cents: stock.price_cents,
                 }],
                 email: job.request.email().map(str::to_string),
                 customer_name: job.request.name().map(str::to_string),
@@ -419,35 +498,42 @@ async fn transact(
             }));
         } else {
             each.push(BatchAnswer::Short(vec![Shortage {
-                sku: sku.to_string(),
+                sku: job.sku().to_string(),
                 requested: q,
-                available: left.max(0),
+                available: stock.left.max(0),
             }]));
         }
     }
 
-    // 3. One conditional update for the accepted total: the database still refuses to go
-    //    below zero, or past a newer fence.
-    if taken > 0
-        && stock::sell_units(&mut tx, sku, taken, fence)
-            .await?
-            .is_none()
-    {
-        // Impossible under the row lock; refuse the whole batch rather than guess.
-        return Err(sqlx::Error::Protocol(
-            "the stock row changed under its lock".into(),
-        ));
+    // 3. One conditional update for each SKU's accepted total: the database still refuses
+    //    to go below zero, or past a newer fence.
+    let sold: Vec<(&str, i32)> = names
+        .iter()
+        .filter_map(|sku| {
+            let taken = stocked.get(sku)?.taken;
+            (taken > 0).then_some((*sku, taken))
+        })
+        .collect();
+    if !sold.is_empty() {
+        let (sold_skus, sold_units): (Vec<&str>, Vec<i32>) = sold.iter().copied().unzip();
+        let changed = stock::sell_many(&mut tx, &sold_skus, &sold_units, fence).await?;
+        if changed as usize != sold.len() {
+            // Impossible under the row locks; refuse the whole batch rather than guess.
+            return Err(sqlx::Error::Protocol(
+                "a stock row changed under its lock".into(),
+            ));
+        }
     }
     let placed: Vec<(&Job, &Order)> = jobs
         .iter()
         .zip(&each)
         .filter_map(|(job, answer)| match answer {
-            BatchAnswer::Placed(order) => Some((job, order)),
+            BatchAnswer::Placed(order) => Some((*job, order)),
             _ => None,
         })
         .collect();
     if !placed.is_empty() {
-        insert_orders(&mut tx, sku, &placed).await?;
+        insert_orders(&mut tx, &placed).await?;
     }
 
     // Every claimed key completed with its own answer.
@@ -491,17 +577,24 @@ async fn transact(
         ));
     }
     tx.commit().await?;
+    let sold = sold
+        .iter()
+        .filter_map(|(sku, _)| Sku::parse(sku).ok())
+        .collect();
+    let sold_out = skus
+        .into_iter()
+        .filter(|sku| stocked.get(sku.as_str()).is_some_and(|s| s.left <= 0))
+        .collect();
     Ok(Applied::Done(Answers {
         each,
-        sold_out: left <= 0,
-        sold_any: taken > 0,
+        sold,
+        sold_out,
     }))
 }
 
 /// The accepted orders, their lines and their ledger rows, each by one statement.
 async fn insert_orders(
     conn: &mut sqlx::PgConnection,
-    sku: &Sku,
     placed: &[(&Job, &Order)],
 ) -> sqlx::Result<()> {
     let ids: Vec<Uuid> = placed.iter().map(|(_, o)| o.id).collect();
@@ -531,6 +624,7 @@ async fn insert_orders(
     .bind(&created)
     .execute(&mut *conn)
     .await?;
+    let skus: Vec<&str> = placed.iter().map(|(j, _)| j.sku().as_str()).collect();
     let quantities: Vec<i32> = placed.iter().map(|(_, o)| o.lines[0].quantity).collect();
     let prices: Vec<i64> = placed
         .iter()
@@ -538,16 +632,17 @@ async fn insert_orders(
         .collect();
     sqlx::query(
         r#"insert into order_lines (order_id, sku, quantity, unit_price_cents)
-           select id, $1, quantity, price
-             from unnest($2::uuid[], $3::int[], $4::bigint[]) as u(id, quantity, price)"#,
+           select id, sku, quantity, price
+             from unnest($1::uuid[], $2::text[], $3::int[], $4::bigint[])
+                  as u(id, sku, quantity, price)"#,
     )
-    .bind(sku.as_str())
     .bind(&ids)
+    .bind(&skus)
     .bind(&quantities)
     .bind(&prices)
     .execute(&mut *conn)
     .await?;
     let references: Vec<String> = ids.iter().map(Uuid::to_string).collect();
-    stock::record_sales(conn, sku, &quantities, &references, &scopes).await?;
+    stock::record_sales(conn, &skus, &quantities, &references, &scopes).await?;
     Ok(())
 }

@@ -185,13 +185,10 @@ async fn place(
         return Ok(answer);
     }
 
-    // A single-SKU order under `batched` goes straight to its SKU's queue: the batch's
-    // transaction reads its key and its stock along with everyone else's.
-    if strategy == OrderStrategy::Batched
-        && intent == Intent::Order
-        && let [line] = request.lines()
-    {
-        let placed = place_batched(deps, &keyed, request, line.sku.clone(), intent).await;
+    // A single-SKU order under `batched` goes straight to the process's queue: the
+    // batch's transaction reads its key and its stock along with everyone else's.
+    if strategy == OrderStrategy::Batched && intent == Intent::Order && request.lines().len() == 1 {
+        let placed = place_batched(deps, &keyed, request, intent).await;
         return answer_or_settled(deps, &keyed, intent, placed).await;
     }
 
@@ -764,13 +761,12 @@ async fn transact(
     })
 }
 
-/// A single-SKU order under `batched`: queued behind its SKU's leader, answered from the
-/// batch.
+/// A single-SKU order under `batched`: queued behind the process's batch leader, answered
+/// from the batch.
 async fn place_batched(
     deps: OrderDeps<'_>,
     keyed: &Keyed<'_>,
     request: &OrderRequest,
-    sku: Sku,
     intent: Intent,
 ) -> Result<Placement, OrderError> {
     let job = super::batch::Job {
@@ -779,7 +775,7 @@ async fn place_batched(
         fingerprint: keyed.fingerprint.clone(),
         request: request.clone(),
     };
-    match deps.batcher.submit(sku.clone(), job).await {
+    match deps.batcher.submit(job).await {
         BatchAnswer::Placed(order) => Ok(Placement::Placed {
             order,
             replayed: false,
