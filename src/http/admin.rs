@@ -720,6 +720,7 @@ pub async fn get_products(
     query: web::Query<ListQuery>,
 ) -> Result<HttpResponse, AppError> {
     let q = query.q.clone().unwrap_or_default().trim().to_string();
+    crate::text::single_line("The search", &q)?;
     let page = query.page.unwrap_or(1).clamp(1, MAX_PAGE);
     let pattern = format!(
         "%{}%",
@@ -843,6 +844,9 @@ fn parse_price(raw: &str) -> Result<i64, String> {
 
 /// Checks a product form; returns (name, description, price in cents).
 fn check_product(form: &ProductForm) -> Result<(String, String, i64), String> {
+    crate::text::single_line("the name", &form.name).map_err(|e| e.to_string())?;
+    crate::text::multi_line("the description", &form.description).map_err(|e| e.to_string())?;
+    crate::text::single_line("the price", &form.price).map_err(|e| e.to_string())?;
     let name = form.name.trim().to_string();
     if name.is_empty() || name.chars().count() > 200 {
         return Err("a name is 1 to 200 characters".into());
@@ -999,6 +1003,7 @@ pub struct StockForm {
 }
 
 fn reason_of(raw: &str) -> Result<String, AppError> {
+    crate::text::single_line("The reason", raw)?;
     let reason = raw.trim();
     if reason.is_empty() {
         return Err(AppError::Unprocessable(
@@ -1011,6 +1016,15 @@ fn reason_of(raw: &str) -> Result<String, AppError> {
         ));
     }
     Ok(reason.to_string())
+}
+
+/// A restock that would take a product past what its count can hold.
+fn too_much(units: i32) -> AppError {
+    AppError::Unprocessable(format!(
+        "Adding {units} units would take this product past the most it can have on hand \
+         ({}); nothing was changed.",
+        stock::MAX_ON_HAND
+    ))
 }
 
 fn whole(raw: &str, what: &str, min: i32, max: i32) -> Result<i32, AppError> {
@@ -1085,7 +1099,9 @@ pub async fn post_restock(
         &fingerprint,
         async move |db: &PgPool| -> Result<Changed, AppError> {
             let mut tx = db.begin().await?;
-            let on_hand = stock::restock(&mut tx, &restocked, units, &reason, &actor).await?;
+            let on_hand = stock::restock(&mut tx, &restocked, units, &reason, &actor)
+                .await?
+                .ok_or_else(|| too_much(units))?;
             let outcome = FormOutcome {
                 page: format!("/admin/products/{restocked}"),
                 notice: format!("Added {units} units; {on_hand} on hand now."),
@@ -1509,14 +1525,14 @@ pub async fn post_release_hold(
 
 #[derive(Debug, Deserialize, Serialize)]
 pub struct RestockBody {
-    units: i32,
+    units: i64,
     reason: String,
 }
 
 #[derive(Debug, Deserialize, Serialize)]
 pub struct AdjustBody {
-    expected_on_hand: i32,
-    on_hand: i32,
+    expected_on_hand: i64,
+    on_hand: i64,
     reason: String,
 }
 
@@ -1570,15 +1586,15 @@ pub async fn post_api_restock(
     catalog::db::find_product(&state.db, &sku)
         .await?
         .ok_or_else(|| AppError::not_found(format!("No product with SKU {sku}.")))?;
-    if !(1..=10_000_000).contains(&body.units) {
-        return Err(AppError::Unprocessable(
-            "units must be from 1 to 10,000,000.".into(),
-        ));
-    }
+    // Bounds are checked here, before any SQL: a count the column cannot hold is a 422.
+    let units = i32::try_from(body.units)
+        .ok()
+        .filter(|n| (1..=10_000_000).contains(n))
+        .ok_or_else(|| AppError::Unprocessable("units must be from 1 to 10,000,000.".into()))?;
     let reason = reason_of(&body.reason)?;
-    let fingerprint = ("restock", sku.as_str(), body.units, reason.clone());
+    let fingerprint = ("restock", sku.as_str(), units, reason.clone());
     let key = admin_key(&admin, &super::api::idempotency_key(&req)?)?;
-    let (units, actor) = (body.units, admin.username.clone());
+    let actor = admin.username.clone();
     let restocked = sku.clone();
     let once = apply_once(
         &state,
@@ -1589,7 +1605,9 @@ pub async fn post_api_restock(
         async move |db: &PgPool| -> Result<Changed, AppError> {
             let sku = restocked;
             let mut tx = db.begin().await?;
-            let on_hand = stock::restock(&mut tx, &sku, units, &reason, &actor).await?;
+            let on_hand = stock::restock(&mut tx, &sku, units, &reason, &actor)
+                .await?
+                .ok_or_else(|| too_much(units))?;
             let body = serde_json::json!({"sku": sku, "on_hand": on_hand});
             Ok(Changed {
                 tx,
@@ -1616,21 +1634,23 @@ pub async fn post_api_adjust(
     catalog::db::find_product(&state.db, &sku)
         .await?
         .ok_or_else(|| AppError::not_found(format!("No product with SKU {sku}.")))?;
-    if !(0..=10_000_000).contains(&body.on_hand) || body.expected_on_hand < 0 {
-        return Err(AppError::Unprocessable(
-            "on_hand must be from 0 to 10,000,000.".into(),
-        ));
-    }
+    let new = i32::try_from(body.on_hand)
+        .ok()
+        .filter(|n| (0..=10_000_000).contains(n))
+        .ok_or_else(|| AppError::Unprocessable("on_hand must be from 0 to 10,000,000.".into()))?;
+    let expected = i32::try_from(body.expected_on_hand)
+        .ok()
+        .filter(|n| *n >= 0)
+        .ok_or_else(|| {
+            AppError::Unprocessable(format!(
+                "expected_on_hand must be from 0 to {}.",
+                stock::MAX_ON_HAND
+            ))
+        })?;
     let reason = reason_of(&body.reason)?;
-    let fingerprint = (
-        "adjust",
-        sku.as_str(),
-        body.expected_on_hand,
-        body.on_hand,
-        reason.clone(),
-    );
+    let fingerprint = ("adjust", sku.as_str(), expected, new, reason.clone());
     let key = admin_key(&admin, &super::api::idempotency_key(&req)?)?;
-    let (expected, new, actor) = (body.expected_on_hand, body.on_hand, admin.username.clone());
+    let actor = admin.username.clone();
     let adjusted = sku.clone();
     let once = apply_once(
         &state,
