@@ -49,6 +49,16 @@ enum AdminCommand {
     Create(AccountArgs),
     /// Set an admin's password (ending their sessions); prints a generated one unless given.
     SetPassword(AccountArgs),
+    /// Clear failed-login records in DATABASE_URL, lifting login throttling: with
+    /// --username, that account's from every address; without, all of them.
+    Unlock(UnlockArgs),
+}
+
+#[derive(Debug, Args)]
+struct UnlockArgs {
+    /// Only this admin's failed logins (the per-address records stay).
+    #[arg(long)]
+    username: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -251,6 +261,15 @@ async fn admin_command(settings: Settings, command: AdminCommand) -> anyhow::Res
     let (args, create) = match command {
         AdminCommand::Create(args) => (args, true),
         AdminCommand::SetPassword(args) => (args, false),
+        AdminCommand::Unlock(args) => {
+            let username = args.username.map(|u| u.trim().to_lowercase());
+            let cleared = admin::unlock(&db, username.as_deref()).await?;
+            match username {
+                Some(name) => println!("cleared {cleared} failed-login records of {name}"),
+                None => println!("cleared all {cleared} failed-login records"),
+            }
+            return Ok(());
+        }
     };
     let (password, generated) = if args.password_stdin {
         let mut line = String::new();

@@ -270,27 +270,19 @@ pub async fn post_login(
     form: web::Form<LoginForm>,
 ) -> Result<HttpResponse, AppError> {
     csrf::check_storefront(&req, &form.csrf)?;
+    crate::text::single_line("username", &form.username)?;
     let username = form.username.trim().to_lowercase();
-    let client = if state.settings.trust_proxy {
-        req.connection_info()
-            .realip_remote_addr()
-            .unwrap_or("unknown")
-            .to_string()
-    } else {
-        req.peer_addr()
-            .map(|a| a.ip().to_string())
-            .unwrap_or_else(|| "unknown".into())
-    };
+    let client = super::client_addr(&req, &state.settings);
     let s = &state.settings;
     let limits = LoginLimits {
         per_account: s.login_max_failures,
         per_client: s.login_max_failures_per_client,
         window: s.login_window,
     };
-    let attempt = match admin::begin_attempt(&state.db, limits, &username, &client).await? {
+    let attempt = match admin::begin_attempt(&state.db, limits, &username, client).await? {
         Attempt::Allowed(attempt) => attempt,
         Attempt::Throttled(retry_after) => {
-            tracing::warn!(client, "login throttled");
+            tracing::warn!(%client, "login throttled");
             return Err(AppError::TooManyRequests {
                 message: "Too many failed logins. Please wait a while before trying again.".into(),
                 retry_after,
@@ -298,7 +290,7 @@ pub async fn post_login(
         }
     };
     let Some(user_id) = admin::authenticate(&state.db, &username, &form.password).await? else {
-        tracing::info!(client, "failed admin login");
+        tracing::info!(%client, "failed admin login");
         let page = LoginPage {
             chrome: Chrome::new(&req),
             next: safe_next(form.next.as_deref()),

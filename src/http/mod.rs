@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod api;
 mod assets;
+mod client;
 pub mod csrf;
 mod health;
 pub mod middleware;
@@ -12,6 +13,8 @@ mod pages;
 pub mod shop;
 
 use std::sync::Arc;
+
+pub use client::client_addr;
 
 use actix_web::{HttpRequest, web};
 use sqlx::PgPool;

@@ -1,0 +1,221 @@
+//! Hardening: login throttling per address, trusted proxies, control characters and
+//! numeric bounds at every entry point, body timeouts, cache and cookie headers, metrics
+//! off the public port.
+
+use std::time::{Duration, Instant};
+
+use crate::helpers::{ADMIN_PASSWORD, ADMIN_USER, TestApp, client, spawn_app_with, test_settings};
+
+/// An app behind a trusted proxy at 127.0.0.1 (where the tests connect from), with admin
+/// `ada`, `max` failures allowed per (account, address) and `per_client` per address.
+async fn proxied_app(max: i64, per_client: i64, window: Duration) -> TestApp {
+    let mut settings = test_settings().await;
+    settings.trusted_proxies = vec!["127.0.0.1".parse().unwrap()];
+    settings.login_max_failures = max;
+    settings.login_max_failures_per_client = per_client;
+    settings.login_window = window;
+    let app = spawn_app_with(settings).await;
+    stockade::admin::create_admin(&app.db, ADMIN_USER, ADMIN_PASSWORD)
+        .await
+        .unwrap();
+    app
+}
+
+/// The storefront CSRF token of `client` (its cookie, as pages embed it).
+async fn csrf_of(app: &TestApp, client: &reqwest::Client) -> String {
+    let html = client
+        .get(app.url("/"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let marker = r#"<meta name="csrf-token" content=""#;
+    let start = html.find(marker).expect("pages carry the token") + marker.len();
+    html[start..start + 64].to_string()
+}
+
+/// POSTs the login form from `client` with `X-Forwarded-For: forwarded_for` (as the
+/// trusted proxy would pass it on).
+async fn login_as(
+    app: &TestApp,
+    client: &reqwest::Client,
+    forwarded_for: &str,
+    username: &str,
+    password: &str,
+) -> reqwest::Response {
+    let csrf = csrf_of(app, client).await;
+    client
+        .post(app.url("/admin/login"))
+        .header("X-Forwarded-For", forwarded_for)
+        .form(&[
+            ("csrf", csrf.as_str()),
+            ("username", username),
+            ("password", password),
+        ])
+        .send()
+        .await
+        .unwrap()
+}
+
+fn retry_after(res: &reqwest::Response) -> u64 {
+    res.headers()
+        .get("retry-after")
+        .expect("429 says when to retry")
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn failures_from_one_address_lock_out_that_address_but_not_the_admin_elsewhere() {
+    let app = proxied_app(3, 20, Duration::from_secs(900)).await;
+    let attacker = client();
+    for i in 0..3 {
+        let res = login_as(
+            &app,
+            &attacker,
+            "198.51.100.66",
+            ADMIN_USER,
+            &format!("guess {i}"),
+        )
+        .await;
+        assert_eq!(res.status().as_u16(), 401, "guess {i} is checked");
+    }
+    // The attacker's address is throttled, even with the right password.
+    let res = login_as(&app, &attacker, "198.51.100.66", ADMIN_USER, ADMIN_PASSWORD).await;
+    assert_eq!(res.status().as_u16(), 429);
+    let wait = retry_after(&res);
+    assert!((1..=900).contains(&wait), "Retry-After {wait}");
+    // The admin, at another address, gets in with the right password.
+    let admin = client();
+    let res = login_as(&app, &admin, "203.0.113.10", ADMIN_USER, ADMIN_PASSWORD).await;
+    assert_eq!(res.status().as_u16(), 303, "the honest client is let in");
+    // The attacker is still throttled: the admin's success forgave only its own attempt.
+    let res = login_as(&app, &attacker, "198.51.100.66", ADMIN_USER, ADMIN_PASSWORD).await;
+    assert_eq!(res.status().as_u16(), 429);
+    // Throttled attempts were not recorded: three failures of the pair, three of the address.
+    let rows = app
+        .count("select count(*) from login_failures where kind = 'pair'")
+        .await;
+    assert_eq!(rows, 3);
+}
+
+#[tokio::test]
+async fn rotating_spoofed_forwarded_for_hops_do_not_escape_the_throttle() {
+    let app = proxied_app(3, 5, Duration::from_secs(900)).await;
+    let attacker = client();
+    let mut statuses = Vec::new();
+    for i in 0..8 {
+        // The left-most hops are the attacker's own; the right-most is what the proxy saw.
+        let forwarded = format!("10.{i}.{i}.1, 192.0.2.{i}, 198.51.100.66");
+        let res = login_as(
+            &app,
+            &attacker,
+            &forwarded,
+            ADMIN_USER,
+            &format!("guess {i}"),
+        )
+        .await;
+        statuses.push(res.status().as_u16());
+    }
+    assert_eq!(statuses, [401, 401, 401, 429, 429, 429, 429, 429]);
+    // Rotating accounts as well runs into the per-address limit.
+    let mut statuses = Vec::new();
+    for (i, name) in ["eve", "mallory", "trudy", "oscar"].iter().enumerate() {
+        let forwarded = format!("172.16.0.{i}, 198.51.100.66");
+        let res = login_as(&app, &attacker, &forwarded, name, "guess").await;
+        statuses.push(res.status().as_u16());
+    }
+    assert_eq!(statuses, [401, 401, 429, 429], "five failures per address");
+
+    // Without trusted proxies the header is ignored altogether: the peer is the client.
+    let mut settings = test_settings().await;
+    settings.login_max_failures = 2;
+    let app = spawn_app_with(settings).await;
+    stockade::admin::create_admin(&app.db, ADMIN_USER, ADMIN_PASSWORD)
+        .await
+        .unwrap();
+    let mut statuses = Vec::new();
+    for i in 0..4 {
+        let forwarded = format!("203.0.113.{i}");
+        let res = login_as(&app, &attacker, &forwarded, ADMIN_USER, "wrong").await;
+        statuses.push(res.status().as_u16());
+    }
+    assert_eq!(statuses, [401, 401, 429, 429]);
+}
+
+#[tokio::test]
+async fn attempts_while_throttled_do_not_extend_the_lockout() {
+    let window = Duration::from_secs(8);
+    let app = proxied_app(2, 100, window).await;
+    let attacker = client();
+    let addr = "198.51.100.66";
+    // Sent before the first failure is recorded, returned after it: it lapses between.
+    let first_sent = Instant::now();
+    let res = login_as(&app, &attacker, addr, ADMIN_USER, "wrong").await;
+    let first_done = Instant::now();
+    assert_eq!(res.status().as_u16(), 401);
+    let res = login_as(&app, &attacker, addr, ADMIN_USER, "wrong").await;
+    assert_eq!(res.status().as_u16(), 401);
+    // Keep knocking while throttled, as an attacker keeping the account locked would.
+    let mut waits = Vec::new();
+    while first_sent.elapsed() < window - Duration::from_millis(1500) {
+        let res = login_as(&app, &attacker, addr, ADMIN_USER, "wrong").await;
+        assert_eq!(res.status().as_u16(), 429);
+        waits.push(retry_after(&res));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(waits.len() >= 3, "{waits:?}");
+    assert!(
+        waits.windows(2).all(|w| w[1] <= w[0]),
+        "Retry-After never grows: {waits:?}"
+    );
+    // Once the first failure lapses the address may log in again, however often it
+    // knocked meanwhile.
+    tokio::time::sleep((window + Duration::from_millis(200)).saturating_sub(first_done.elapsed()))
+        .await;
+    let res = login_as(&app, &attacker, addr, ADMIN_USER, ADMIN_PASSWORD).await;
+    assert_eq!(res.status().as_u16(), 303, "the lockout ended on time");
+}
+
+/// Runs `stockade admin unlock` against `app`'s database.
+fn unlock(app: &TestApp, args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_stockade"))
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("DATABASE_URL", app.settings.database_url.clone().unwrap())
+        .env("STOCKADE_LOG", "off")
+        .args(["admin", "unlock"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[tokio::test]
+async fn admin_unlock_clears_the_failure_records() {
+    let app = proxied_app(2, 100, Duration::from_secs(900)).await;
+    let attacker = client();
+    let addr = "198.51.100.66";
+    for _ in 0..2 {
+        login_as(&app, &attacker, addr, ADMIN_USER, "wrong").await;
+    }
+    login_as(&app, &attacker, addr, "someone", "wrong").await;
+    let locked = login_as(&app, &attacker, addr, ADMIN_USER, ADMIN_PASSWORD).await;
+    assert_eq!(locked.status().as_u16(), 429);
+
+    // Another account's records stay when one account is unlocked.
+    let said = unlock(&app, &["--username", "Ada"]);
+    assert!(said.contains("cleared 2"), "{said}");
+    let pairs = "select count(*) from login_failures where kind = 'pair'";
+    assert_eq!(app.count(pairs).await, 1);
+    let res = login_as(&app, &attacker, addr, ADMIN_USER, ADMIN_PASSWORD).await;
+    assert_eq!(res.status().as_u16(), 303, "unlocked");
+
+    unlock(&app, &[]);
+    assert_eq!(app.count("select count(*) from login_failures").await, 0);
+}
