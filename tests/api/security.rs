@@ -219,3 +219,276 @@ async fn admin_unlock_clears_the_failure_records() {
     unlock(&app, &[]);
     assert_eq!(app.count("select count(*) from login_failures").await, 0);
 }
+
+// ---------------------------------------------------------------- control characters, bounds
+
+/// Rows that a refused request must not have written.
+async fn written(app: &TestApp) -> (i64, i64, i64, i64, i64) {
+    (
+        app.count("select count(*) from orders").await,
+        app.count("select count(*) from idempotency_keys").await,
+        app.count("select count(*) from products").await,
+        app.count("select count(*) from stock_movements").await,
+        app.count("select count(*) from holds where customer_name is not null")
+            .await,
+    )
+}
+
+#[tokio::test]
+async fn control_characters_get_422_naming_the_field_at_every_entry_point() {
+    let app = spawn_app_with(test_settings().await).await;
+    app.add_product("GOOD-1", "Good", 1_000, 50).await;
+    let before = written(&app).await;
+
+    // The order API.
+    for (field, value) in [
+        ("name", "Ada\u{0}Lovelace"),
+        ("email", "ada\u{0}@example.com"),
+        ("name", "bell\u{7}"),
+    ] {
+        let res = app
+            .client
+            .post(app.url("/api/v1/orders"))
+            .header("Idempotency-Key", format!("ctl-{field}-{}", value.len()))
+            .json(&serde_json::json!({"lines": [{"sku": "GOOD-1", "quantity": 1}], field: value}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status().as_u16(), 422, "{field}={value:?}");
+        let body: serde_json::Value = res.json().await.unwrap();
+        let detail = body["detail"].as_str().unwrap().to_lowercase();
+        assert!(
+            detail.contains(field) && detail.contains("control characters"),
+            "{detail}"
+        );
+    }
+    assert_eq!(written(&app).await, before, "the API wrote nothing");
+
+    // The checkout form (a hold placed through the API first).
+    let res = app
+        .client
+        .post(app.url("/api/v1/holds"))
+        .header("Idempotency-Key", "hold-1")
+        .json(&serde_json::json!({"lines": [{"sku": "GOOD-1", "quantity": 1}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 201);
+    let hold: serde_json::Value = res.json().await.unwrap();
+    let id = hold["id"].as_str().unwrap().to_string();
+    let before = written(&app).await;
+    let csrf = app.csrf().await;
+    let res = app
+        .client
+        .post(app.url(&format!("/checkout/{id}/confirm")))
+        .form(&[
+            ("csrf", csrf.as_str()),
+            ("name", "Ada\u{0}"),
+            ("email", "ada@example.com"),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 422);
+    assert!(
+        res.text()
+            .await
+            .unwrap()
+            .contains("Name must not contain control characters")
+    );
+    assert_eq!(written(&app).await, before, "the checkout wrote nothing");
+
+    // The login form.
+    let res = app.login("ada\u{0}", "whatever it is").await;
+    assert_eq!(res.status().as_u16(), 422);
+    assert!(
+        res.text()
+            .await
+            .unwrap()
+            .contains("Username must not contain control characters")
+    );
+    assert_eq!(app.count("select count(*) from login_failures").await, 0);
+
+    // The admin product forms: names refuse newlines, descriptions keep them.
+    let token = app.login_admin().await;
+    let before = written(&app).await;
+    for (name, description) in [
+        ("Bad\u{0}name", "fine"),
+        ("Bad\nname", "fine"),
+        ("Fine", "nul\u{0}here"),
+    ] {
+        let res = app
+            .admin_post(
+                "/admin/products",
+                &[
+                    ("csrf", token.as_str()),
+                    ("sku", "NEW-1"),
+                    ("name", name),
+                    ("description", description),
+                    ("price", "10.00"),
+                    ("on_hand", "5"),
+                ],
+            )
+            .await;
+        assert_eq!(res.status().as_u16(), 422, "{name:?} / {description:?}");
+        let page = res.text().await.unwrap();
+        let field = if name == "Fine" {
+            "description"
+        } else {
+            "name"
+        };
+        assert!(
+            page.contains(&format!("The {field} must not contain control characters")),
+            "{field}"
+        );
+    }
+    assert_eq!(
+        written(&app).await,
+        before,
+        "the product forms wrote nothing"
+    );
+    let res = app
+        .admin_post(
+            "/admin/products",
+            &[
+                ("csrf", token.as_str()),
+                ("sku", "NEW-1"),
+                ("name", "Fine"),
+                ("description", "line one\r\nline two"),
+                ("price", "10.00"),
+                ("on_hand", "5"),
+            ],
+        )
+        .await;
+    assert_eq!(
+        res.status().as_u16(),
+        303,
+        "a description may have line breaks"
+    );
+
+    // The admin stock API.
+    let before = written(&app).await;
+    let res = app
+        .client
+        .post(app.url("/api/v1/admin/stock/GOOD-1/restock"))
+        .header("Idempotency-Key", "restock-ctl")
+        .header("X-CSRF-Token", &token)
+        .json(&serde_json::json!({"units": 5, "reason": "delivery\u{0}"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 422);
+    let body: serde_json::Value = res.json().await.unwrap();
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("reason must not contain"),
+        "{body}"
+    );
+    assert_eq!(written(&app).await, before, "the stock API wrote nothing");
+}
+
+#[tokio::test]
+async fn admin_numbers_past_what_stock_can_hold_get_422_not_500() {
+    let app = spawn_app_with(test_settings().await).await;
+    app.add_product("BIG-1", "Big", 1_000, 10).await;
+    let token = app.login_admin().await;
+    // A count close to the column's limit (2^31 - 1).
+    sqlx::query("update stock set on_hand = 2147480000 where sku = 'BIG-1'")
+        .execute(&app.db)
+        .await
+        .unwrap();
+    let movements = app.count("select count(*) from stock_movements").await;
+
+    // The restock form: a valid number of units that would overflow the count.
+    let (_, html) = app.get_text("/admin/products/BIG-1").await;
+    let marker = r#"name="key" value=""#;
+    let start = html.find(marker).unwrap() + marker.len();
+    let key = html[start..].split('"').next().unwrap().to_string();
+    let res = app
+        .admin_post(
+            "/admin/products/BIG-1/restock",
+            &[
+                ("csrf", token.as_str()),
+                ("key", key.as_str()),
+                ("units", "10000000"),
+                ("reason", "delivery"),
+            ],
+        )
+        .await;
+    assert_eq!(res.status().as_u16(), 422);
+    assert!(
+        res.text()
+            .await
+            .unwrap()
+            .contains("past the most it can have on hand")
+    );
+
+    // The stock API: the same, and numbers beyond 32 bits.
+    let api = |path: &'static str, key: &'static str, body: serde_json::Value| {
+        let app = &app;
+        let token = token.clone();
+        async move {
+            let res = app
+                .client
+                .post(app.url(path))
+                .header("Idempotency-Key", key)
+                .header("X-CSRF-Token", token)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let status = res.status().as_u16();
+            let body: serde_json::Value = res.json().await.unwrap();
+            (
+                status,
+                body["detail"].as_str().unwrap_or_default().to_string(),
+            )
+        }
+    };
+    let restock = "/api/v1/admin/stock/BIG-1/restock";
+    let adjust = "/api/v1/admin/stock/BIG-1/adjust";
+    for (path, key, body, words) in [
+        (
+            restock,
+            "r1",
+            serde_json::json!({"units": 10_000_000, "reason": "x"}),
+            "past the most",
+        ),
+        (
+            restock,
+            "r2",
+            serde_json::json!({"units": 2_147_483_648i64, "reason": "x"}),
+            "units must be",
+        ),
+        (
+            restock,
+            "r3",
+            serde_json::json!({"units": -2_147_483_649i64, "reason": "x"}),
+            "units must be",
+        ),
+        (
+            adjust,
+            "a1",
+            serde_json::json!({"expected_on_hand": 2_147_483_648i64, "on_hand": 1, "reason": "x"}),
+            "expected_on_hand must be",
+        ),
+        (
+            adjust,
+            "a2",
+            serde_json::json!({"expected_on_hand": 0, "on_hand": 2_147_483_648i64, "reason": "x"}),
+            "on_hand must be",
+        ),
+    ] {
+        let (status, detail) = api(path, key, body).await;
+        assert_eq!(status, 422, "{key}: {detail}");
+        assert!(detail.contains(words), "{key}: {detail}");
+    }
+    assert_eq!(app.stock("BIG-1").await, (2_147_480_000, 0));
+    assert_eq!(
+        app.count("select count(*) from stock_movements").await,
+        movements,
+        "nothing was written"
+    );
+}
