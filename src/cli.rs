@@ -193,6 +193,7 @@ async fn run_server(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let listen = settings.listen;
+    let metrics_ip = settings.metrics_listen.map(|a| a.ip());
     let (database_url, redis_url) = (settings.database_url.clone(), settings.redis_url.clone());
     let app = Application::build(settings).await?;
     if local_mode {
@@ -212,6 +213,12 @@ async fn run_server(
         first_admin = Some(password);
     }
     let base = format!("http://{}:{}", listen.ip(), app.port());
+    let metrics = app.metrics_port().map(|port| {
+        format!(
+            "http://{}:{port}/metrics",
+            metrics_ip.unwrap_or(listen.ip())
+        )
+    });
     println!("Stockade is running.");
     println!("  Storefront:  {base}/");
     match first_admin {
@@ -224,6 +231,9 @@ async fn run_server(
     }
     println!("  API:         {base}/api/v1/products");
     println!("  Health:      {base}/readyz");
+    if let Some(metrics) = metrics {
+        println!("  Metrics:     {metrics}");
+    }
     if local_mode {
         println!("  PostgreSQL:  {}", database_url.unwrap_or_default());
         println!("  Redis:       {}", redis_url.unwrap_or_default());

@@ -33,7 +33,7 @@ use crate::inventory::db::{self as stock, Adjusted, Movement};
 use crate::orders::db::{OrderFilter, OrderSummary};
 use crate::orders::{self, Cancelled, Order};
 
-/// The admin session cookie.
+/// The admin session cookie (its name: [`super::cookie_name`]).
 pub const SESSION_COOKIE: &str = "stockade_admin";
 /// Rows per page in admin lists.
 const PAGE: i64 = 25;
@@ -148,7 +148,9 @@ pub async fn require_admin(
         .app_data::<web::Data<AppState>>()
         .cloned()
         .expect("app state is registered");
-    let token = req.cookie(SESSION_COOKIE).map(|c| c.value().to_string());
+    let token = req
+        .cookie(super::cookie_name(req.request(), SESSION_COOKIE))
+        .map(|c| c.value().to_string());
     let admin = match token {
         Some(token) => match admin::session(&state.db, &token).await {
             Ok(admin) => admin,
@@ -196,17 +198,12 @@ fn page_chrome(req: &HttpRequest, admin: &Admin) -> Chrome {
     chrome
 }
 
-fn session_cookie(req: &HttpRequest, state: &AppState, token: &str) -> Cookie<'static> {
-    let secure = state.settings.secure_cookies || req.connection_info().scheme() == "https";
-    Cookie::build(SESSION_COOKIE, token.to_string())
-        .path("/")
-        .http_only(true)
-        .same_site(SameSite::Strict)
-        .secure(secure)
-        .max_age(actix_web::cookie::time::Duration::seconds(
-            admin::SESSION_LENGTH.as_secs() as i64,
-        ))
-        .finish()
+fn session_cookie(req: &HttpRequest, token: &str) -> Cookie<'static> {
+    let mut cookie = super::cookie(req, SESSION_COOKIE, token.to_string(), SameSite::Strict);
+    cookie.set_max_age(actix_web::cookie::time::Duration::seconds(
+        admin::SESSION_LENGTH.as_secs() as i64,
+    ));
+    cookie
 }
 
 // ---------------------------------------------------------------- login and logout
@@ -301,14 +298,14 @@ pub async fn post_login(
     };
     admin::forgive(&state.db, &attempt).await?;
     // A new session every login: a session id planted before login is worth nothing.
-    if let Some(old) = req.cookie(SESSION_COOKIE) {
+    if let Some(old) = req.cookie(super::cookie_name(&req, SESSION_COOKIE)) {
         admin::end_session(&state.db, old.value()).await?;
     }
     let token = admin::start_session(&state.db, user_id).await?;
     tracing::info!(username, "admin logged in");
     Ok(HttpResponse::SeeOther()
         .insert_header((header::LOCATION, safe_next(form.next.as_deref())))
-        .cookie(session_cookie(&req, &state, &token))
+        .cookie(session_cookie(&req, &token))
         .finish())
 }
 
@@ -317,13 +314,13 @@ pub async fn post_logout(
     state: web::Data<AppState>,
     form: web::Form<TokenForm>,
 ) -> Result<HttpResponse, AppError> {
-    if let Some(cookie) = req.cookie(SESSION_COOKIE) {
+    if let Some(cookie) = req.cookie(super::cookie_name(&req, SESSION_COOKIE)) {
         if let Some(admin) = admin::session(&state.db, cookie.value()).await? {
             csrf::check_admin(&admin, &form.csrf)?;
         }
         admin::end_session(&state.db, cookie.value()).await?;
     }
-    let mut gone = Cookie::build(SESSION_COOKIE, "").path("/").finish();
+    let mut gone = super::cookie(&req, SESSION_COOKIE, String::new(), SameSite::Strict);
     gone.make_removal();
     Ok(HttpResponse::SeeOther()
         .insert_header((header::LOCATION, "/admin/login"))
