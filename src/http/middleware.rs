@@ -43,7 +43,11 @@ pub async fn around_request(
     let no_store = personal(req.path());
     // The metrics listener serves `/metrics` and nothing else.
     let state = req.app_data::<web::Data<AppState>>().cloned();
-    if state.is_some_and(|s| s.on_metrics_listener(req.request())) && req.path() != "/metrics" {
+    if state
+        .as_ref()
+        .is_some_and(|s| s.on_metrics_listener(req.request()))
+        && req.path() != "/metrics"
+    {
         let res = req.error_response(AppError::not_found("This address serves only /metrics."));
         let mut res = render_error(res.map_into_boxed_body(), &request_id);
         set_headers(res.headers_mut(), &request_id, None, false);
@@ -57,6 +61,9 @@ pub async fn around_request(
         tracing::warn!(request_id, why, "cross-site request refused");
         return Ok(res);
     }
+    let mut req = req;
+    let body_timeout = state.as_ref().map(|s| s.settings.body_timeout);
+    let body_timed_out = body_timeout.map(|t| super::body::limit(&mut req, t));
     let span = tracing::info_span!(
         "request",
         method = %req.method(),
@@ -90,6 +97,21 @@ pub async fn around_request(
         },
         _ => call.await?.map_into_boxed_body(),
     };
+    // A body that did not arrive in time: 408 whatever the handler made of the broken
+    // read, and the connection is closed (the rest of the body is never waited for).
+    let timed_out = body_timed_out.as_ref().is_some_and(|f| f.happened());
+    let res = match body_timeout {
+        Some(timeout) if timed_out => {
+            let (req, _) = res.into_parts();
+            let error = AppError::BodyTimeout(format!(
+                "The request body did not arrive within {} ms; the connection is closed. \
+                 Send the whole body promptly.",
+                timeout.as_millis()
+            ));
+            ServiceResponse::new(req, HttpResponse::from_error(error))
+        }
+        _ => res,
+    };
     // The cause of a server error goes to the log, never to the client.
     let cause = (res.status().is_server_error())
         .then(|| res.response().error().map(|e| format!("{e:?}")))
@@ -105,6 +127,11 @@ pub async fn around_request(
         new_csrf_cookie.as_deref(),
         no_store,
     );
+    if timed_out {
+        res.response_mut()
+            .head_mut()
+            .set_connection_type(actix_web::http::ConnectionType::Close);
+    }
 
     let status = res.status().as_u16();
     let route = res.request().match_pattern().unwrap_or_default();

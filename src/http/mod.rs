@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod api;
 mod assets;
+mod body;
 mod client;
 pub mod csrf;
 mod health;

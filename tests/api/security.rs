@@ -713,3 +713,74 @@ async fn metrics_are_off_the_public_port_unless_a_listener_or_token_is_configure
             .contains("stockade_lease_layer_degraded")
     );
 }
+
+// ---------------------------------------------------------------- body read timeout
+
+/// Sends `head` and half a body over a raw connection, then waits; returns what the server
+/// said, how long it took to answer, and whether it then closed the connection.
+async fn stall_mid_body(address: &str, head: &str, half_body: &str) -> (String, Duration, bool) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = address.trim_start_matches("http://");
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    conn.write_all(head.as_bytes()).await.unwrap();
+    conn.write_all(half_body.as_bytes()).await.unwrap();
+    let sent = Instant::now();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    let mut closed = false;
+    // Read until the server closes, or give up after 5 s (the bound under test is 0.5 s).
+    while let Ok(read) =
+        tokio::time::timeout_at((sent + Duration::from_secs(5)).into(), conn.read(&mut buf)).await
+    {
+        match read {
+            Ok(0) | Err(_) => {
+                closed = true;
+                break;
+            }
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+        }
+    }
+    let took = sent.elapsed();
+    (String::from_utf8_lossy(&answer).into_owned(), took, closed)
+}
+
+#[tokio::test]
+async fn a_body_that_stops_halfway_gets_408_and_a_closed_connection_in_time() {
+    let mut settings = test_settings().await;
+    settings.body_timeout = Duration::from_millis(500);
+    let app = spawn_app_with(settings).await;
+    app.add_product("GOOD-1", "Good", 1_000, 5).await;
+    let json = r#"{"lines": [{"sku": "GOOD-1", "quantity": 1}]}"#;
+    let form = "csrf=x&username=ada&password=correct+horse+battery+staple";
+    for (path, content_type, body) in [
+        ("/api/v1/orders", "application/json", json),
+        ("/admin/login", "application/x-www-form-urlencoded", form),
+    ] {
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {content_type}\r\n\
+             Idempotency-Key: stalled-1\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        let (answer, took, closed) =
+            stall_mid_body(&app.address, &head, &body[..body.len() / 2]).await;
+        assert!(answer.starts_with("HTTP/1.1 408"), "{path}: {answer}");
+        assert!(
+            answer.contains("did not arrive within 500 ms"),
+            "{path}: {answer}"
+        );
+        assert!(
+            answer.to_lowercase().contains("connection: close"),
+            "{path}: {answer}"
+        );
+        assert!(closed, "{path}: the connection is closed");
+        assert!(
+            took >= Duration::from_millis(400) && took < Duration::from_secs(3),
+            "{path}: answered after {took:?}"
+        );
+    }
+    assert_eq!(app.count("select count(*) from orders").await, 0);
+    assert_eq!(app.count("select count(*) from idempotency_keys").await, 0);
+    // A whole body sent at once is unaffected.
+    let res = app.post_order("whole", &[("GOOD-1", 1)]).await;
+    assert_eq!(res.status().as_u16(), 201);
+}
