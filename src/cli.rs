@@ -49,6 +49,16 @@ enum AdminCommand {
     Create(AccountArgs),
     /// Set an admin's password (ending their sessions); prints a generated one unless given.
     SetPassword(AccountArgs),
+    /// Clear failed-login records in DATABASE_URL, lifting login throttling: with
+    /// --username, that account's from every address; without, all of them.
+    Unlock(UnlockArgs),
+}
+
+#[derive(Debug, Args)]
+struct UnlockArgs {
+    /// Only this admin's failed logins (the per-address records stay).
+    #[arg(long)]
+    username: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -197,6 +207,7 @@ async fn run_server(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let listen = settings.listen;
+    let metrics_ip = settings.metrics_listen.map(|a| a.ip());
     let (database_url, redis_url) = (settings.database_url.clone(), settings.redis_url.clone());
     let app = Application::build(settings).await?;
     if local_mode {
@@ -216,6 +227,12 @@ async fn run_server(
         first_admin = Some(password);
     }
     let base = format!("http://{}:{}", listen.ip(), app.port());
+    let metrics = app.metrics_port().map(|port| {
+        format!(
+            "http://{}:{port}/metrics",
+            metrics_ip.unwrap_or(listen.ip())
+        )
+    });
     println!("Stockade is running.");
     println!("  Storefront:  {base}/");
     match first_admin {
@@ -228,6 +245,9 @@ async fn run_server(
     }
     println!("  API:         {base}/api/v1/products");
     println!("  Health:      {base}/readyz");
+    if let Some(metrics) = metrics {
+        println!("  Metrics:     {metrics}");
+    }
     if local_mode {
         println!("  PostgreSQL:  {}", database_url.unwrap_or_default());
         println!("  Redis:       {}", redis_url.unwrap_or_default());
@@ -265,6 +285,15 @@ async fn admin_command(settings: Settings, command: AdminCommand) -> anyhow::Res
     let (args, create) = match command {
         AdminCommand::Create(args) => (args, true),
         AdminCommand::SetPassword(args) => (args, false),
+        AdminCommand::Unlock(args) => {
+            let username = args.username.map(|u| u.trim().to_lowercase());
+            let cleared = admin::unlock(&db, username.as_deref()).await?;
+            match username {
+                Some(name) => println!("cleared {cleared} failed-login records of {name}"),
+                None => println!("cleared all {cleared} failed-login records"),
+            }
+            return Ok(());
+        }
     };
     let (password, generated) = if args.password_stdin {
         let mut line = String::new();

@@ -3,7 +3,7 @@
 //! naming the variable, so a typo never silently falls back to a default.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
@@ -152,9 +152,20 @@ pub struct Settings {
     /// `STOCKADE_SECURE_COOKIES`: mark cookies Secure (set when a TLS proxy is in front;
     /// requests that arrive over https get Secure cookies anyway).
     pub secure_cookies: bool,
-    /// `STOCKADE_TRUST_PROXY`: take the client address from `Forwarded`/`X-Forwarded-For`
-    /// (only behind a proxy that sets them), for login throttling per client.
-    pub trust_proxy: bool,
+    /// `STOCKADE_TRUSTED_PROXIES`: addresses and networks (CIDR) of the proxies in front of
+    /// this server. A request from one of them has its client address taken from
+    /// `X-Forwarded-For` (the right-most hop that is not a trusted proxy); empty trusts none,
+    /// and the peer address is the client. See [`crate::http::client_addr`].
+    pub trusted_proxies: Vec<IpNet>,
+    /// `STOCKADE_BODY_TIMEOUT_MS`: a request body not fully received this long after the
+    /// request's head is answered 408 and its connection closed.
+    pub body_timeout: Duration,
+    /// `STOCKADE_METRICS_LISTEN`: serve `/metrics` (and nothing else) on this address of its
+    /// own, without a token. Unset: no metrics listener.
+    pub metrics_listen: Option<SocketAddr>,
+    /// `STOCKADE_METRICS_TOKEN`: serve `/metrics` on the public port too, to requests with
+    /// `Authorization: Bearer <token>`. Unset: `/metrics` is 404 on the public port.
+    pub metrics_token: Option<String>,
     /// `STOCKADE_IDEMPOTENCY_TTL_HOURS`: completed idempotency keys are kept this long.
     pub idempotency_ttl_hours: u32,
     /// Fault injection for tests: pause this long after taking leases, before the
@@ -195,7 +206,10 @@ impl Default for Settings {
             login_max_failures_per_client: 20,
             login_window: Duration::from_secs(900),
             secure_cookies: false,
-            trust_proxy: false,
+            trusted_proxies: Vec::new(),
+            body_timeout: Duration::from_millis(4_000),
+            metrics_listen: None,
+            metrics_token: None,
             hold_ttl: Duration::from_secs(600),
             hold_max_per_sku: 5,
             sweep_interval: Duration::from_millis(1_000),
@@ -234,7 +248,10 @@ pub const VARIABLES: &[&str] = &[
     "STOCKADE_LOGIN_MAX_FAILURES_PER_CLIENT",
     "STOCKADE_LOGIN_WINDOW_SECONDS",
     "STOCKADE_SECURE_COOKIES",
-    "STOCKADE_TRUST_PROXY",
+    "STOCKADE_TRUSTED_PROXIES",
+    "STOCKADE_BODY_TIMEOUT_MS",
+    "STOCKADE_METRICS_LISTEN",
+    "STOCKADE_METRICS_TOKEN",
     "STOCKADE_HOLD_SECONDS",
     "STOCKADE_HOLD_MAX_PER_SKU",
     "STOCKADE_SWEEP_INTERVAL_MS",
@@ -375,8 +392,35 @@ impl Settings {
         if let Some(v) = take("STOCKADE_SECURE_COOKIES") {
             s.secure_cookies = boolean("STOCKADE_SECURE_COOKIES", &v)?;
         }
-        if let Some(v) = take("STOCKADE_TRUST_PROXY") {
-            s.trust_proxy = boolean("STOCKADE_TRUST_PROXY", &v)?;
+        if let Some(v) = take("STOCKADE_TRUSTED_PROXIES") {
+            s.trusted_proxies = v
+                .split(',')
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .map(|p| p.parse::<IpNet>())
+                .collect::<Result<_, _>>()
+                .map_err(|e| malformed("STOCKADE_TRUSTED_PROXIES", &v, &e))?;
+        }
+        if let Some(v) = take("STOCKADE_BODY_TIMEOUT_MS") {
+            s.body_timeout =
+                Duration::from_millis(bounded("STOCKADE_BODY_TIMEOUT_MS", &v, 100, 600_000)?);
+        }
+        if let Some(v) = take("STOCKADE_METRICS_LISTEN") {
+            s.metrics_listen = Some(parse(
+                "STOCKADE_METRICS_LISTEN",
+                &v,
+                "expected address:port, e.g. 127.0.0.1:9090",
+            )?);
+        }
+        if let Some(v) = take("STOCKADE_METRICS_TOKEN") {
+            if v.trim().len() < 16 || !v.trim().bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(malformed(
+                    "STOCKADE_METRICS_TOKEN",
+                    "(hidden)",
+                    "expected at least 16 printable characters without spaces",
+                ));
+            }
+            s.metrics_token = Some(v.trim().to_string());
         }
         if let Some(v) = take("STOCKADE_LOG_FORMAT") {
             s.log_format = v
@@ -424,9 +468,74 @@ impl Settings {
         Ok(())
     }
 
+    /// Whether `addr` is one of [`Settings::trusted_proxies`].
+    pub fn is_trusted_proxy(&self, addr: IpAddr) -> bool {
+        self.trusted_proxies.iter().any(|net| net.contains(addr))
+    }
+
     /// Local mode runs when either URL is missing.
     pub fn local_mode(&self) -> bool {
         self.database_url.is_none() || self.redis_url.is_none()
+    }
+}
+
+/// An address range in CIDR notation (`10.0.0.0/8`, `fd00::/8`), or one address
+/// (`127.0.0.1`, `::1`, a range of one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpNet {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl IpNet {
+    /// Whether `addr` lies in this range (IPv4-mapped IPv6 addresses count as IPv4).
+    pub fn contains(&self, addr: IpAddr) -> bool {
+        match (self.addr, canonical_ip(addr)) {
+            (IpAddr::V4(net), IpAddr::V4(a)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u32::from(net) & mask == u32::from(a) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(a)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u128::from(net) & mask == u128::from(a) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+/// `::ffff:1.2.3.4` → `1.2.3.4`; other addresses as they are.
+pub fn canonical_ip(addr: IpAddr) -> IpAddr {
+    match addr {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+impl FromStr for IpNet {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("{s:?} is not an address or CIDR range (e.g. 10.0.0.0/8, ::1)");
+        let (addr, prefix) = match s.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s, None),
+        };
+        let addr = canonical_ip(addr.trim().parse::<IpAddr>().map_err(|_| bad())?);
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            Some(p) => p
+                .trim()
+                .parse::<u8>()
+                .ok()
+                .filter(|p| *p <= max)
+                .ok_or_else(bad)?,
+            None => max,
+        };
+        Ok(Self { addr, prefix })
     }
 }
 
@@ -542,6 +651,58 @@ mod tests {
         assert!(err.to_string().contains("STOCKADE_LEASE_TTL_MS"), "{err}");
         // A TTL shorter than the transaction is fine: the holder renews it.
         Settings::from_vars(vars(&[("STOCKADE_LEASE_TTL_MS", "300")])).unwrap();
+    }
+
+    #[test]
+    fn trusted_proxies_are_addresses_and_ranges_of_both_families() {
+        let s = Settings::from_vars(vars(&[(
+            "STOCKADE_TRUSTED_PROXIES",
+            "127.0.0.1, 10.0.0.0/8,fd00::/8, ::1",
+        )]))
+        .unwrap();
+        let trusted = |a: &str| s.is_trusted_proxy(a.parse().unwrap());
+        assert!(trusted("127.0.0.1") && trusted("::ffff:127.0.0.1"));
+        assert!(trusted("10.255.3.4") && trusted("fd12::1") && trusted("::1"));
+        assert!(!trusted("127.0.0.2") && !trusted("11.0.0.1") && !trusted("fe80::1"));
+        assert!(!Settings::default().is_trusted_proxy("127.0.0.1".parse().unwrap()));
+        let all: IpNet = "0.0.0.0/0".parse().unwrap();
+        assert!(all.contains("203.0.113.9".parse().unwrap()));
+        for bad in [
+            "10.0.0.0/33",
+            "::/129",
+            "localhost",
+            "10.0.0/8",
+            "1.2.3.4/x",
+        ] {
+            let err = Settings::from_vars(vars(&[("STOCKADE_TRUSTED_PROXIES", bad)])).unwrap_err();
+            assert!(
+                err.to_string().starts_with("STOCKADE_TRUSTED_PROXIES"),
+                "{bad}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn metrics_and_body_settings_are_read_and_checked() {
+        let s = Settings::from_vars(vars(&[
+            ("STOCKADE_METRICS_LISTEN", "127.0.0.1:9090"),
+            ("STOCKADE_METRICS_TOKEN", "0123456789abcdef0123"),
+            ("STOCKADE_BODY_TIMEOUT_MS", "2500"),
+        ]))
+        .unwrap();
+        assert_eq!(s.metrics_listen, Some("127.0.0.1:9090".parse().unwrap()));
+        assert_eq!(s.metrics_token.as_deref(), Some("0123456789abcdef0123"));
+        assert_eq!(s.body_timeout, Duration::from_millis(2500));
+        let d = Settings::default();
+        assert!(d.metrics_listen.is_none() && d.metrics_token.is_none());
+        for (var, value) in [
+            ("STOCKADE_METRICS_TOKEN", "short"),
+            ("STOCKADE_METRICS_LISTEN", "9090"),
+            ("STOCKADE_BODY_TIMEOUT_MS", "0"),
+        ] {
+            let err = Settings::from_vars(vars(&[(var, value)])).unwrap_err();
+            assert!(err.to_string().starts_with(var), "{var}={value}: {err}");
+        }
     }
 
     #[test]

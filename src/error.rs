@@ -37,6 +37,9 @@ pub enum AppError {
         /// Extra problem+json members (e.g. which SKUs are short).
         details: Option<serde_json::Value>,
     },
+    /// 408: the request body did not arrive in time; the connection is closed.
+    #[error("{0}")]
+    BodyTimeout(String),
     /// 413: the body is larger than allowed.
     #[error("{0}")]
     TooLarge(String),
@@ -88,6 +91,7 @@ impl AppError {
             403 => "Not allowed",
             404 => "Not found",
             405 => "Method not allowed",
+            408 => "Request timeout",
             409 => "Conflict",
             413 => "Request too large",
             415 => "Unsupported content type",
@@ -137,6 +141,7 @@ impl ResponseError for AppError {
             Self::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::Conflict { .. } => StatusCode::CONFLICT,
+            Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,

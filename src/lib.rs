@@ -38,3 +38,5 @@ pub mod orders;
 pub mod startup;
 /// Tracing subscriber: pretty for people, JSON for machines.
 pub mod telemetry;
+/// Checks on free text from clients (no control characters), shared by every parser.
+pub mod text;

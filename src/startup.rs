@@ -50,6 +50,17 @@ impl Application {
         let listener = TcpListener::bind(settings.listen)
             .with_context(|| format!("STOCKADE_LISTEN: cannot listen on {}", settings.listen))?;
         let port = listener.local_addr()?.port();
+        let metrics_listener = match settings.metrics_listen {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .with_context(|| format!("STOCKADE_METRICS_LISTEN: cannot listen on {addr}"))?,
+            ),
+            None => None,
+        };
+        let metrics_addr = match &metrics_listener {
+            Some(l) => Some(l.local_addr()?),
+            None => None,
+        };
         let workers = match settings.workers {
             0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
             n => n,
@@ -80,9 +91,10 @@ impl Application {
             metrics,
             batcher,
             catalog,
+            metrics_addr,
         });
         let app_state = state.clone();
-        let server = HttpServer::new(move || {
+        let mut server = HttpServer::new(move || {
             App::new()
                 .wrap(from_fn(around_request))
                 .app_data(app_state.clone())
@@ -100,11 +112,15 @@ impl Application {
                 .configure(http::routes)
                 .default_service(web::to(not_found))
         })
-        .listen(listener)?
-        .workers(workers)
-        .disable_signals()
-        .shutdown_timeout(10)
-        .run();
+        .listen(listener)?;
+        if let Some(metrics_listener) = metrics_listener {
+            server = server.listen(metrics_listener)?;
+        }
+        let server = server
+            .workers(workers)
+            .disable_signals()
+            .shutdown_timeout(10)
+            .run();
         Ok(Self {
             port,
             server,
@@ -114,6 +130,11 @@ impl Application {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The port of the metrics listener (`STOCKADE_METRICS_LISTEN`), if there is one.
+    pub fn metrics_port(&self) -> Option<u16> {
+        self.state.metrics_addr.map(|a| a.port())
     }
 
     pub fn db(&self) -> &PgPool {

@@ -1,5 +1,5 @@
 //! Admins: accounts with argon2id password hashes, server-side sessions, and throttling of
-//! failed logins per account and per client address.
+//! failed logins per (account, client address) and per client address.
 //!
 //! - Passwords are hashed and verified on the blocking pool, never on an async worker.
 //! - An unknown user costs the same verification as a wrong password, and both get the
@@ -236,7 +236,9 @@ pub async fn end_session(db: &PgPool, token: &str) -> sqlx::Result<()> {
 /// Limits on failed logins.
 #[derive(Debug, Clone, Copy)]
 pub struct LoginLimits {
+    /// Failures of one account from one client address.
     pub per_account: i64,
+    /// Failures from one client address, whatever the account.
     pub per_client: i64,
     pub window: Duration,
 }
@@ -246,23 +248,32 @@ pub struct LoginLimits {
 pub enum Attempt {
     /// Go ahead; on success, [`forgive`] these failure rows.
     Allowed(Vec<i64>),
-    /// Too many recent failures: retry after this many seconds.
+    /// Too many recent failures: retry after this many seconds. Nothing was recorded.
     Throttled(u64),
 }
 
-/// Counts a login attempt against `account` and `client`, *before* the (slow) password
-/// check, so guesses sent in parallel are counted like guesses in a row. Accounts are
-/// stored as a hash, so any input has a bounded size.
+/// The stored account of a failure record: its SHA-256, so any input has a bounded size.
+fn account_hash(account: &str) -> String {
+    hex::encode(Sha256::digest(account.as_bytes()))
+}
+
+/// Counts a login attempt of `account` from `client`, *before* the (slow) password check,
+/// so guesses sent in parallel are counted like guesses in a row.
+///
+/// Failures are counted per (account, client address) and per client address, never per
+/// account alone: guessing from one address cannot lock the account for anyone else, so
+/// the admin at another address still gets in with the right password. A throttled
+/// attempt records nothing, so attempts made while throttled do not extend the wait.
 pub async fn begin_attempt(
     db: &PgPool,
     limits: LoginLimits,
     account: &str,
-    client: &str,
+    client: std::net::IpAddr,
 ) -> sqlx::Result<Attempt> {
-    let account = hex::encode(Sha256::digest(account.as_bytes()));
-    let client: String = client.chars().take(64).collect();
-    // Attempts on one account (or from one client) take turns, so each sees all before it.
-    let mut locks: Vec<i64> = [&account, &client]
+    let client = client.to_string();
+    let pair = format!("{}/{client}", account_hash(account));
+    // Attempts on one pair (or from one client) take turns, so each sees all before it.
+    let mut locks: Vec<i64> = [&pair, &client]
         .iter()
         .map(|s| {
             let digest = Sha256::digest(format!("login:{s}").as_bytes());
@@ -275,35 +286,51 @@ pub async fn begin_attempt(
         .bind(&locks)
         .execute(&mut *tx)
         .await?;
+    // Per kind: the failures in the window, and in how many seconds the failure whose
+    // lapse brings the count under the limit lapses (the limit-th newest).
+    let (by_pair, by_client, pair_wait, client_wait): (i64, i64, Option<f64>, Option<f64>) =
+        sqlx::query_as(
+            r#"with recent as (
+                 select kind, at from login_failures
+                  where at > now() - make_interval(secs => $3)
+                    and ((kind = 'pair' and subject = $1) or (kind = 'client' and subject = $2)))
+               select (select count(*) from recent where kind = 'pair'),
+                      (select count(*) from recent where kind = 'client'),
+                      (select extract(epoch from at + make_interval(secs => $3) - now())::float8
+                         from recent where kind = 'pair' order by at desc offset $4 - 1 limit 1),
+                      (select extract(epoch from at + make_interval(secs => $3) - now())::float8
+                         from recent where kind = 'client' order by at desc offset $5 - 1 limit 1)"#,
+        )
+        .bind(&pair)
+        .bind(&client)
+        .bind(limits.window.as_secs_f64())
+        .bind(limits.per_account)
+        .bind(limits.per_client)
+        .fetch_one(&mut *tx)
+        .await?;
+    let waits = [
+        (by_pair >= limits.per_account).then_some(pair_wait),
+        (by_client >= limits.per_client).then_some(client_wait),
+    ];
+    if waits.iter().any(Option::is_some) {
+        tx.rollback().await?;
+        let wait = waits
+            .into_iter()
+            .flatten()
+            .map(|w| w.unwrap_or(0.0).max(0.0).ceil() as u64)
+            .max()
+            .unwrap_or(1);
+        return Ok(Attempt::Throttled(wait.max(1)));
+    }
     let ids: Vec<i64> = sqlx::query_scalar(
-        r#"insert into login_failures (kind, subject) values ('account', $1), ('client', $2)
+        r#"insert into login_failures (kind, subject) values ('pair', $1), ('client', $2)
            returning id"#,
     )
-    .bind(&account)
+    .bind(&pair)
     .bind(&client)
     .fetch_all(&mut *tx)
     .await?;
-    let (by_account, by_client, oldest): (i64, i64, Option<f64>) = sqlx::query_as(
-        r#"select count(*) filter (where kind = 'account' and subject = $1),
-                  count(*) filter (where kind = 'client' and subject = $2),
-                  extract(epoch from now() - min(at))::float8
-             from login_failures
-            where at > now() - make_interval(secs => $3)
-              and ((kind = 'account' and subject = $1) or (kind = 'client' and subject = $2))"#,
-    )
-    .bind(&account)
-    .bind(&client)
-    .bind(limits.window.as_secs_f64())
-    .fetch_one(&mut *tx)
-    .await?;
     tx.commit().await?;
-    // This attempt is one of the rows counted: allowed while within the limit.
-    if by_account > limits.per_account || by_client > limits.per_client {
-        let waited = oldest.unwrap_or(0.0).max(0.0) as u64;
-        return Ok(Attempt::Throttled(
-            limits.window.as_secs().saturating_sub(waited).max(1),
-        ));
-    }
     Ok(Attempt::Allowed(ids))
 }
 
@@ -314,6 +341,31 @@ pub async fn forgive(db: &PgPool, ids: &[i64]) -> sqlx::Result<()> {
         .execute(db)
         .await?;
     Ok(())
+}
+
+/// Clears failed-login records (`stockade admin unlock`): with `username`, that account's
+/// records from every address; without, every record (per address too). Returns how many
+/// were deleted.
+pub async fn unlock(db: &PgPool, username: Option<&str>) -> sqlx::Result<u64> {
+    let deleted = match username {
+        Some(name) => {
+            let hash = account_hash(name);
+            sqlx::query(
+                r#"delete from login_failures
+                    where (kind = 'pair' and starts_with(subject, $1 || '/'))
+                       or (kind = 'account' and subject = $1)"#,
+            )
+            .bind(hash)
+            .execute(db)
+            .await?
+        }
+        None => {
+            sqlx::query("delete from login_failures")
+                .execute(db)
+                .await?
+        }
+    };
+    Ok(deleted.rows_affected())
 }
 
 /// Forgets failures older than a day (the longest window), and expired sessions.

@@ -33,7 +33,7 @@ use crate::inventory::db::{self as stock, Adjusted, Movement};
 use crate::orders::db::{OrderFilter, OrderSummary};
 use crate::orders::{self, Cancelled, Order};
 
-/// The admin session cookie.
+/// The admin session cookie (its name: [`super::cookie_name`]).
 pub const SESSION_COOKIE: &str = "stockade_admin";
 /// Rows per page in admin lists.
 const PAGE: i64 = 25;
@@ -148,7 +148,9 @@ pub async fn require_admin(
         .app_data::<web::Data<AppState>>()
         .cloned()
         .expect("app state is registered");
-    let token = req.cookie(SESSION_COOKIE).map(|c| c.value().to_string());
+    let token = req
+        .cookie(super::cookie_name(req.request(), SESSION_COOKIE))
+        .map(|c| c.value().to_string());
     let admin = match token {
         Some(token) => match admin::session(&state.db, &token).await {
             Ok(admin) => admin,
@@ -196,17 +198,12 @@ fn page_chrome(req: &HttpRequest, admin: &Admin) -> Chrome {
     chrome
 }
 
-fn session_cookie(req: &HttpRequest, state: &AppState, token: &str) -> Cookie<'static> {
-    let secure = state.settings.secure_cookies || req.connection_info().scheme() == "https";
-    Cookie::build(SESSION_COOKIE, token.to_string())
-        .path("/")
-        .http_only(true)
-        .same_site(SameSite::Strict)
-        .secure(secure)
-        .max_age(actix_web::cookie::time::Duration::seconds(
-            admin::SESSION_LENGTH.as_secs() as i64,
-        ))
-        .finish()
+fn session_cookie(req: &HttpRequest, token: &str) -> Cookie<'static> {
+    let mut cookie = super::cookie(req, SESSION_COOKIE, token.to_string(), SameSite::Strict);
+    cookie.set_max_age(actix_web::cookie::time::Duration::seconds(
+        admin::SESSION_LENGTH.as_secs() as i64,
+    ));
+    cookie
 }
 
 // ---------------------------------------------------------------- login and logout
@@ -270,27 +267,19 @@ pub async fn post_login(
     form: web::Form<LoginForm>,
 ) -> Result<HttpResponse, AppError> {
     csrf::check_storefront(&req, &form.csrf)?;
+    crate::text::single_line("username", &form.username)?;
     let username = form.username.trim().to_lowercase();
-    let client = if state.settings.trust_proxy {
-        req.connection_info()
-            .realip_remote_addr()
-            .unwrap_or("unknown")
-            .to_string()
-    } else {
-        req.peer_addr()
-            .map(|a| a.ip().to_string())
-            .unwrap_or_else(|| "unknown".into())
-    };
+    let client = super::client_addr(&req, &state.settings);
     let s = &state.settings;
     let limits = LoginLimits {
         per_account: s.login_max_failures,
         per_client: s.login_max_failures_per_client,
         window: s.login_window,
     };
-    let attempt = match admin::begin_attempt(&state.db, limits, &username, &client).await? {
+    let attempt = match admin::begin_attempt(&state.db, limits, &username, client).await? {
         Attempt::Allowed(attempt) => attempt,
         Attempt::Throttled(retry_after) => {
-            tracing::warn!(client, "login throttled");
+            tracing::warn!(%client, "login throttled");
             return Err(AppError::TooManyRequests {
                 message: "Too many failed logins. Please wait a while before trying again.".into(),
                 retry_after,
@@ -298,7 +287,7 @@ pub async fn post_login(
         }
     };
     let Some(user_id) = admin::authenticate(&state.db, &username, &form.password).await? else {
-        tracing::info!(client, "failed admin login");
+        tracing::info!(%client, "failed admin login");
         let page = LoginPage {
             chrome: Chrome::new(&req),
             next: safe_next(form.next.as_deref()),
@@ -309,14 +298,14 @@ pub async fn post_login(
     };
     admin::forgive(&state.db, &attempt).await?;
     // A new session every login: a session id planted before login is worth nothing.
-    if let Some(old) = req.cookie(SESSION_COOKIE) {
+    if let Some(old) = req.cookie(super::cookie_name(&req, SESSION_COOKIE)) {
         admin::end_session(&state.db, old.value()).await?;
     }
     let token = admin::start_session(&state.db, user_id).await?;
     tracing::info!(username, "admin logged in");
     Ok(HttpResponse::SeeOther()
         .insert_header((header::LOCATION, safe_next(form.next.as_deref())))
-        .cookie(session_cookie(&req, &state, &token))
+        .cookie(session_cookie(&req, &token))
         .finish())
 }
 
@@ -325,13 +314,13 @@ pub async fn post_logout(
     state: web::Data<AppState>,
     form: web::Form<TokenForm>,
 ) -> Result<HttpResponse, AppError> {
-    if let Some(cookie) = req.cookie(SESSION_COOKIE) {
+    if let Some(cookie) = req.cookie(super::cookie_name(&req, SESSION_COOKIE)) {
         if let Some(admin) = admin::session(&state.db, cookie.value()).await? {
             csrf::check_admin(&admin, &form.csrf)?;
         }
         admin::end_session(&state.db, cookie.value()).await?;
     }
-    let mut gone = Cookie::build(SESSION_COOKIE, "").path("/").finish();
+    let mut gone = super::cookie(&req, SESSION_COOKIE, String::new(), SameSite::Strict);
     gone.make_removal();
     Ok(HttpResponse::SeeOther()
         .insert_header((header::LOCATION, "/admin/login"))
@@ -720,6 +709,7 @@ pub async fn get_products(
     query: web::Query<ListQuery>,
 ) -> Result<HttpResponse, AppError> {
     let q = query.q.clone().unwrap_or_default().trim().to_string();
+    crate::text::single_line("The search", &q)?;
     let page = query.page.unwrap_or(1).clamp(1, MAX_PAGE);
     let pattern = format!(
         "%{}%",
@@ -843,6 +833,9 @@ fn parse_price(raw: &str) -> Result<i64, String> {
 
 /// Checks a product form; returns (name, description, price in cents).
 fn check_product(form: &ProductForm) -> Result<(String, String, i64), String> {
+    crate::text::single_line("the name", &form.name).map_err(|e| e.to_string())?;
+    crate::text::multi_line("the description", &form.description).map_err(|e| e.to_string())?;
+    crate::text::single_line("the price", &form.price).map_err(|e| e.to_string())?;
     let name = form.name.trim().to_string();
     if name.is_empty() || name.chars().count() > 200 {
         return Err("a name is 1 to 200 characters".into());
@@ -999,6 +992,7 @@ pub struct StockForm {
 }
 
 fn reason_of(raw: &str) -> Result<String, AppError> {
+    crate::text::single_line("The reason", raw)?;
     let reason = raw.trim();
     if reason.is_empty() {
         return Err(AppError::Unprocessable(
@@ -1011,6 +1005,15 @@ fn reason_of(raw: &str) -> Result<String, AppError> {
         ));
     }
     Ok(reason.to_string())
+}
+
+/// A restock that would take a product past what its count can hold.
+fn too_much(units: i32) -> AppError {
+    AppError::Unprocessable(format!(
+        "Adding {units} units would take this product past the most it can have on hand \
+         ({}); nothing was changed.",
+        stock::MAX_ON_HAND
+    ))
 }
 
 fn whole(raw: &str, what: &str, min: i32, max: i32) -> Result<i32, AppError> {
@@ -1085,7 +1088,9 @@ pub async fn post_restock(
         &fingerprint,
         async move |db: &PgPool| -> Result<Changed, AppError> {
             let mut tx = db.begin().await?;
-            let on_hand = stock::restock(&mut tx, &restocked, units, &reason, &actor).await?;
+            let on_hand = stock::restock(&mut tx, &restocked, units, &reason, &actor)
+                .await?
+                .ok_or_else(|| too_much(units))?;
             let outcome = FormOutcome {
                 page: format!("/admin/products/{restocked}"),
                 notice: format!("Added {units} units; {on_hand} on hand now."),
@@ -1509,14 +1514,14 @@ pub async fn post_release_hold(
 
 #[derive(Debug, Deserialize, Serialize)]
 pub struct RestockBody {
-    units: i32,
+    units: i64,
     reason: String,
 }
 
 #[derive(Debug, Deserialize, Serialize)]
 pub struct AdjustBody {
-    expected_on_hand: i32,
-    on_hand: i32,
+    expected_on_hand: i64,
+    on_hand: i64,
     reason: String,
 }
 
@@ -1570,15 +1575,15 @@ pub async fn post_api_restock(
     catalog::db::find_product(&state.db, &sku)
         .await?
         .ok_or_else(|| AppError::not_found(format!("No product with SKU {sku}.")))?;
-    if !(1..=10_000_000).contains(&body.units) {
-        return Err(AppError::Unprocessable(
-            "units must be from 1 to 10,000,000.".into(),
-        ));
-    }
+    // Bounds are checked here, before any SQL: a count the column cannot hold is a 422.
+    let units = i32::try_from(body.units)
+        .ok()
+        .filter(|n| (1..=10_000_000).contains(n))
+        .ok_or_else(|| AppError::Unprocessable("units must be from 1 to 10,000,000.".into()))?;
     let reason = reason_of(&body.reason)?;
-    let fingerprint = ("restock", sku.as_str(), body.units, reason.clone());
+    let fingerprint = ("restock", sku.as_str(), units, reason.clone());
     let key = admin_key(&admin, &super::api::idempotency_key(&req)?)?;
-    let (units, actor) = (body.units, admin.username.clone());
+    let actor = admin.username.clone();
     let restocked = sku.clone();
     let once = apply_once(
         &state,
@@ -1589,7 +1594,9 @@ pub async fn post_api_restock(
         async move |db: &PgPool| -> Result<Changed, AppError> {
             let sku = restocked;
             let mut tx = db.begin().await?;
-            let on_hand = stock::restock(&mut tx, &sku, units, &reason, &actor).await?;
+            let on_hand = stock::restock(&mut tx, &sku, units, &reason, &actor)
+                .await?
+                .ok_or_else(|| too_much(units))?;
             let body = serde_json::json!({"sku": sku, "on_hand": on_hand});
             Ok(Changed {
                 tx,
@@ -1616,21 +1623,23 @@ pub async fn post_api_adjust(
     catalog::db::find_product(&state.db, &sku)
         .await?
         .ok_or_else(|| AppError::not_found(format!("No product with SKU {sku}.")))?;
-    if !(0..=10_000_000).contains(&body.on_hand) || body.expected_on_hand < 0 {
-        return Err(AppError::Unprocessable(
-            "on_hand must be from 0 to 10,000,000.".into(),
-        ));
-    }
+    let new = i32::try_from(body.on_hand)
+        .ok()
+        .filter(|n| (0..=10_000_000).contains(n))
+        .ok_or_else(|| AppError::Unprocessable("on_hand must be from 0 to 10,000,000.".into()))?;
+    let expected = i32::try_from(body.expected_on_hand)
+        .ok()
+        .filter(|n| *n >= 0)
+        .ok_or_else(|| {
+            AppError::Unprocessable(format!(
+                "expected_on_hand must be from 0 to {}.",
+                stock::MAX_ON_HAND
+            ))
+        })?;
     let reason = reason_of(&body.reason)?;
-    let fingerprint = (
-        "adjust",
-        sku.as_str(),
-        body.expected_on_hand,
-        body.on_hand,
-        reason.clone(),
-    );
+    let fingerprint = ("adjust", sku.as_str(), expected, new, reason.clone());
     let key = admin_key(&admin, &super::api::idempotency_key(&req)?)?;
-    let (expected, new, actor) = (body.expected_on_hand, body.on_hand, admin.username.clone());
+    let actor = admin.username.clone();
     let adjusted = sku.clone();
     let once = apply_once(
         &state,

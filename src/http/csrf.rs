@@ -10,7 +10,7 @@ use actix_web::{HttpMessage, HttpRequest};
 
 use crate::error::AppError;
 
-/// The storefront's CSRF cookie.
+/// The storefront's CSRF cookie (its name: [`super::cookie_name`]).
 pub const CSRF_COOKIE: &str = "csrf";
 
 /// This request's storefront CSRF token (from its cookie, or new).
@@ -21,7 +21,7 @@ pub struct CsrfToken(pub String);
 /// the browser had none.
 pub fn ensure_token(req: &ServiceRequest) -> Option<String> {
     let existing = req
-        .cookie(CSRF_COOKIE)
+        .cookie(super::cookie_name(req.request(), CSRF_COOKIE))
         .map(|c| c.value().to_string())
         .filter(|v| v.len() == 64 && v.bytes().all(|b| b.is_ascii_hexdigit()));
     let (token, new) = match existing {
@@ -55,7 +55,9 @@ pub fn same(a: &str, b: &str) -> bool {
 
 /// Checks a storefront form's token against the browser's cookie.
 pub fn check_storefront(req: &HttpRequest, submitted: &str) -> Result<(), AppError> {
-    let cookie = req.cookie(CSRF_COOKIE).map(|c| c.value().to_string());
+    let cookie = req
+        .cookie(super::cookie_name(req, CSRF_COOKIE))
+        .map(|c| c.value().to_string());
     match cookie {
         Some(cookie) if same(&cookie, submitted) => Ok(()),
         _ => Err(refused()),

@@ -3,10 +3,12 @@
 
 use std::time::Duration;
 
-use actix_web::{HttpResponse, web};
+use actix_web::http::header;
+use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Serialize;
 
 use super::AppState;
+use crate::error::AppError;
 
 pub async fn get_healthz() -> HttpResponse {
     HttpResponse::Ok()
@@ -66,13 +68,37 @@ pub async fn get_readyz(state: web::Data<AppState>) -> HttpResponse {
     }
 }
 
-/// Prometheus text format.
-pub async fn get_metrics(state: web::Data<AppState>) -> HttpResponse {
+/// Prometheus text format. Served on the metrics listener (`STOCKADE_METRICS_LISTEN`) to
+/// anyone who reaches it, and on the public port only with `Authorization: Bearer` and
+/// `STOCKADE_METRICS_TOKEN`; otherwise 404, as if there were nothing here.
+pub async fn get_metrics(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, AppError> {
+    let allowed = state.on_metrics_listener(&req)
+        || state
+            .settings
+            .metrics_token
+            .as_deref()
+            .is_some_and(|token| {
+                let sent = req
+                    .headers()
+                    .get(header::AUTHORIZATION)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.strip_prefix("Bearer "))
+                    .unwrap_or_default();
+                super::csrf::same(sent.trim(), token)
+            });
+    if !allowed {
+        return Err(AppError::not_found(
+            "There is nothing at this address. It may have moved, or the link is mistyped.",
+        ));
+    }
     state
         .metrics
         .degraded
         .set(i64::from(state.redis.is_degraded()));
-    HttpResponse::Ok()
+    Ok(HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
-        .body(state.metrics.render())
+        .body(state.metrics.render()))
 }

@@ -31,15 +31,39 @@ pub async fn around_request(
     let started = Instant::now();
     let request_id = uuid::Uuid::new_v4().simple().to_string()[..16].to_string();
     req.extensions_mut().insert(RequestId(request_id.clone()));
-    let new_csrf_cookie = csrf::ensure_token(&req);
+    let new_csrf_cookie = csrf::ensure_token(&req).map(|token| {
+        super::cookie(
+            req.request(),
+            csrf::CSRF_COOKIE,
+            token,
+            actix_web::cookie::SameSite::Strict,
+        )
+        .to_string()
+    });
+    let no_store = personal(req.path());
+    // The metrics listener serves `/metrics` and nothing else.
+    let state = req.app_data::<web::Data<AppState>>().cloned();
+    if state
+        .as_ref()
+        .is_some_and(|s| s.on_metrics_listener(req.request()))
+        && req.path() != "/metrics"
+    {
+        let res = req.error_response(AppError::not_found("This address serves only /metrics."));
+        let mut res = render_error(res.map_into_boxed_body(), &request_id);
+        set_headers(res.headers_mut(), &request_id, None, false);
+        return Ok(res);
+    }
     if let Some(why) = csrf::cross_site(&req) {
         let message = format!("This request was refused because {why}.");
         let res = req.error_response(AppError::Forbidden(message));
         let mut res = render_error(res.map_into_boxed_body(), &request_id);
-        set_headers(res.headers_mut(), &request_id, None);
+        set_headers(res.headers_mut(), &request_id, None, no_store);
         tracing::warn!(request_id, why, "cross-site request refused");
         return Ok(res);
     }
+    let mut req = req;
+    let body_timeout = state.as_ref().map(|s| s.settings.body_timeout);
+    let body_timed_out = body_timeout.map(|t| super::body::limit(&mut req, t));
     let span = tracing::info_span!(
         "request",
         method = %req.method(),
@@ -73,6 +97,21 @@ pub async fn around_request(
         },
         _ => call.await?.map_into_boxed_body(),
     };
+    // A body that did not arrive in time: 408 whatever the handler made of the broken
+    // read, and the connection is closed (the rest of the body is never waited for).
+    let timed_out = body_timed_out.as_ref().is_some_and(|f| f.happened());
+    let res = match body_timeout {
+        Some(timeout) if timed_out => {
+            let (req, _) = res.into_parts();
+            let error = AppError::BodyTimeout(format!(
+                "The request body did not arrive within {} ms; the connection is closed. \
+                 Send the whole body promptly.",
+                timeout.as_millis()
+            ));
+            ServiceResponse::new(req, HttpResponse::from_error(error))
+        }
+        _ => res,
+    };
     // The cause of a server error goes to the log, never to the client.
     let cause = (res.status().is_server_error())
         .then(|| res.response().error().map(|e| format!("{e:?}")))
@@ -82,7 +121,17 @@ pub async fn around_request(
     } else {
         res
     };
-    set_headers(res.headers_mut(), &request_id, new_csrf_cookie.as_deref());
+    set_headers(
+        res.headers_mut(),
+        &request_id,
+        new_csrf_cookie.as_deref(),
+        no_store,
+    );
+    if timed_out {
+        res.response_mut()
+            .head_mut()
+            .set_connection_type(actix_web::http::ConnectionType::Close);
+    }
 
     let status = res.status().as_u16();
     let route = res.request().match_pattern().unwrap_or_default();
@@ -202,7 +251,12 @@ impl actix_web::ResponseError for CutOff {
         for (name, value) in actix_web::ResponseError::error_response(&error).headers() {
             res.headers_mut().insert(name.clone(), value.clone());
         }
-        set_headers(res.headers_mut(), &self.request_id, None);
+        set_headers(
+            res.headers_mut(),
+            &self.request_id,
+            None,
+            personal(&self.path),
+        );
         res
     }
 }
@@ -298,20 +352,35 @@ fn error_page(problem: &Problem, chrome: Chrome, request_id: &str) -> HttpRespon
 const CSP: &str = "default-src 'self'; img-src 'self' data:; object-src 'none'; \
                    base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
 
+/// Pages and answers that must not be kept by browsers or proxies: the admin, and
+/// everything showing a shopper's order, checkout or cart (names, emails, what they buy).
+fn personal(path: &str) -> bool {
+    [
+        "/admin",
+        "/api/v1/admin",
+        "/orders/",
+        "/api/v1/orders",
+        "/checkout",
+        "/api/v1/holds",
+        "/cart",
+    ]
+    .iter()
+    .any(|prefix| path.starts_with(prefix))
+}
+
 fn set_headers(
     headers: &mut actix_web::http::header::HeaderMap,
     request_id: &str,
-    new_csrf: Option<&str>,
+    new_csrf_cookie: Option<&str>,
+    no_store: bool,
 ) {
-    if let Some(token) = new_csrf {
-        let cookie = actix_web::cookie::Cookie::build(csrf::CSRF_COOKIE, token)
-            .path("/")
-            .http_only(true)
-            .same_site(actix_web::cookie::SameSite::Strict)
-            .finish();
-        if let Ok(value) = HeaderValue::from_str(&cookie.to_string()) {
-            headers.append(header::SET_COOKIE, value);
-        }
+    if let Some(cookie) = new_csrf_cookie
+        && let Ok(value) = HeaderValue::from_str(cookie)
+    {
+        headers.append(header::SET_COOKIE, value);
+    }
+    if no_store {
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     }
     let fixed = [
         (header::CONTENT_SECURITY_POLICY, CSP),

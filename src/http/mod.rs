@@ -5,6 +5,8 @@
 pub mod admin;
 pub mod api;
 mod assets;
+mod body;
+mod client;
 pub mod csrf;
 mod health;
 pub mod middleware;
@@ -12,6 +14,8 @@ mod pages;
 pub mod shop;
 
 use std::sync::Arc;
+
+pub use client::client_addr;
 
 use actix_web::{HttpRequest, web};
 use sqlx::PgPool;
@@ -31,6 +35,15 @@ pub struct AppState {
     pub batcher: Arc<crate::orders::Batcher>,
     /// What the storefront pages read, kept for a moment.
     pub catalog: Arc<crate::catalog::cache::CatalogCache>,
+    /// The bound address of the metrics listener (`STOCKADE_METRICS_LISTEN`), if any.
+    pub metrics_addr: Option<std::net::SocketAddr>,
+}
+
+impl AppState {
+    /// Whether `req` came in on the metrics listener.
+    pub fn on_metrics_listener(&self, req: &HttpRequest) -> bool {
+        self.metrics_addr == Some(req.app_config().local_addr())
+    }
 }
 
 impl AppState {
@@ -51,6 +64,43 @@ impl AppState {
             catalog: &self.catalog,
         }
     }
+}
+
+/// The name of cookie `name` (one of [`csrf::CSRF_COOKIE`], [`shop::CART_COOKIE`],
+/// [`admin::SESSION_COOKIE`]): with `STOCKADE_SECURE_COOKIES`, the `__Host-` prefixed one,
+/// which browsers accept only with Secure, Path=/ and no Domain, so no subdomain or
+/// plain-http page can set or shadow it. Reading and writing both go through here.
+pub fn cookie_name(req: &HttpRequest, name: &'static str) -> &'static str {
+    let prefixed = req
+        .app_data::<web::Data<AppState>>()
+        .is_some_and(|s| s.settings.secure_cookies);
+    match (prefixed, name) {
+        (false, _) => name,
+        (true, csrf::CSRF_COOKIE) => "__Host-csrf",
+        (true, shop::CART_COOKIE) => "__Host-cart",
+        (true, admin::SESSION_COOKIE) => "__Host-stockade_admin",
+        (true, other) => other,
+    }
+}
+
+/// A cookie named by [`cookie_name`]: Path=/, HttpOnly, SameSite as given, and Secure
+/// with `STOCKADE_SECURE_COOKIES` or over https.
+pub fn cookie(
+    req: &HttpRequest,
+    name: &'static str,
+    value: String,
+    same_site: actix_web::cookie::SameSite,
+) -> actix_web::cookie::Cookie<'static> {
+    let secure = req
+        .app_data::<web::Data<AppState>>()
+        .is_some_and(|s| s.settings.secure_cookies)
+        || req.connection_info().scheme() == "https";
+    actix_web::cookie::Cookie::build(cookie_name(req, name), value)
+        .path("/")
+        .http_only(true)
+        .same_site(same_site)
+        .secure(secure)
+        .finish()
 }
 
 /// Runs `work` as a task of its own, so it runs to the end (committing or cleaning up

@@ -27,7 +27,7 @@ use crate::orders::{
 /// Most units of one product a cart line may carry.
 const MAX_CART_QUANTITY: i32 = 10_000;
 
-/// Name of the cart cookie.
+/// Name of the cart cookie (its name: [`super::cookie_name`]).
 pub const CART_COOKIE: &str = "cart";
 
 /// A cart: `(SKU, quantity)` pairs, encoded as `SKU~2|SKU~1` (cookie-safe characters).
@@ -64,7 +64,7 @@ impl Cart {
     }
 
     pub fn from_request(req: &HttpRequest) -> Self {
-        req.cookie(CART_COOKIE)
+        req.cookie(super::cookie_name(req, CART_COOKIE))
             .map(|c| Self::decode(c.value()))
             .unwrap_or_default()
     }
@@ -88,12 +88,8 @@ impl Cart {
         }
     }
 
-    fn cookie(&self) -> Cookie<'static> {
-        let mut cookie = Cookie::build(CART_COOKIE, self.encode())
-            .path("/")
-            .http_only(true)
-            .same_site(SameSite::Lax)
-            .finish();
+    fn cookie(&self, req: &HttpRequest) -> Cookie<'static> {
+        let mut cookie = super::cookie(req, CART_COOKIE, self.encode(), SameSite::Lax);
         if self.lines.is_empty() {
             cookie.make_removal();
         }
@@ -139,7 +135,7 @@ pub async fn post_cart_add(
     cart.set(sku, total.get());
     Ok(HttpResponse::SeeOther()
         .insert_header((header::LOCATION, "/cart"))
-        .cookie(cart.cookie())
+        .cookie(cart.cookie(&req))
         .finish())
 }
 
@@ -159,7 +155,7 @@ pub async fn post_cart_update(
     cart.set(sku, quantity);
     Ok(HttpResponse::SeeOther()
         .insert_header((header::LOCATION, "/cart"))
-        .cookie(cart.cookie())
+        .cookie(cart.cookie(&req))
         .finish())
 }
 
@@ -436,7 +432,7 @@ pub async fn post_checkout_confirm(
     match confirmed {
         Ok(confirmed) => Ok(HttpResponse::SeeOther()
             .insert_header((header::LOCATION, format!("/orders/{}", confirmed.order.id)))
-            .cookie(Cart::default().cookie())
+            .cookie(Cart::default().cookie(&req))
             .finish()),
         Err(HoldError::Insufficient(shortages)) => {
             let message = "Your reservation expired, and meanwhile these products sold out.";

@@ -475,23 +475,40 @@ pub enum Adjusted {
     },
 }
 
-/// Adds `units` to `sku` (a delivery): a delta, so it never conflicts with sales.
+/// The most units one product can have on hand (the column is a 32-bit integer).
+pub const MAX_ON_HAND: i32 = i32::MAX;
+
+/// Adds `units` (positive) to `sku` (a delivery): a delta, so it never conflicts with sales.
+/// `None` (and nothing changed) when the count would pass [`MAX_ON_HAND`]: the statement
+/// checks the sum before making it, so it never overflows.
 pub async fn restock(
     conn: &mut PgConnection,
     sku: &Sku,
     units: i32,
     note: &str,
     actor: &str,
-) -> sqlx::Result<i32> {
-    let entry = Entry {
-        delta: units,
-        reserved_delta: 0,
-        reason: "restock",
-        reference: None,
-        note: Some(note),
-        actor,
-    };
-    add_on_hand(conn, sku, entry).await
+) -> sqlx::Result<Option<i32>> {
+    let on_hand: Option<i32> = sqlx::query_scalar(
+        r#"update stock set on_hand = on_hand + $2, updated_at = now()
+            where sku = $1 and on_hand <= $3 - $2 returning on_hand"#,
+    )
+    .bind(sku.as_str())
+    .bind(units)
+    .bind(MAX_ON_HAND)
+    .fetch_optional(&mut *conn)
+    .await?;
+    if on_hand.is_some() {
+        let entry = Entry {
+            delta: units,
+            reserved_delta: 0,
+            reason: "restock",
+            reference: None,
+            note: Some(note),
+            actor,
+        };
+        record_movement(conn, sku, entry).await?;
+    }
+    Ok(on_hand)
 }
 
 /// Sets `sku`'s on-hand count to `new`, but only if it is still `expected` (the value the

@@ -149,6 +149,13 @@ impl OrderRequest {
 
     /// Checks contact details alone (for confirming a hold); the result has no lines.
     pub fn check_contact(email: Option<&str>, name: Option<&str>) -> Result<Self, InvalidOrder> {
+        let text = |field, value: Option<&str>| {
+            value
+                .map_or(Ok(()), |v| crate::text::single_line(field, v))
+                .map_err(|e| InvalidOrder(e.to_string()))
+        };
+        text("email", email)?;
+        text("name", name)?;
         let email = email.map(str::trim).filter(|e| !e.is_empty());
         if let Some(email) = email {
             validate_email(email)?;

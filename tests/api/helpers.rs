@@ -129,11 +129,16 @@ pub async fn test_settings() -> Settings {
         lease_wait: Duration::from_secs(2),
         // Pages show the database as it is; the cache has a test of its own.
         page_cache: Duration::ZERO,
+        // `/metrics` is off the public port unless a token is set; tests read it with one.
+        metrics_token: Some(METRICS_TOKEN.into()),
         log_format: LogFormat::Pretty,
         log_filter: log.clone().unwrap_or_else(|| "off".into()),
         ..Settings::default()
     }
 }
+
+/// The bearer token test servers serve `/metrics` to (see [`TestApp::metrics`]).
+pub const METRICS_TOKEN: &str = "test-metrics-token-0123456789";
 
 pub const ADMIN_USER: &str = "ada";
 pub const ADMIN_PASSWORD: &str = "correct horse battery staple";
@@ -141,6 +146,8 @@ pub const ADMIN_PASSWORD: &str = "correct horse battery staple";
 /// A running application and a client for it.
 pub struct TestApp {
     pub address: String,
+    /// `http://127.0.0.1:port` of the metrics listener, when `metrics_listen` is set.
+    pub metrics_address: Option<String>,
     pub db: PgPool,
     pub settings: Settings,
     /// A client that keeps cookies and does not follow redirects.
@@ -167,16 +174,17 @@ pub async fn spawn_app_with(settings: Settings) -> TestApp {
         let rt = tokio::runtime::Runtime::new().unwrap();
         rt.block_on(async move {
             let app = Application::build(app_settings).await.expect("app builds");
-            tx.send((app.port(), app.handle())).ok();
+            tx.send((app.port(), app.metrics_port(), app.handle())).ok();
             app.run_until_stopped().await.unwrap();
         });
     });
-    let (port, handle) = rx.await.expect("app started");
+    let (port, metrics_port, handle) = rx.await.expect("app started");
     let db = PgPool::connect(settings.database_url.as_deref().unwrap())
         .await
         .unwrap();
     TestApp {
         address: format!("http://127.0.0.1:{port}"),
+        metrics_address: metrics_port.map(|p| format!("http://127.0.0.1:{p}")),
         db,
         settings,
         client: client(),
@@ -346,11 +354,27 @@ impl TestApp {
             .unwrap()
     }
 
+    /// The app's `/metrics`, read with the test token.
+    pub async fn metrics(&self) -> String {
+        let res = self
+            .client
+            .get(self.url("/metrics"))
+            .bearer_auth(METRICS_TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            res.status().as_u16(),
+            200,
+            "metrics are served with the token"
+        );
+        res.text().await.unwrap()
+    }
+
     /// Whether the app says its lease layer is degraded (`/metrics`).
     pub async fn lease_layer_degraded(&self) -> bool {
-        self.get_text("/metrics")
+        self.metrics()
             .await
-            .1
             .lines()
             .any(|l| l == "stockade_lease_layer_degraded 1")
     }

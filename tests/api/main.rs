@@ -12,4 +12,5 @@ mod holds;
 mod loadtest;
 mod orders;
 mod process;
+mod security;
 mod shop;

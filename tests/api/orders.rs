@@ -204,7 +204,7 @@ async fn a_batch_gives_each_request_its_own_answer() {
     assert_eq!(app.stock("BATCH-1").await.0, 0);
     app.assert_invariants().await;
     // The new orders met in few transactions.
-    let metrics = app.get_text("/metrics").await.1;
+    let metrics = app.metrics().await;
     let metric = |name: &str| -> f64 {
         metrics
             .lines()
@@ -611,7 +611,7 @@ async fn a_stalled_holder_whose_lease_expired_is_fenced_off_and_retries() {
     assert_eq!(app_a.stock("STALL-1").await.0, 0);
     assert_eq!(app_a.count("select count(*) from orders").await, 2);
     app_a.assert_invariants().await;
-    let metrics = app_a.get_text("/metrics").await.1;
+    let metrics = app_a.metrics().await;
     assert!(
         metrics.contains("stockade_stale_fence_refusals_total 1"),
         "A's first write was refused: {metrics}"
@@ -679,7 +679,7 @@ async fn orders_continue_on_the_database_guard_while_redis_is_down() {
         fence.is_some_and(|f| f >= 5),
         "the restarted Redis issued leases: {fence:?}"
     );
-    let metrics = app.get_text("/metrics").await.1;
+    let metrics = app.metrics().await;
     assert!(
         metrics.contains("stockade_lease_layer_degraded 0"),
         "{metrics}"
