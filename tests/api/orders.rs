@@ -323,6 +323,92 @@ async fn sold_out_answers_under_redis_lock_come_from_redis() {
 }
 
 #[tokio::test]
+async fn a_batch_spans_skus_and_an_order_whose_sku_is_leased_elsewhere_waits_alone() {
+    let app = spawn_app_with(Settings {
+        order_strategy: OrderStrategy::Batched,
+        batch_wait: Duration::from_millis(300),
+        lease_wait: Duration::from_millis(1500),
+        ..test_settings().await
+    })
+    .await;
+    for sku in ["WIDE-1", "WIDE-2", "WIDE-3", "WIDE-4"] {
+        app.add_product(sku, sku, 500, 2).await;
+    }
+    // Another process holds WIDE-4's lease for 0.8 s.
+    let mut redis = app.redis().await;
+    let lease = format!("{}lease:WIDE-4", app.settings.redis_prefix);
+    let _: () = redis::cmd("SET")
+        .arg(&lease)
+        .arg("someone-else")
+        .arg("PX")
+        .arg(800)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+
+    let started = Instant::now();
+    let orders = [
+        ("w1", "WIDE-1"),
+        ("w2", "WIDE-2"),
+        ("w3", "WIDE-3"),
+        ("w3b", "WIDE-3"),
+        ("w3c", "WIDE-3"),
+        ("w4", "WIDE-4"),
+    ];
+    let app_ref = &app;
+    let answers = join_all(orders.iter().map(|(key, sku)| async move {
+        let res = app_ref.post_order(key, &[(sku, 1)]).await;
+        (*key, res.status().as_u16(), started.elapsed())
+    }))
+    .await;
+    let of = |key: &str| *answers.iter().find(|(k, ..)| *k == key).unwrap();
+    for key in ["w1", "w2", "w4"] {
+        assert_eq!(of(key).1, 201, "{answers:?}");
+    }
+    // Two units of WIDE-3: two of its three orders, in one batch with the others.
+    let wide3: Vec<u16> = ["w3", "w3b", "w3c"].iter().map(|k| of(k).1).collect();
+    assert_eq!(wide3.iter().filter(|s| **s == 201).count(), 2, "{wide3:?}");
+    assert_eq!(wide3.iter().filter(|s| **s == 409).count(), 1, "{wide3:?}");
+    // The others did not wait for WIDE-4's lease; WIDE-4's order did.
+    assert!(of("w1").2 < Duration::from_millis(700), "{answers:?}");
+    assert!(of("w4").2 >= Duration::from_millis(600), "{answers:?}");
+    let metrics = app.metrics().await;
+    let batches: f64 = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("stockade_batch_size_count")?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap();
+    assert_eq!(
+        batches, 2.0,
+        "one batch for five orders of three SKUs, one for WIDE-4"
+    );
+
+    // A lease held past the wait: that SKU's order gives up with 503, nothing written.
+    let _: () = redis::cmd("SET")
+        .arg(&lease)
+        .arg("someone-else")
+        .arg("PX")
+        .arg(5_000)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let (late, other) = tokio::join!(
+        app.post_order("w4-late", &[("WIDE-4", 1)]),
+        app.post_order("w1-again", &[("WIDE-1", 1)])
+    );
+    assert_eq!(other.status().as_u16(), 201);
+    assert_eq!(late.status().as_u16(), 503);
+    assert!(late.headers().contains_key("retry-after"));
+    assert_eq!(app.stock("WIDE-4").await.0, 1);
+    assert_eq!(app.count("select count(*) from orders").await, 6);
+    app.assert_invariants().await;
+}
+
+#[tokio::test]
 async fn naive_read_then_write_oversells_the_same_race() {
     // Proves the race above can fail: the same buyers against read-check-write.
     let (app, race) = hot_sku_race("naive-unsafe", 10, 200).await;
