@@ -214,6 +214,11 @@ impl From<crate::orders::OrderError> for AppError {
             E::UnknownSkus(_) | E::KeyReused | E::OverCap(_) => {
                 Self::Unprocessable(sentence(&e.to_string()))
             }
+            E::OverLimit(message) => Self::Conflict {
+                message,
+                retry_after: None,
+                details: None,
+            },
             E::InFlight => Self::Conflict {
                 message: sentence(&e.to_string()),
                 retry_after: Some(1),

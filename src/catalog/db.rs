@@ -8,7 +8,7 @@ use super::{ProductView, Sku};
 macro_rules! select_view {
     ($rest:literal) => {
         concat!(
-            "select p.sku, p.name, p.description, p.price_cents, ",
+            "select p.sku, p.name, p.description, p.price_cents, p.purchase_limit, ",
             "coalesce(s.on_hand - s.reserved, 0) as available ",
             "from products p left join stock s on s.sku = p.sku ",
             $rest
@@ -31,4 +31,19 @@ pub async fn find_product(pool: &PgPool, sku: &Sku) -> sqlx::Result<Option<Produ
         .bind(sku.as_str())
         .fetch_optional(pool)
         .await
+}
+
+/// Sets (or with `None` removes) `sku`'s purchase limit; false when there is no such product.
+pub async fn set_purchase_limit(
+    pool: &PgPool,
+    sku: &Sku,
+    limit: Option<i32>,
+) -> sqlx::Result<bool> {
+    let updated = sqlx::query("update products set purchase_limit = $2 where sku = $1")
+        .bind(sku.as_str())
+        .bind(limit)
+        .execute(pool)
+        .await?
+        .rows_affected();
+    Ok(updated == 1)
 }

@@ -57,6 +57,8 @@ pub struct ProductView {
     pub name: String,
     pub description: String,
     pub price_cents: i64,
+    /// At most this many per customer; `null` when there is no limit.
+    pub purchase_limit: Option<i32>,
     /// `on_hand − reserved`: what a shopper can still buy.
     pub available: i32,
 }
@@ -141,6 +143,7 @@ mod tests {
             name: "n".into(),
             description: String::new(),
             price_cents: 1,
+            purchase_limit: None,
             available: 0,
         };
         assert_eq!(p.badge(), "Sold out");

@@ -94,6 +94,9 @@ pub const DEMO_CATALOGUE: &[(&str, &str, &str, i64, i32)] = &[
     ),
 ];
 
+/// The demo's purchase limits: the limited drop is one per customer.
+const LIMITS: &[(&str, i32)] = &[("KB-DROP-ORCA", 1)];
+
 /// Inserts the demo catalogue; products that already exist are left alone.
 /// Returns how many products were added.
 pub async fn seed_demo(pool: &PgPool) -> anyhow::Result<usize> {
@@ -102,14 +105,20 @@ pub async fn seed_demo(pool: &PgPool) -> anyhow::Result<usize> {
     for &(sku, name, description, price_cents, on_hand) in DEMO_CATALOGUE {
         let sku = Sku::parse(sku)?;
         let inserted = sqlx::query(
-            r#"insert into products (sku, name, description, price_cents)
-               values ($1, $2, $3, $4)
+            r#"insert into products (sku, name, description, price_cents, purchase_limit)
+               values ($1, $2, $3, $4, $5)
                on conflict (sku) do nothing"#,
         )
         .bind(sku.as_str())
         .bind(name)
         .bind(description)
         .bind(price_cents)
+        .bind(
+            LIMITS
+                .iter()
+                .find(|(s, _)| *s == sku.as_str())
+                .map(|(_, n)| *n),
+        )
         .execute(&mut *tx)
         .await?
         .rows_affected();

@@ -15,11 +15,13 @@ pub async fn insert_hold(
     ttl: std::time::Duration,
     scope: &str,
     key: &str,
+    shopper: &[String],
 ) -> sqlx::Result<DateTime<Utc>> {
     let expires_at = sqlx::query_scalar(
         r#"insert into holds
-             (id, state, expires_at, email, customer_name, idempotency_scope, idempotency_key)
-           values ($1, $2, now() + make_interval(secs => $3), $4, $5, $6, $7)
+             (id, state, expires_at, email, customer_name, idempotency_scope, idempotency_key,
+              shopper)
+           values ($1, $2, now() + make_interval(secs => $3), $4, $5, $6, $7, $8)
         returning expires_at"#,
     )
     .bind(hold.id)
@@ -29,6 +31,7 @@ pub async fn insert_hold(
     .bind(&hold.customer_name)
     .bind(scope)
     .bind(key)
+    .bind(shopper)
     .fetch_one(&mut *conn)
     .await?;
     let skus: Vec<&str> = hold.lines.iter().map(|l| l.sku.as_str()).collect();
@@ -123,6 +126,22 @@ pub async fn lock_hold(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<Option
     };
     let lines = lines_of(&mut *conn, id).await?;
     Ok(Some(assemble(row, lines)))
+}
+
+/// Gives order `order_id` the shopper of hold `hold_id` (the hold it was confirmed from).
+pub async fn pass_shopper(
+    conn: &mut PgConnection,
+    hold_id: Uuid,
+    order_id: Uuid,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "update orders set shopper = (select shopper from holds where id = $1) where id = $2",
+    )
+    .bind(hold_id)
+    .bind(order_id)
+    .execute(conn)
+    .await?;
+    Ok(())
 }
 
 /// Moves a locked hold to `state`.

@@ -172,7 +172,9 @@ pub async fn confirm(
         created_at: DateTime::from_timestamp_micros(Utc::now().timestamp_micros())
             .expect("now is representable"),
     };
-    crate::orders::db::insert_order(&mut tx, &order, "hold", &id.to_string()).await?;
+    crate::orders::db::insert_order(&mut tx, &order, "hold", &id.to_string(), &[]).await?;
+    // The order counts against purchase limits for whoever placed the hold.
+    db::pass_shopper(&mut tx, id, order_id).await?;
     db::set_state(&mut tx, id, "confirmed", Some(order_id)).await?;
     tx.commit().await?;
     Ok(Confirmed {

@@ -99,6 +99,11 @@ pub fn routes() -> Vec<(Method, &'static str, actix_web::Route)> {
             web::get().to(get_dashboard_json),
         ),
         (
+            Method::PATCH,
+            "/api/v1/admin/products/{sku}",
+            web::patch().to(patch_api_product),
+        ),
+        (
             Method::POST,
             "/api/v1/admin/stock/{sku}/restock",
             web::post().to(post_api_restock),
@@ -672,6 +677,8 @@ pub struct ProductRow {
     pub active: bool,
     pub on_hand: i32,
     pub reserved: i32,
+    /// At most this many per customer (none: no limit).
+    pub purchase_limit: Option<i32>,
 }
 
 impl ProductRow {
@@ -683,6 +690,11 @@ impl ProductRow {
     }
     pub fn available(&self) -> i32 {
         self.on_hand - self.reserved
+    }
+    pub fn limit_input(&self) -> String {
+        self.purchase_limit
+            .map(|n| n.to_string())
+            .unwrap_or_default()
     }
 }
 
@@ -718,7 +730,8 @@ pub async fn get_products(
             .replace('_', "\\_")
     );
     let products: Vec<ProductRow> = sqlx::query_as(
-        r#"select p.sku, p.name, p.description, p.price_cents, p.active, s.on_hand, s.reserved
+        r#"select p.sku, p.name, p.description, p.price_cents, p.active, s.on_hand, s.reserved,
+                  p.purchase_limit
              from products p join stock s on s.sku = p.sku
             where p.sku ilike $1 or p.name ilike $1
             order by p.sku limit $2 offset $3"#,
@@ -763,7 +776,8 @@ async fn load_product(state: &AppState, raw: &str) -> Result<ProductRow, AppErro
     let not_found = || AppError::not_found(format!("No product with SKU {raw:?}."));
     let sku = Sku::parse(raw).map_err(|_| not_found())?;
     sqlx::query_as(
-        r#"select p.sku, p.name, p.description, p.price_cents, p.active, s.on_hand, s.reserved
+        r#"select p.sku, p.name, p.description, p.price_cents, p.active, s.on_hand, s.reserved,
+                  p.purchase_limit
              from products p join stock s on s.sku = p.sku where p.sku = $1"#,
     )
     .bind(sku.as_str())
@@ -781,6 +795,7 @@ pub async fn get_new_product(req: HttpRequest, admin: Admin) -> Result<HttpRespo
             description: String::new(),
             price_cents: 0,
             active: true,
+            purchase_limit: None,
             on_hand: 0,
             reserved: 0,
         },
@@ -807,6 +822,8 @@ pub struct ProductForm {
     price: String,
     #[serde(default)]
     on_hand: String,
+    #[serde(default)]
+    purchase_limit: String,
     active: Option<String>,
 }
 
@@ -831,8 +848,30 @@ fn parse_price(raw: &str) -> Result<i64, String> {
         .ok_or_else(|| "prices go up to $1,000,000.00".into())
 }
 
-/// Checks a product form; returns (name, description, price in cents).
-fn check_product(form: &ProductForm) -> Result<(String, String, i64), String> {
+/// A purchase limit as typed: empty for none, else 1 to 1,000,000 per customer.
+fn parse_limit(raw: &str) -> Result<Option<i32>, String> {
+    let raw = raw.trim();
+    if raw.is_empty() {
+        return Ok(None);
+    }
+    match raw.parse::<i64>() {
+        Ok(n) if (1..=1_000_000).contains(&n) => Ok(Some(n as i32)),
+        _ => Err(format!(
+            "{raw:?} is not a purchase limit: leave it empty for none, or give a whole number from 1 to 1,000,000"
+        )),
+    }
+}
+
+/// A product form's fields, checked.
+struct ProductFields {
+    name: String,
+    description: String,
+    price_cents: i64,
+    purchase_limit: Option<i32>,
+}
+
+/// Checks a product form.
+fn check_product(form: &ProductForm) -> Result<ProductFields, String> {
     crate::text::single_line("the name", &form.name).map_err(|e| e.to_string())?;
     crate::text::multi_line("the description", &form.description).map_err(|e| e.to_string())?;
     crate::text::single_line("the price", &form.price).map_err(|e| e.to_string())?;
@@ -844,7 +883,12 @@ fn check_product(form: &ProductForm) -> Result<(String, String, i64), String> {
     if description.chars().count() > 5000 {
         return Err("a description is at most 5000 characters".into());
     }
-    Ok((name, description, parse_price(&form.price)?))
+    Ok(ProductFields {
+        name,
+        description,
+        price_cents: parse_price(&form.price)?,
+        purchase_limit: parse_limit(&form.purchase_limit)?,
+    })
 }
 
 fn form_product(form: &ProductForm) -> ProductRow {
@@ -856,6 +900,7 @@ fn form_product(form: &ProductForm) -> ProductRow {
         active: form.active.is_some(),
         on_hand: form.on_hand.trim().parse().unwrap_or(0),
         reserved: 0,
+        purchase_limit: parse_limit(&form.purchase_limit).ok().flatten(),
     }
 }
 
@@ -882,7 +927,7 @@ pub async fn post_products(
         Ok(sku) => sku,
         Err(e) => return refuse(e.to_string()),
     };
-    let (name, description, price) = match check_product(&form) {
+    let fields = match check_product(&form) {
         Ok(fields) => fields,
         Err(message) => return refuse(message),
     };
@@ -892,14 +937,15 @@ pub async fn post_products(
     };
     let mut tx = state.db.begin().await?;
     let created = sqlx::query(
-        r#"insert into products (sku, name, description, price_cents, active)
-           values ($1, $2, $3, $4, $5) on conflict (sku) do nothing"#,
+        r#"insert into products (sku, name, description, price_cents, active, purchase_limit)
+           values ($1, $2, $3, $4, $5, $6) on conflict (sku) do nothing"#,
     )
     .bind(sku.as_str())
-    .bind(&name)
-    .bind(&description)
-    .bind(price)
+    .bind(&fields.name)
+    .bind(&fields.description)
+    .bind(fields.price_cents)
     .bind(form.active.is_some())
+    .bind(fields.purchase_limit)
     .execute(&mut *tx)
     .await?
     .rows_affected()
@@ -959,15 +1005,18 @@ pub async fn post_product(
             };
             html(StatusCode::UNPROCESSABLE_ENTITY, &page)
         }
-        Ok((name, description, price)) => {
+        Ok(fields) => {
             sqlx::query(
-                "update products set name = $2, description = $3, price_cents = $4, active = $5 where sku = $1",
+                r#"update products set name = $2, description = $3, price_cents = $4, active = $5,
+                          purchase_limit = $6
+                    where sku = $1"#,
             )
             .bind(&product.sku)
-            .bind(name)
-            .bind(description)
-            .bind(price)
+            .bind(fields.name)
+            .bind(fields.description)
+            .bind(fields.price_cents)
             .bind(form.active.is_some())
+            .bind(fields.purchase_limit)
             .execute(&state.db)
             .await?;
             Ok(see_other(&format!("/admin/products/{}", product.sku)))
@@ -1560,6 +1609,52 @@ fn api_answer(once: Once) -> Result<HttpResponse, AppError> {
         res.insert_header((super::api::REPLAYED_HEADER, "true"));
     }
     Ok(res.json(stored.body))
+}
+
+/// `PATCH /api/v1/admin/products/{sku}`: `{"purchase_limit": n}` sets the most units one
+/// customer may buy (`null` removes the limit). Answers the product's new settings.
+pub async fn patch_api_product(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    body: web::Json<serde_json::Value>,
+) -> Result<HttpResponse, AppError> {
+    check_api_csrf(&req, &admin)?;
+    let sku = Sku::parse(&path)
+        .map_err(|_| AppError::not_found(format!("No product with SKU {:?}.", path.as_str())))?;
+    let fields = body
+        .as_object()
+        .ok_or_else(|| AppError::Unprocessable("The body must be a JSON object.".into()))?;
+    if let Some(other) = fields.keys().find(|k| k.as_str() != "purchase_limit") {
+        return Err(AppError::Unprocessable(format!(
+            "{other:?} cannot be changed here; only \"purchase_limit\" can."
+        )));
+    }
+    let limit = match fields.get("purchase_limit") {
+        None => {
+            return Err(AppError::Unprocessable(
+                "Send {\"purchase_limit\": n} (or null for no limit).".into(),
+            ));
+        }
+        Some(serde_json::Value::Null) => None,
+        Some(value) => Some(
+            value
+                .as_i64()
+                .filter(|n| (1..=1_000_000).contains(n))
+                .map(|n| n as i32)
+                .ok_or_else(|| {
+                    AppError::Unprocessable(
+                        "purchase_limit is a whole number from 1 to 1,000,000, or null.".into(),
+                    )
+                })?,
+        ),
+    };
+    if !catalog::db::set_purchase_limit(&state.db, &sku, limit).await? {
+        return Err(AppError::not_found(format!("No product with SKU {sku}.")));
+    }
+    state.catalog.forget(&sku);
+    Ok(HttpResponse::Ok().json(serde_json::json!({"sku": sku, "purchase_limit": limit})))
 }
 
 pub async fn post_api_restock(

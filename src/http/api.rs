@@ -12,7 +12,7 @@ use crate::catalog::{ProductView, Sku};
 use crate::error::AppError;
 use crate::holds;
 use crate::idempotency::{IdempotencyKey, Scope};
-use crate::orders::{self, OrderRequest, Placement, Shortage};
+use crate::orders::{self, OrderRequest, Placement, Shopper, Shortage};
 
 /// Header that marks a response replayed from an idempotency record.
 pub const REPLAYED_HEADER: &str = "Idempotency-Replayed";
@@ -24,6 +24,8 @@ struct ProductJson {
     description: String,
     price_cents: i64,
     available: i32,
+    /// At most this many per customer; `null` when there is no limit.
+    purchase_limit: Option<i32>,
 }
 
 impl From<ProductView> for ProductJson {
@@ -34,6 +36,7 @@ impl From<ProductView> for ProductJson {
             description: p.description,
             price_cents: p.price_cents,
             available: p.available.max(0),
+            purchase_limit: p.purchase_limit,
         }
     }
 }
@@ -107,7 +110,9 @@ async fn place(
     scope: Scope,
 ) -> Result<HttpResponse, AppError> {
     let key = idempotency_key(&req)?;
-    let request = OrderRequest::from_json(&body, state.settings.max_line_quantity)?;
+    let shopper = Shopper::default().address(super::client_addr(&req, &state.settings));
+    let request =
+        OrderRequest::from_json(&body, state.settings.max_line_quantity)?.placed_by(shopper);
     let state = state.into_inner();
     let placement = detached(async move {
         let deps = state.order_deps();

@@ -21,7 +21,7 @@ use crate::error::AppError;
 use crate::holds::{self, Hold, HoldError};
 use crate::idempotency::{IdempotencyKey, Scope};
 use crate::orders::{
-    self, MAX_LINES, Order, OrderError, OrderRequest, Placement, Quantity, Shortage,
+    self, MAX_LINES, Order, OrderError, OrderRequest, Placement, Quantity, Shopper, Shortage,
 };
 
 /// Most units of one product a cart line may carry.
@@ -299,7 +299,11 @@ pub async fn post_checkout(
         .iter()
         .map(|(s, n)| (s.clone(), i64::from(*n)))
         .collect();
-    let request = OrderRequest::new(lines, None, None, max_quantity(&state))?;
+    // The browser by its CSRF cookie (checked above), and its address.
+    let shopper = Shopper::default()
+        .browser(&form.csrf)
+        .address(super::client_addr(&req, &state.settings));
+    let request = OrderRequest::new(lines, None, None, max_quantity(&state))?.placed_by(shopper);
 
     // A second press of the same button waits for the first and goes where it went; a
     // first press that died is taken over once its record goes stale.

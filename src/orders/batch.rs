@@ -400,6 +400,7 @@ struct Stocked {
     taken: i32,
     name: String,
     price_cents: i64,
+    limit: Option<i32>,
 }
 
 /// The batch's one transaction (see the module documentation).
@@ -430,6 +431,7 @@ async fn transact(db: &PgPool, jobs: &[&Job], fence: Option<i64>) -> sqlx::Resul
                 taken: 0,
                 name: p.name.clone(),
                 price_cents: p.price_cents,
+                limit: p.purchase_limit,
             };
             stocked.insert(sku.as_str(), entry);
         }
@@ -463,10 +465,35 @@ async fn transact(db: &PgPool, jobs: &[&Job], fence: Option<i64>) -> sqlx::Resul
         .map(|(s, k)| (s.as_str(), k.as_str()))
         .collect();
 
+    // Purchase limits: what each limited order's shopper bought or holds already (the
+    //    rows are locked, so no other sale of these SKUs is in between), plus what the
+    //    batch accepts for them on the way.
+    let limited: Vec<(usize, &Job)> = jobs
+        .iter()
+        .enumerate()
+        .filter(|(_, j)| {
+            stocked
+                .get(j.sku().as_str())
+                .is_some_and(|s| s.limit.is_some())
+        })
+        .map(|(i, j)| (i, *j))
+        .collect();
+    let asks: Vec<(&str, &[String])> = limited
+        .iter()
+        .map(|(_, j)| (j.sku().as_str(), j.request.shopper().identities()))
+        .collect();
+    let counted = if asks.is_empty() {
+        Vec::new()
+    } else {
+        super::db::bought_by(&mut tx, &asks).await?
+    };
+    let mut bought: HashMap<usize, i64> = limited.iter().map(|(i, _)| *i).zip(counted).collect();
+    let mut refused_over_limit = false;
+
     let now = chrono::DateTime::from_timestamp_micros(Utc::now().timestamp_micros())
         .expect("now is representable");
     let mut each = Vec::with_capacity(jobs.len());
-    for job in jobs {
+    for (i, job) in jobs.iter().enumerate() {
         let Some(stock) = stocked.get_mut(job.sku().as_str()) else {
             each.push(BatchAnswer::Failed(OrderError::UnknownSkus(vec![
                 job.sku().to_string(),
@@ -479,9 +506,32 @@ async fn transact(db: &PgPool, jobs: &[&Job], fence: Option<i64>) -> sqlx::Resul
             continue;
         }
         let q = job.quantity();
+        if let (Some(limit), Some(already)) = (stock.limit, bought.get(&i).copied())
+            && already + i64::from(q) > i64::from(limit)
+        {
+            let refusal = super::place::limit_refusal(&stock.name, limit, q, already);
+            each.push(BatchAnswer::Failed(OrderError::OverLimit(refusal)));
+            refused_over_limit = true;
+            continue;
+        }
         if q <= stock.left {
             stock.left -= q;
             stock.taken += q;
+            // Later orders in this batch by the same shopper count this one.
+            let mine = job.request.shopper().identities();
+            for (j, later) in jobs.iter().enumerate().skip(i + 1) {
+                if later.sku() == job.sku()
+                    && later
+                        .request
+                        .shopper()
+                        .identities()
+                        .iter()
+                        .any(|id| mine.contains(id))
+                    && let Some(count) = bought.get_mut(&j)
+                {
+                    *count += i64::from(q);
+                }
+            }
             each.push(BatchAnswer::Placed(Order {
                 id: Uuid::new_v4(),
                 status: "placed".into(),
@@ -576,6 +626,13 @@ async fn transact(db: &PgPool, jobs: &[&Job], fence: Option<i64>) -> sqlx::Resul
             "a batch key was claimed but could not be completed".into(),
         ));
     }
+    if refused_over_limit {
+        // Refusals over a limit are not stored: their claims go, and a retry decides anew.
+        sqlx::query("delete from idempotency_keys where owner = $1 and state = 'in_flight'")
+            .bind(owner)
+            .execute(&mut *tx)
+            .await?;
+    }
     tx.commit().await?;
     let sold = sold
         .iter()
@@ -607,13 +664,20 @@ async fn insert_orders(
     let scopes: Vec<&str> = placed.iter().map(|(j, _)| j.scope.as_str()).collect();
     let keys: Vec<&str> = placed.iter().map(|(j, _)| j.key.as_str()).collect();
     let created: Vec<chrono::DateTime<Utc>> = placed.iter().map(|(_, o)| o.created_at).collect();
+    // unnest() flattens arrays of arrays, so each identity set travels as one string.
+    let shoppers: Vec<String> = placed
+        .iter()
+        .map(|(j, _)| j.request.shopper().identities().join("\n"))
+        .collect();
     sqlx::query(
         r#"insert into orders
-             (id, status, customer_name, email, total_cents, idempotency_scope, idempotency_key, created_at)
-           select id, 'placed', name, email, total, scope, key, created
+             (id, status, customer_name, email, total_cents, idempotency_scope, idempotency_key,
+              created_at, shopper)
+           select id, 'placed', name, email, total, scope, key, created,
+                  string_to_array(shopper, E'\n')
              from unnest($1::uuid[], $2::text[], $3::text[], $4::bigint[], $5::text[],
-                         $6::text[], $7::timestamptz[])
-                  as u(id, name, email, total, scope, key, created)"#,
+                         $6::text[], $7::timestamptz[], $8::text[])
+                  as u(id, name, email, total, scope, key, created, shopper)"#,
     )
     .bind(&ids)
     .bind(&names)
@@ -622,6 +686,7 @@ async fn insert_orders(
     .bind(&scopes)
     .bind(&keys)
     .bind(&created)
+    .bind(&shoppers)
     .execute(&mut *conn)
     .await?;
     let skus: Vec<&str> = placed.iter().map(|(j, _)| j.sku().as_str()).collect();

@@ -13,6 +13,8 @@ pub struct OrderProduct {
     pub name: String,
     pub price_cents: i64,
     pub available: i32,
+    /// At most this many units per shopper (see [`super::Shopper`]).
+    pub purchase_limit: Option<i32>,
 }
 
 /// The active products among `skus` (unknown or inactive ones are missing).
@@ -22,7 +24,8 @@ pub async fn products_for(
 ) -> sqlx::Result<Vec<OrderProduct>> {
     let skus: Vec<&str> = skus.iter().map(Sku::as_str).collect();
     sqlx::query_as(
-        r#"select p.sku, p.name, p.price_cents, s.on_hand - s.reserved as available
+        r#"select p.sku, p.name, p.price_cents, s.on_hand - s.reserved as available,
+                  p.purchase_limit
              from products p
              join stock s on s.sku = p.sku
             where p.active and p.sku = any($1)
@@ -40,11 +43,13 @@ pub async fn insert_order(
     order: &Order,
     scope: &str,
     key: &str,
+    shopper: &[String],
 ) -> sqlx::Result<()> {
     sqlx::query(
         r#"insert into orders
-             (id, status, customer_name, email, total_cents, idempotency_scope, idempotency_key, created_at)
-           values ($1, $2, $3, $4, $5, $6, $7, $8)"#,
+             (id, status, customer_name, email, total_cents, idempotency_scope, idempotency_key,
+              created_at, shopper)
+           values ($1, $2, $3, $4, $5, $6, $7, $8, $9)"#,
     )
     .bind(order.id)
     .bind(&order.status)
@@ -54,6 +59,7 @@ pub async fn insert_order(
     .bind(scope)
     .bind(key)
     .bind(order.created_at)
+    .bind(shopper)
     .execute(&mut *conn)
     .await?;
     let skus: Vec<&str> = order.lines.iter().map(|l| l.sku.as_str()).collect();
@@ -70,6 +76,37 @@ pub async fn insert_order(
     .execute(&mut *conn)
     .await?;
     Ok(())
+}
+
+/// Units of `asks[i].0` (a SKU) that shoppers sharing an identity with `asks[i].1` have
+/// bought (orders not cancelled) or hold (active holds), for each i, by one statement.
+/// Run inside a transaction that has already updated the SKU's stock row, whose lock
+/// orders every sale of that SKU: so it sees every order or hold committed before it.
+pub async fn bought_by(
+    conn: &mut PgConnection,
+    asks: &[(&str, &[String])],
+) -> sqlx::Result<Vec<i64>> {
+    let skus: Vec<&str> = asks.iter().map(|(sku, _)| *sku).collect();
+    // unnest() flattens arrays of arrays, so each identity set travels as one string.
+    let shoppers: Vec<String> = asks.iter().map(|(_, ids)| ids.join("\n")).collect();
+    let counted: Vec<(i64, i64)> = sqlx::query_as(
+        r#"select u.i,
+                  coalesce((select sum(l.quantity) from orders o
+                              join order_lines l on l.order_id = o.id
+                             where o.shopper <> '{}' and o.shopper && string_to_array(u.shopper, E'\n')
+                               and o.status = 'placed' and l.sku = u.sku), 0)
+                + coalesce((select sum(l.quantity) from holds h
+                              join hold_lines l on l.hold_id = h.id
+                             where h.shopper <> '{}' and h.shopper && string_to_array(u.shopper, E'\n')
+                               and h.state = 'active' and l.sku = u.sku), 0)
+             from unnest($1::text[], $2::text[]) with ordinality as u(sku, shopper, i)
+            order by u.i"#,
+    )
+    .bind(&skus)
+    .bind(&shoppers)
+    .fetch_all(conn)
+    .await?;
+    Ok(counted.into_iter().map(|(_, n)| n).collect())
 }
 
 #[derive(sqlx::FromRow)]

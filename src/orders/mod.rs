@@ -71,6 +71,64 @@ pub struct OrderRequest {
     lines: Vec<RequestLine>,
     email: Option<String>,
     name: Option<String>,
+    /// Who is asking; not part of the request's fingerprint.
+    #[serde(skip)]
+    shopper: Shopper,
+}
+
+/// Who places an order or hold, as well as a shop without accounts can tell: each
+/// identity is counted on its own against a product's purchase limit, so a new order is
+/// refused when the units already bought or held under *any* of them would pass it.
+///
+/// The identities: the API client (`client:`), the browser (`browser:`, from its CSRF
+/// cookie), the email given (`email:`, lower-cased), and the client address (`addr:`;
+/// an IPv6 address counts by its /64, which one household or phone usually gets). The
+/// address is what stops a bot that throws its cookies away; what it costs is that
+/// shoppers behind one shared address (an office, a campus, a carrier's NAT) share one
+/// allowance of a limited product.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Shopper(Vec<String>);
+
+impl Shopper {
+    /// The API client with this id.
+    pub fn client(mut self, id: &str) -> Self {
+        self.0.push(format!("client:{id}"));
+        self
+    }
+
+    /// The browser whose CSRF cookie is `token` (kept as a hash, not the token).
+    pub fn browser(mut self, token: &str) -> Self {
+        use sha2::Digest;
+        let hash = hex::encode(&sha2::Sha256::digest(token.as_bytes())[..12]);
+        self.0.push(format!("browser:{hash}"));
+        self
+    }
+
+    /// The client address (IPv6 by its /64).
+    pub fn address(self, ip: std::net::IpAddr) -> Self {
+        let ip = match ip {
+            std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => std::net::IpAddr::V4(v4),
+                None => {
+                    let s = v6.segments();
+                    let net = std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0);
+                    return self.with(format!("addr:{net}/64"));
+                }
+            },
+            v4 => v4,
+        };
+        self.with(format!("addr:{ip}"))
+    }
+
+    fn with(mut self, identity: String) -> Self {
+        self.0.push(identity);
+        self
+    }
+
+    /// Every identity, the email's included.
+    pub fn identities(&self) -> &[String] {
+        &self.0
+    }
 }
 
 /// Most distinct products in one order.
@@ -170,7 +228,22 @@ impl OrderRequest {
             lines: Vec::new(),
             email: email.map(str::to_string),
             name: name.map(str::to_string),
+            shopper: Shopper::default(),
         })
+    }
+
+    /// The request as placed by `shopper` (whose identities gain the email, if given).
+    pub fn placed_by(mut self, shopper: Shopper) -> Self {
+        self.shopper = match &self.email {
+            Some(email) => shopper.with(format!("email:{}", email.to_lowercase())),
+            None => shopper,
+        };
+        self
+    }
+
+    /// Who placed it.
+    pub fn shopper(&self) -> &Shopper {
+        &self.shopper
     }
 
     pub fn lines(&self) -> &[RequestLine] {

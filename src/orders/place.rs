@@ -74,6 +74,10 @@ pub enum OrderError {
     UnknownSkus(Vec<String>),
     #[error("{0}")]
     OverCap(String),
+    /// The shopper already has what a product's purchase limit allows (409, not stored:
+    /// it changes when one of their holds is released).
+    #[error("{0}")]
+    OverLimit(String),
     #[error("this idempotency key was already used for a different request")]
     KeyReused,
     #[error("a request with this idempotency key is still being processed; retry shortly")]
@@ -90,6 +94,7 @@ impl OrderError {
     fn outcome(&self) -> &'static str {
         match self {
             Self::UnknownSkus(_) | Self::OverCap(_) => "invalid",
+            Self::OverLimit(_) => "over_limit",
             Self::KeyReused => "key_reused",
             Self::InFlight => "in_flight",
             Self::Busy | Self::TimedOut => "busy",
@@ -666,6 +671,11 @@ async fn transact(
 
     // Prices as of this transaction, captured on the lines.
     let products = db::products_for(&mut *tx, &request.skus()).await?;
+    // Purchase limits, counted under the stock rows' locks taken above.
+    if let Some(refusal) = over_limit(&mut tx, request, &products).await? {
+        tx.rollback().await?;
+        return Err(OrderError::OverLimit(refusal));
+    }
     let lines: Vec<OrderLine> = request
         .lines()
         .iter()
@@ -702,7 +712,8 @@ async fn transact(
                 customer_name: request.name().map(str::to_string),
                 created_at: now,
             };
-            match db::insert_order(&mut tx, &order, scope, key).await {
+            let shopper = request.shopper().identities();
+            match db::insert_order(&mut tx, &order, scope, key, shopper).await {
                 Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
                     // The key already has its order, from before its record was purged.
                     tx.rollback().await?;
@@ -731,7 +742,8 @@ async fn transact(
                 order_id: None,
             };
             let ttl = deps.settings.hold_ttl;
-            match crate::holds::db::insert_hold(&mut tx, &hold, ttl, scope, key).await {
+            let shopper = request.shopper().identities();
+            match crate::holds::db::insert_hold(&mut tx, &hold, ttl, scope, key, shopper).await {
                 Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
                     tx.rollback().await?;
                     return Ok(Tx::Decided(Found::Absent));
@@ -759,6 +771,49 @@ async fn transact(
         placement,
         sold_out,
     })
+}
+
+/// Why `request` may not be placed by its shopper: a line that would take them past its
+/// product's purchase limit, counting what they bought or hold already. `None`: it may.
+async fn over_limit(
+    conn: &mut PgConnection,
+    request: &OrderRequest,
+    products: &[OrderProduct],
+) -> sqlx::Result<Option<String>> {
+    let limited: Vec<(&OrderProduct, i32, i32)> = request
+        .lines()
+        .iter()
+        .filter_map(|line| {
+            let product = products.iter().find(|p| p.sku == line.sku.as_str())?;
+            Some((product, product.purchase_limit?, line.quantity.get()))
+        })
+        .collect();
+    if limited.is_empty() {
+        return Ok(None);
+    }
+    let identities = request.shopper().identities();
+    let asks: Vec<(&str, &[String])> = limited
+        .iter()
+        .map(|(p, ..)| (p.sku.as_str(), identities))
+        .collect();
+    let bought = db::bought_by(conn, &asks).await?;
+    Ok(limited
+        .iter()
+        .zip(bought)
+        .find(|((_, limit, asked), bought)| bought + i64::from(*asked) > i64::from(*limit))
+        .map(|((p, limit, asked), bought)| limit_refusal(&p.name, *limit, *asked, bought)))
+}
+
+/// "Only N per customer" in words a shopper understands.
+pub(super) fn limit_refusal(name: &str, limit: i32, asked: i32, bought: i64) -> String {
+    if bought == 0 {
+        format!("{name} is limited to {limit} per customer; you asked for {asked}.")
+    } else {
+        format!(
+            "{name} is limited to {limit} per customer, and you already have {bought} \
+             (ordered, or held in a checkout)."
+        )
+    }
 }
 
 /// A single-SKU order under `batched`: queued behind the process's batch leader, answered

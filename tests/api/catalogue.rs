@@ -89,6 +89,7 @@ async fn product_page_shows_name_price_and_availability() {
     assert!(html.contains("$349.00"));
     assert!(html.contains("Only 3 left"));
     assert!(html.contains("3 available"));
+    assert!(html.contains("Limit 1 per customer"), "{html}");
 
     // SKUs are case-insensitive in addresses.
     let (status, html) = app.get_text("/products/kb-drop-orca").await;

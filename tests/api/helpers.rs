@@ -283,7 +283,7 @@ impl TestApp {
         form[start..start + 64].to_string()
     }
 
-    /// POSTs an admin form (with `csrf` added unless given).
+    /// POSTs an admin form (`pairs` carry its `csrf`).
     pub async fn admin_post(&self, path: &str, pairs: &[(&str, &str)]) -> reqwest::Response {
         self.client
             .post(self.url(path))

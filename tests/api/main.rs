@@ -9,6 +9,7 @@ mod faults;
 mod health;
 mod helpers;
 mod holds;
+mod limits;
 mod loadtest;
 mod orders;
 mod process;

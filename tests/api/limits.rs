@@ -1,0 +1,312 @@
+//! Purchase limits per shopper: a limited drop cannot be taken by one shopper, however
+//! many cookies, keys or processes they use; other shoppers still buy.
+
+use futures_util::future::join_all;
+use stockade::config::{OrderStrategy, Settings};
+
+use crate::helpers::{TestApp, client, serve_app, spawn_app_with, test_settings};
+
+/// The shopper behind `address`, as a trusted proxy in front of the app says.
+const BOT: &str = "203.0.113.7";
+const HONEST: &str = "198.51.100.20";
+
+async fn app_with_a_drop(strategy: OrderStrategy) -> TestApp {
+    let app = spawn_app_with(Settings {
+        order_strategy: strategy,
+        trusted_proxies: vec!["127.0.0.1/32".parse().unwrap()],
+        ..test_settings().await
+    })
+    .await;
+    app.add_product("DROP-1", "Numbered Drop", 9_900, 40).await;
+    stockade::catalog::db::set_purchase_limit(
+        &app.db,
+        &stockade::catalog::Sku::parse("DROP-1").unwrap(),
+        Some(1),
+    )
+    .await
+    .unwrap();
+    app
+}
+
+/// One fresh browser from `address` at `base`: a new cookie jar, the product page (for
+/// its CSRF cookie), one unit into the cart, and "Checkout". Returns where it went.
+async fn browser_checkout(base: &str, address: &str) -> (u16, String) {
+    let browser = client();
+    let page = |path: &str| {
+        browser
+            .get(format!("{base}{path}"))
+            .header("x-forwarded-for", address)
+    };
+    let product = page("/products/DROP-1").send().await.unwrap();
+    assert_eq!(product.status().as_u16(), 200);
+    let html = product.text().await.unwrap();
+    let csrf = hidden(&html, "csrf");
+    let added = browser
+        .post(format!("{base}/cart/add"))
+        .header("x-forwarded-for", address)
+        .form(&[
+            ("csrf", csrf.as_str()),
+            ("sku", "DROP-1"),
+            ("quantity", "1"),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(added.status().as_u16(), 303);
+    let cart = page("/cart").send().await.unwrap().text().await.unwrap();
+    let res = browser
+        .post(format!("{base}/checkout"))
+        .header("x-forwarded-for", address)
+        .form(&[
+            ("csrf", csrf.as_str()),
+            ("key", &hidden(&cart, "key")),
+            ("lines", &hidden(&cart, "lines")),
+        ])
+        .send()
+        .await
+        .unwrap();
+    let status = res.status().as_u16();
+    let location = res
+        .headers()
+        .get("location")
+        .map(|l| l.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    (status, location)
+}
+
+fn hidden(html: &str, name: &str) -> String {
+    let marker = format!(r#"name="{name}" value=""#);
+    let start = html
+        .find(&marker)
+        .unwrap_or_else(|| panic!("no {name} in {html}"))
+        + marker.len();
+    html[start..start + html[start..].find('"').unwrap()].to_string()
+}
+
+/// Units of DROP-1 held (active holds) or sold (placed orders).
+async fn taken(app: &TestApp) -> i64 {
+    app.count(
+        r#"select (select coalesce(sum(l.quantity), 0) from holds h join hold_lines l on l.hold_id = h.id
+                    where h.state = 'active' and l.sku = 'DROP-1')
+                + (select coalesce(sum(l.quantity), 0) from orders o join order_lines l on l.order_id = o.id
+                    where o.status = 'placed' and l.sku = 'DROP-1')"#,
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_bot_with_fifty_cookies_from_one_address_gets_one_unit_of_a_limited_drop() {
+    let app = app_with_a_drop(OrderStrategy::RedisLock).await;
+    let trusted = [("STOCKADE_TRUSTED_PROXIES", "127.0.0.1".to_string())];
+    let (one, two) = tokio::join!(
+        serve_app(&app, &trusted, &[]),
+        serve_app(&app, &trusted, &[])
+    );
+    let bases = [one.address.clone(), two.address.clone()];
+
+    let tries = join_all((0..50).map(|i| browser_checkout(&bases[i % 2], BOT))).await;
+    let held: Vec<&(u16, String)> = tries
+        .iter()
+        .filter(|(status, location)| *status == 303 && location.starts_with("/checkout/"))
+        .collect();
+    assert_eq!(held.len(), 1, "one checkout for the bot: {tries:?}");
+    assert!(
+        tries.iter().all(|(status, _)| [303, 409].contains(status)),
+        "{tries:?}"
+    );
+    assert_eq!(taken(&app).await, 1);
+
+    // The API, with fresh keys, from the same address: refused too.
+    let api = client()
+        .post(format!("{}/api/v1/orders", bases[1]))
+        .header("x-forwarded-for", BOT)
+        .header("idempotency-key", "bot-api-1")
+        .json(&serde_json::json!({"lines": [{"sku": "DROP-1", "quantity": 1}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(api.status().as_u16(), 409);
+    let problem: serde_json::Value = api.json().await.unwrap();
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("1 per customer"),
+        "{problem}"
+    );
+
+    // Another shopper still buys.
+    let (status, location) = browser_checkout(&bases[0], HONEST).await;
+    assert_eq!((status, &location[..10]), (303, "/checkout/"), "{location}");
+    assert_eq!(taken(&app).await, 2);
+    app.assert_invariants().await;
+}
+
+/// Orders of the API under `strategy`: one email or one address gets one unit; a second
+/// order in the same batch by the same shopper is refused; released holds give it back.
+async fn api_orders_respect_the_limit(strategy: OrderStrategy) {
+    let app = app_with_a_drop(strategy).await;
+    let order = |key: &'static str, address: &'static str, email: Option<&'static str>| {
+        let app = &app;
+        async move {
+            let mut body = serde_json::json!({"lines": [{"sku": "DROP-1", "quantity": 1}]});
+            if let Some(email) = email {
+                body["email"] = email.into();
+            }
+            app.client
+                .post(app.url("/api/v1/orders"))
+                .header("x-forwarded-for", address)
+                .header("idempotency-key", key)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    // Ten at once from one address: one order.
+    let keys = ["a0", "a1", "a2", "a3", "a4", "a5", "a6", "a7", "a8", "a9"];
+    let answers = join_all(keys.iter().map(|k| order(k, BOT, None))).await;
+    assert_eq!(
+        answers.iter().filter(|s| **s == 201).count(),
+        1,
+        "{answers:?}"
+    );
+    assert_eq!(
+        answers.iter().filter(|s| **s == 409).count(),
+        9,
+        "{answers:?}"
+    );
+    // The same email from another address: refused; the key is not spent.
+    assert_eq!(
+        order("e1", "192.0.2.1", Some("buyer@example.com")).await,
+        201
+    );
+    assert_eq!(
+        order("e2", "192.0.2.2", Some("Buyer@Example.com")).await,
+        409
+    );
+    // More than the limit in one order is refused whoever asks.
+    let res = app
+        .client
+        .post(app.url("/api/v1/orders"))
+        .header("x-forwarded-for", HONEST)
+        .header("idempotency-key", "two")
+        .json(&serde_json::json!({"lines": [{"sku": "DROP-1", "quantity": 2}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 409);
+    assert_eq!(order("h1", HONEST, None).await, 201);
+    assert_eq!(taken(&app).await, 3);
+    assert_eq!(app.stock("DROP-1").await.0, 37);
+    app.assert_invariants().await;
+}
+
+#[tokio::test]
+async fn api_orders_respect_the_limit_under_redis_lock() {
+    api_orders_respect_the_limit(OrderStrategy::RedisLock).await;
+}
+
+#[tokio::test]
+async fn api_orders_respect_the_limit_under_batched() {
+    api_orders_respect_the_limit(OrderStrategy::Batched).await;
+}
+
+#[tokio::test]
+async fn a_released_hold_gives_the_shopper_their_allowance_back() {
+    let app = app_with_a_drop(OrderStrategy::RedisLock).await;
+    let hold = |key: &'static str| {
+        let app = &app;
+        async move {
+            app.client
+                .post(app.url("/api/v1/holds"))
+                .header("x-forwarded-for", BOT)
+                .header("idempotency-key", key)
+                .json(&serde_json::json!({"lines": [{"sku": "DROP-1", "quantity": 1}]}))
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let first = hold("h1").await;
+    assert_eq!(first.status().as_u16(), 201);
+    let first: serde_json::Value = first.json().await.unwrap();
+    assert_eq!(hold("h2").await.status().as_u16(), 409);
+    let released = app
+        .client
+        .delete(app.url(&format!("/api/v1/holds/{}", first["id"].as_str().unwrap())))
+        .send()
+        .await
+        .unwrap();
+    assert!(released.status().is_success(), "{}", released.status());
+    assert_eq!(hold("h3").await.status().as_u16(), 201);
+    assert_eq!(taken(&app).await, 1);
+}
+
+#[tokio::test]
+async fn an_admin_sets_the_limit_and_the_catalogue_shows_it() {
+    let app = app_with_a_drop(OrderStrategy::RedisLock).await;
+    let products: serde_json::Value = app.get("/api/v1/products").await.json().await.unwrap();
+    let drop = products
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["sku"] == "DROP-1")
+        .unwrap();
+    assert_eq!(drop["purchase_limit"], 1);
+    let csrf = app.login_admin().await;
+    let set = |body: serde_json::Value| {
+        let app = &app;
+        let csrf = csrf.clone();
+        async move {
+            app.client
+                .patch(app.url("/api/v1/admin/products/DROP-1"))
+                .header("X-CSRF-Token", csrf)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(
+        set(serde_json::json!({"purchase_limit": 0})).await.status(),
+        422
+    );
+    assert_eq!(set(serde_json::json!({"price": 1})).await.status(), 422);
+    let res = set(serde_json::json!({"purchase_limit": 2})).await;
+    assert_eq!(res.status().as_u16(), 200);
+    let (_, html) = app.get_text("/products/DROP-1").await;
+    assert!(html.contains("Limit 2 per customer"), "{html}");
+    assert_eq!(
+        set(serde_json::json!({"purchase_limit": null}))
+            .await
+            .status(),
+        200
+    );
+    let (_, html) = app.get_text("/products/DROP-1").await;
+    assert!(!html.contains("per customer"), "{html}");
+    // The admin form sets it too.
+    let csrf = app.admin_csrf().await;
+    let res = app
+        .admin_post(
+            "/admin/products/DROP-1",
+            &[
+                ("csrf", &csrf),
+                ("name", "Numbered Drop"),
+                ("price", "99.00"),
+                ("purchase_limit", "3"),
+                ("active", "on"),
+            ],
+        )
+        .await;
+    let status = res.status().as_u16();
+    assert_eq!(status, 303, "{}", res.text().await.unwrap());
+    let limit: Option<i32> =
+        sqlx::query_scalar("select purchase_limit from products where sku = 'DROP-1'")
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
+    assert_eq!(limit, Some(3));
+}
