@@ -75,11 +75,13 @@ impl Application {
         ));
         let state = web::Data::new(AppState {
             db,
+            limiter: Arc::new(crate::ratelimit::RateLimiter::new(redis.clone())),
             redis,
             settings,
             metrics,
             batcher,
             catalog,
+            api_keys: Arc::default(),
         });
         let app_state = state.clone();
         let server = HttpServer::new(move || {

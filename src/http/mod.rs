@@ -7,11 +7,14 @@ pub mod api;
 mod assets;
 pub mod csrf;
 mod health;
+pub mod limits;
 pub mod middleware;
 mod pages;
 pub mod shop;
 
 use std::sync::Arc;
+
+pub use limits::rate_limit_subject;
 
 use actix_web::{HttpRequest, web};
 use sqlx::PgPool;
@@ -31,6 +34,10 @@ pub struct AppState {
     pub batcher: Arc<crate::orders::Batcher>,
     /// What the storefront pages read, kept for a moment.
     pub catalog: Arc<crate::catalog::cache::CatalogCache>,
+    /// Rate limits on placing orders and holds.
+    pub limiter: Arc<crate::ratelimit::RateLimiter>,
+    /// API keys looked up lately.
+    pub api_keys: Arc<crate::clients::KeyCache>,
 }
 
 impl AppState {
