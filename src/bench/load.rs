@@ -31,6 +31,8 @@ pub struct Load {
     pub targets: Vec<String>,
     pub work: Work,
     pub timeout: Duration,
+    /// Sent as `Authorization: Bearer` with every order.
+    pub api_key: Option<String>,
 }
 
 /// Answers counted while a phase runs (for a progress bar).
@@ -111,10 +113,14 @@ async fn send(client: &reqwest::Client, load: &Load, base: &str, rng: &mut StdRn
     let request = match &load.work {
         Work::Order { skus } => {
             let sku = &skus[rng.random_range(0..skus.len())];
-            client
+            let request = client
                 .post(format!("{base}/api/v1/orders"))
                 .header("Idempotency-Key", uuid::Uuid::new_v4().to_string())
-                .json(&serde_json::json!({ "lines": [{ "sku": sku, "quantity": 1 }] }))
+                .json(&serde_json::json!({ "lines": [{ "sku": sku, "quantity": 1 }] }));
+            match &load.api_key {
+                Some(key) => request.bearer_auth(key),
+                None => request,
+            }
         }
         Work::Page { path } => client.get(format!("{base}{path}")),
     };
