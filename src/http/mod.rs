@@ -3,6 +3,7 @@
 //! below this module knows about actix-web.
 
 pub mod admin;
+mod admin_clients;
 pub mod api;
 mod assets;
 pub mod csrf;
