@@ -177,7 +177,7 @@ fn insufficient(req: &HttpRequest, shortages: &[Shortage]) -> HttpResponse {
 }
 
 fn no_hold(path: &str) -> AppError {
-    AppError::not_found(format!("No hold with id {path:?}."))
+    AppError::not_found(format!("No such reservation: no hold with id {path:?}."))
 }
 
 /// The id of a hold the caller placed; 404 for any other (whether or not it exists).

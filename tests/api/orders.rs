@@ -249,7 +249,10 @@ async fn sold_out_answers_come_from_redis(strategy: OrderStrategy) {
     );
     let mut redis = app.redis().await;
     let kept: Option<String> = redis::cmd("GET")
-        .arg(format!("{}decision:api:fresh", app.settings.redis_prefix))
+        .arg(format!(
+            "{}decision:api:anon:fresh",
+            app.settings.redis_prefix
+        ))
         .query_async(&mut redis)
         .await
         .unwrap();
