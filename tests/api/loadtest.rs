@@ -77,14 +77,25 @@ async fn the_load_tool_sends_the_api_key_it_is_given() {
         "{:?}",
         run.result.outcomes
     );
-    let own: i64 = sqlx::query_scalar(
-        "select count(*) from orders where idempotency_scope = 'api' and starts_with(idempotency_key, $1)",
-    )
-    .bind(format!("{}:", client.id))
-    .fetch_one(&app.db)
-    .await
-    .unwrap();
-    assert_eq!(own, 5);
+    // Every order (placed directly, or by confirming a hold) is the given client's.
+    let caller = stockade::clients::Caller::Client(stockade::clients::ApiClient {
+        id: client.id,
+        name: client.name.clone(),
+        limit: client.limit(),
+    });
+    let ids: Vec<uuid::Uuid> = sqlx::query_scalar("select id from orders")
+        .fetch_all(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(ids.len(), 5);
+    for id in ids {
+        assert!(
+            stockade::clients::owns_order(&app.db, &caller, id)
+                .await
+                .unwrap(),
+            "order {id} is the given client's"
+        );
+    }
     assert_eq!(
         app.count("select count(*) from api_clients").await,
         1,
