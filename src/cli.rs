@@ -35,6 +35,9 @@ enum Command {
     /// Manage admin accounts.
     #[command(subcommand)]
     Admin(AdminCommand),
+    /// Manage API clients and their keys (in DATABASE_URL).
+    #[command(subcommand)]
+    ApiKey(ApiKeyCommand),
     /// Load servers with virtual buyers, check the invariants, write a report.
     Loadtest(Box<LoadtestArgs>),
     /// Check the invariants (I1–I6) of a database, optionally against a run's client log.
@@ -59,6 +62,40 @@ struct UnlockArgs {
     /// Only this admin's failed logins (the per-address records stay).
     #[arg(long)]
     username: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+enum ApiKeyCommand {
+    /// Make an API client; prints its key, alone on the last line (shown only now).
+    Create(CreateKeyArgs),
+    /// List API clients (never their keys).
+    List,
+    /// Revoke an API client's key; its orders stay.
+    Revoke(RevokeKeyArgs),
+}
+
+#[derive(Debug, Args)]
+struct CreateKeyArgs {
+    /// Who the client is, e.g. "partner-app" (1 to 100 characters, unique among live ones).
+    #[arg(long)]
+    name: String,
+    /// Orders and holds per minute for this client, instead of STOCKADE_RATE_LIMIT_PER_MINUTE.
+    #[arg(long, conflicts_with = "unlimited", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    rate_limit: Option<u32>,
+    /// No rate limit at all (for load tools and trusted back-ends).
+    #[arg(long)]
+    unlimited: bool,
+}
+
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+struct RevokeKeyArgs {
+    /// The live client with this name.
+    #[arg(long)]
+    name: Option<String>,
+    /// The client with this id.
+    #[arg(long)]
+    id: Option<i64>,
 }
 
 #[derive(Debug, Args)]
@@ -110,6 +147,7 @@ impl Cli {
                 Command::Migrate => migrate(settings).await,
                 Command::Seed => seed(settings).await,
                 Command::Admin(command) => admin_command(settings, command).await,
+                Command::ApiKey(command) => api_key_command(settings, command).await,
                 Command::Loadtest(args) => {
                     verdict(until_interrupted(loadtest::loadtest(*args)).await)
                 }
@@ -314,6 +352,64 @@ async fn admin_command(settings: Settings, command: AdminCommand) -> anyhow::Res
     }
     if generated {
         println!("password: {password}");
+    }
+    Ok(())
+}
+
+async fn api_key_command(settings: Settings, command: ApiKeyCommand) -> anyhow::Result<()> {
+    use crate::clients::{self, Limit};
+    startup::migrate(&settings).await?;
+    let db = connect_database(&settings).await?;
+    match command {
+        ApiKeyCommand::Create(args) => {
+            let limit = match (args.unlimited, args.rate_limit) {
+                (true, _) => Limit::Unlimited,
+                (false, Some(n)) => Limit::PerMinute(n),
+                (false, None) => Limit::Default,
+            };
+            let (client, key) = clients::create(&db, &args.name, limit).await?;
+            println!(
+                "created API client {} (id {}, rate limit {})",
+                client.name,
+                client.id,
+                client.limit()
+            );
+            println!("Its key is shown only now; send it as `Authorization: Bearer <key>`:");
+            println!("{key}");
+        }
+        ApiKeyCommand::List => {
+            println!(
+                "{:>6}  {:<24} {:<14} {:<12} {:<17} state",
+                "id", "name", "key", "rate limit", "created (UTC)"
+            );
+            for c in clients::list(&db).await? {
+                println!(
+                    "{:>6}  {:<24} {:<14} {:<12} {:<17} {}",
+                    c.id,
+                    c.name,
+                    format!("{}…", c.key_prefix),
+                    c.limit().to_string(),
+                    c.created_at.format("%Y-%m-%d %H:%M"),
+                    if c.is_revoked() { "revoked" } else { "live" }
+                );
+            }
+        }
+        ApiKeyCommand::Revoke(args) => {
+            let id = match (args.id, args.name) {
+                (Some(id), _) => {
+                    if !clients::revoke(&db, id).await? {
+                        bail!("there is no live API client with id {id}");
+                    }
+                    id
+                }
+                (None, Some(name)) => clients::revoke_by_name(&db, &name).await?,
+                (None, None) => bail!("give --name or --id"),
+            };
+            println!(
+                "revoked API client {id}; its key stops working within {} s",
+                clients::CACHE_FOR.as_secs()
+            );
+        }
     }
     Ok(())
 }

@@ -168,6 +168,17 @@ pub struct Settings {
     pub metrics_token: Option<String>,
     /// `STOCKADE_IDEMPOTENCY_TTL_HOURS`: completed idempotency keys are kept this long.
     pub idempotency_ttl_hours: u32,
+    /// `STOCKADE_API_ANONYMOUS_ORDERS`: accept API orders and holds without an API key
+    /// (all such callers then share one identity). Off: they are answered 401.
+    pub api_anonymous_orders: bool,
+    /// `STOCKADE_RATE_LIMIT_PER_MINUTE`: orders and holds one client (an API client, or an
+    /// address) may place per minute, sustained.
+    pub rate_limit_per_minute: u32,
+    /// `STOCKADE_RATE_LIMIT_BURST`: how many of them may come at once.
+    pub rate_limit_burst: u32,
+    /// `STOCKADE_API_KEY`: the API key `stockade loadtest` sends to servers it did not
+    /// start (read by the tools, not by the server).
+    pub api_key: Option<String>,
     /// Fault injection for tests: pause this long after taking leases, before the
     /// transaction, as a stalled process would. Not settable from the environment.
     pub fault_pause_after_lease: Duration,
@@ -202,6 +213,10 @@ impl Default for Settings {
             lease_wait: Duration::from_millis(2_000),
             max_line_quantity: 10,
             idempotency_ttl_hours: 24,
+            api_anonymous_orders: false,
+            rate_limit_per_minute: 60,
+            rate_limit_burst: 20,
+            api_key: None,
             login_max_failures: 5,
             login_max_failures_per_client: 20,
             login_window: Duration::from_secs(900),
@@ -244,6 +259,10 @@ pub const VARIABLES: &[&str] = &[
     "STOCKADE_LEASE_WAIT_MS",
     "STOCKADE_MAX_LINE_QUANTITY",
     "STOCKADE_IDEMPOTENCY_TTL_HOURS",
+    "STOCKADE_API_ANONYMOUS_ORDERS",
+    "STOCKADE_RATE_LIMIT_PER_MINUTE",
+    "STOCKADE_RATE_LIMIT_BURST",
+    "STOCKADE_API_KEY",
     "STOCKADE_LOGIN_MAX_FAILURES",
     "STOCKADE_LOGIN_MAX_FAILURES_PER_CLIENT",
     "STOCKADE_LOGIN_WINDOW_SECONDS",
@@ -369,6 +388,16 @@ impl Settings {
         if let Some(v) = take("STOCKADE_IDEMPOTENCY_TTL_HOURS") {
             s.idempotency_ttl_hours = bounded("STOCKADE_IDEMPOTENCY_TTL_HOURS", &v, 24, 24 * 365)?;
         }
+        if let Some(v) = take("STOCKADE_API_ANONYMOUS_ORDERS") {
+            s.api_anonymous_orders = boolean("STOCKADE_API_ANONYMOUS_ORDERS", &v)?;
+        }
+        if let Some(v) = take("STOCKADE_RATE_LIMIT_PER_MINUTE") {
+            s.rate_limit_per_minute = bounded("STOCKADE_RATE_LIMIT_PER_MINUTE", &v, 1, 1_000_000)?;
+        }
+        if let Some(v) = take("STOCKADE_RATE_LIMIT_BURST") {
+            s.rate_limit_burst = bounded("STOCKADE_RATE_LIMIT_BURST", &v, 1, 1_000_000)?;
+        }
+        s.api_key = take("STOCKADE_API_KEY");
         if let Some(v) = take("STOCKADE_HOLD_SECONDS") {
             s.hold_ttl = Duration::from_secs(bounded("STOCKADE_HOLD_SECONDS", &v, 1, 86_400)?);
         }
@@ -699,6 +728,33 @@ mod tests {
             ("STOCKADE_METRICS_TOKEN", "short"),
             ("STOCKADE_METRICS_LISTEN", "9090"),
             ("STOCKADE_BODY_TIMEOUT_MS", "0"),
+        ] {
+            let err = Settings::from_vars(vars(&[(var, value)])).unwrap_err();
+            assert!(err.to_string().starts_with(var), "{var}={value}: {err}");
+        }
+    }
+
+    #[test]
+    fn api_and_rate_limit_settings_are_read() {
+        let s = Settings::from_vars(vars(&[])).unwrap();
+        assert!(
+            !s.api_anonymous_orders,
+            "anonymous API orders are off by default"
+        );
+        let s = Settings::from_vars(vars(&[
+            ("STOCKADE_API_ANONYMOUS_ORDERS", "true"),
+            ("STOCKADE_RATE_LIMIT_PER_MINUTE", "120"),
+            ("STOCKADE_RATE_LIMIT_BURST", "7"),
+            ("STOCKADE_API_KEY", "sk_abc"),
+        ]))
+        .unwrap();
+        assert!(s.api_anonymous_orders);
+        assert_eq!((s.rate_limit_per_minute, s.rate_limit_burst), (120, 7));
+        assert_eq!(s.api_key.as_deref(), Some("sk_abc"));
+        for (var, value) in [
+            ("STOCKADE_API_ANONYMOUS_ORDERS", "maybe"),
+            ("STOCKADE_RATE_LIMIT_PER_MINUTE", "0"),
+            ("STOCKADE_RATE_LIMIT_BURST", "lots"),
         ] {
             let err = Settings::from_vars(vars(&[(var, value)])).unwrap_err();
             assert!(err.to_string().starts_with(var), "{var}={value}: {err}");

@@ -17,6 +17,10 @@ pub enum AppError {
     /// 401: the API needs an admin session.
     #[error("{0}")]
     Unauthorized(String),
+    /// 401 with `WWW-Authenticate: Bearer`: the API needs an API key (`invalid`: the one
+    /// sent is unknown or revoked).
+    #[error("{message}")]
+    ApiKey { message: String, invalid: bool },
     /// 303 to the login page, for admin pages without a session.
     #[error("please log in")]
     LoginRequired { next: String },
@@ -135,7 +139,7 @@ impl ResponseError for AppError {
     fn status_code(&self) -> StatusCode {
         match self {
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
-            Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            Self::Unauthorized(_) | Self::ApiKey { .. } => StatusCode::UNAUTHORIZED,
             Self::LoginRequired { .. } => StatusCode::SEE_OTHER,
             Self::Forbidden(_) => StatusCode::FORBIDDEN,
             Self::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -161,6 +165,18 @@ impl ResponseError for AppError {
                 res.headers_mut()
                     .insert(actix_web::http::header::LOCATION, value);
             }
+            return res;
+        }
+        if let Self::ApiKey { invalid, .. } = self {
+            let challenge = if *invalid {
+                r#"Bearer error="invalid_token""#
+            } else {
+                "Bearer"
+            };
+            res.headers_mut().insert(
+                actix_web::http::header::WWW_AUTHENTICATE,
+                HeaderValue::from_static(challenge),
+            );
             return res;
         }
         let retry_after = match self {

@@ -12,6 +12,8 @@ pub mod bench;
 pub mod catalog;
 /// Command-line interface: `serve`, `migrate`, `seed`.
 pub mod cli;
+/// API clients: their keys, rate-limit overrides, and what each may read.
+pub mod clients;
 /// Settings: defaults in code, then `STOCKADE_*` environment variables.
 pub mod config;
 /// The one application error and how it becomes a status code.
@@ -34,6 +36,8 @@ pub mod locking;
 pub mod metrics;
 /// Orders: parsing requests and placing them without overselling or doubling.
 pub mod orders;
+/// Rate limits on placing orders and holds: GCRA in Redis, per process when Redis is away.
+pub mod ratelimit;
 /// `Application::build`: pools, migrations, the HTTP server.
 pub mod startup;
 /// Tracing subscriber: pretty for people, JSON for machines.

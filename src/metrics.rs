@@ -24,6 +24,9 @@ pub struct Metrics {
     pub degraded: IntGauge,
     /// Orders applied per `batched` transaction.
     pub batch_size: Histogram,
+    /// Orders and holds refused by the rate limit (429), by the limiter that refused them
+    /// (`redis`, or `process` while Redis is unreachable).
+    pub rate_limited: IntCounterVec,
 }
 
 impl Metrics {
@@ -68,6 +71,14 @@ impl Metrics {
                 .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]),
         )
         .expect("valid metric");
+        let rate_limited = IntCounterVec::new(
+            Opts::new(
+                "rate_limited_total",
+                "Orders and holds refused by the rate limit (429)",
+            ),
+            &["limiter"],
+        )
+        .expect("valid metric");
         for metric in [
             Box::new(orders.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(lease_wait.clone()),
@@ -76,6 +87,7 @@ impl Metrics {
             Box::new(stale_fences.clone()),
             Box::new(degraded.clone()),
             Box::new(batch_size.clone()),
+            Box::new(rate_limited.clone()),
         ] {
             registry.register(metric).expect("metric registered once");
         }
@@ -88,6 +100,7 @@ impl Metrics {
             stale_fences,
             degraded,
             batch_size,
+            rate_limited,
         }
     }
 

@@ -86,12 +86,14 @@ impl Application {
         ));
         let state = web::Data::new(AppState {
             db,
+            limiter: Arc::new(crate::ratelimit::RateLimiter::new(redis.clone())),
             redis,
             settings,
             metrics,
             batcher,
             catalog,
             metrics_addr,
+            api_keys: Arc::default(),
         });
         let app_state = state.clone();
         let mut server = HttpServer::new(move || {

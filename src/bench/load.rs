@@ -31,6 +31,8 @@ pub struct Load {
     pub targets: Vec<String>,
     pub work: Work,
     pub timeout: Duration,
+    /// Sent as `Authorization: Bearer` with every order.
+    pub api_key: Option<String>,
 }
 
 /// Answers counted while a phase runs (for a progress bar).
@@ -123,11 +125,15 @@ async fn send(client: &reqwest::Client, load: &Load, url: &reqwest::Url, rng: &m
             let sku = &skus[rng.random_range(0..skus.len())];
             // SKUs are plain ASCII (letters, digits, dashes): no escaping needed.
             let body = format!(r#"{{"lines":[{{"sku":"{sku}","quantity":1}}]}}"#);
-            client
+            let request = client
                 .post(url.clone())
                 .header("Idempotency-Key", uuid::Uuid::new_v4().simple().to_string())
                 .header("Content-Type", "application/json")
-                .body(body)
+                .body(body);
+            match &load.api_key {
+                Some(key) => request.bearer_auth(key),
+                None => request,
+            }
         }
         Work::Page { .. } => client.get(url.clone()),
     };

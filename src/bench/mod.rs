@@ -335,8 +335,14 @@ impl Bench<'_> {
         })
     }
 
-    /// A fresh database for `label`, migrated and seeded for `workload`; its name and URL.
-    async fn database(&self, workload: Workload, label: &str) -> anyhow::Result<(String, String)> {
+    /// A fresh database for `label`, migrated and seeded for `workload`, with an unlimited
+    /// API client for the bench's orders; its name, URL and the client's key (none when
+    /// the serving build predates API clients).
+    async fn database(
+        &self,
+        workload: Workload,
+        label: &str,
+    ) -> anyhow::Result<(String, String, Option<String>)> {
         let name = format!(
             "bench_{}_{}_{}",
             workload.name(),
@@ -366,8 +372,22 @@ impl Bench<'_> {
         }
         let db = PgPool::connect(&url).await?;
         seed(&db, workload, self.plan.skus).await?;
+        let api_key =
+            match crate::clients::create(&db, "bench", crate::clients::Limit::Unlimited).await {
+                Ok((_, key)) => Some(key),
+                // An older build (--server-exe) migrated no api_clients table, and takes
+                // orders without a key.
+                Err(crate::clients::ClientError::Database(sqlx::Error::Database(e)))
+                    if e.code().as_deref() == Some("42P01") =>
+                {
+                    None
+                }
+                Err(e) => {
+                    return Err(anyhow::Error::new(e).context("cannot make the bench's API client"));
+                }
+            };
         db.close().await;
-        Ok((name, url))
+        Ok((name, url, api_key))
     }
 
     /// Serves `workload` with `strategy`, loads it, counts commits, checks the invariants.
@@ -380,7 +400,7 @@ impl Bench<'_> {
         statements: bool,
     ) -> anyhow::Result<Vec<Row>> {
         let plan = self.plan;
-        let (name, url) = self.database(workload, strategy).await?;
+        let (name, url, api_key) = self.database(workload, strategy).await?;
         let prefix = format!("bench-{}:", uuid::Uuid::new_v4().simple());
         let mut env = vec![
             ("DATABASE_URL", url.clone()),
@@ -418,6 +438,7 @@ impl Bench<'_> {
                 },
             },
             timeout: Duration::from_secs(10),
+            api_key,
         };
         let measured = self.load(&load, workload, strategy).await;
         let (warm, closed) = match measured {
@@ -526,7 +547,7 @@ impl Bench<'_> {
         let (script_name, text) = pgbench::script(workload, self.plan.skus);
         let script = self.out.join(format!("pgbench-{script_name}.sql"));
         std::fs::write(&script, text)?;
-        let (name, url) = self.database(workload, "pgbench").await?;
+        let (name, url, _) = self.database(workload, "pgbench").await?;
         let live = Arc::new(Live::default());
         let duration = Duration::from_secs(self.plan.duration_s);
         let progress = self.progress(format!("pgbench · {script_name}"), duration, live);

@@ -95,6 +95,21 @@ pub fn routes() -> Vec<(Method, &'static str, actix_web::Route)> {
         ),
         (
             Method::GET,
+            "/admin/api-clients",
+            web::get().to(super::admin_clients::get_api_clients),
+        ),
+        (
+            Method::POST,
+            "/admin/api-clients",
+            web::post().to(super::admin_clients::post_api_clients),
+        ),
+        (
+            Method::POST,
+            "/admin/api-clients/{id}/revoke",
+            web::post().to(super::admin_clients::post_revoke_api_client),
+        ),
+        (
+            Method::GET,
             "/api/v1/admin/dashboard",
             web::get().to(get_dashboard_json),
         ),
@@ -196,7 +211,7 @@ impl FromRequest for Admin {
     }
 }
 
-fn page_chrome(req: &HttpRequest, admin: &Admin) -> Chrome {
+pub(super) fn page_chrome(req: &HttpRequest, admin: &Admin) -> Chrome {
     let mut chrome = Chrome::new(req);
     chrome.admin = Some(admin.username.clone());
     chrome.admin_csrf = admin.csrf.clone();

@@ -1,14 +1,20 @@
 //! The JSON API under `/api/v1`. Errors are RFC 9457 problem documents (rendered by the
 //! middleware); the README's "HTTP surface" lists the contract.
+//!
+//! Products are public. Orders and holds belong to their caller ([`limits::caller`]): its
+//! idempotency keys are its own (stored as `<owner>:<key>`), and it reads, confirms and
+//! releases only what it placed; anything else is answered 404, as if it did not exist.
 
 use actix_web::http::{StatusCode, header};
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Serialize;
 use uuid::Uuid;
 
+use super::limits::{self, limit_placement};
 use super::middleware::problem_response;
 use super::{AppState, detached};
 use crate::catalog::{ProductView, Sku};
+use crate::clients::{self, Caller};
 use crate::error::AppError;
 use crate::holds;
 use crate::idempotency::{IdempotencyKey, Scope};
@@ -109,8 +115,14 @@ async fn place(
     body: web::Json<serde_json::Value>,
     scope: Scope,
 ) -> Result<HttpResponse, AppError> {
-    let key = idempotency_key(&req)?;
+    let caller = limits::caller(&req, &state).await?;
+    limit_placement(&req, &state, Some(&caller)).await?;
+    let key = IdempotencyKey::scoped(&caller.owner(), &idempotency_key(&req)?);
     let shopper = Shopper::default().address(super::client_addr(&req, &state.settings));
+    let shopper = match &caller {
+        Caller::Client(client) => shopper.client(&client.id.to_string()),
+        Caller::Anonymous => shopper,
+    };
     let request =
         OrderRequest::from_json(&body, state.settings.max_line_quantity)?.placed_by(shopper);
     let state = state.into_inner();
@@ -173,17 +185,29 @@ fn insufficient(req: &HttpRequest, shortages: &[Shortage]) -> HttpResponse {
     )
 }
 
-fn hold_id(path: &str) -> Result<Uuid, AppError> {
-    Uuid::parse_str(path).map_err(|_| AppError::not_found(format!("No hold with id {path:?}.")))
+fn no_hold(path: &str) -> AppError {
+    AppError::not_found(format!("No such reservation: no hold with id {path:?}."))
+}
+
+/// The id of a hold the caller placed; 404 for any other (whether or not it exists).
+async fn own_hold(req: &HttpRequest, state: &AppState, path: &str) -> Result<Uuid, AppError> {
+    let caller = limits::caller(req, state).await?;
+    let id = Uuid::parse_str(path).map_err(|_| no_hold(path))?;
+    if !clients::owns_hold(&state.db, &caller, id).await? {
+        return Err(no_hold(path));
+    }
+    Ok(id)
 }
 
 pub async fn get_hold(
+    req: HttpRequest,
     state: web::Data<AppState>,
     path: web::Path<String>,
 ) -> Result<HttpResponse, AppError> {
-    let hold = holds::db::find_hold(&state.db, hold_id(&path)?)
+    let id = own_hold(&req, &state, &path).await?;
+    let hold = holds::db::find_hold(&state.db, id)
         .await?
-        .ok_or_else(|| AppError::not_found(format!("No hold with id {:?}.", path.as_str())))?;
+        .ok_or_else(|| no_hold(&path))?;
     Ok(HttpResponse::Ok().json(hold))
 }
 
@@ -201,7 +225,7 @@ pub async fn post_hold_confirm(
     path: web::Path<String>,
     body: web::Bytes,
 ) -> Result<HttpResponse, AppError> {
-    let id = hold_id(&path)?;
+    let id = own_hold(&req, &state, &path).await?;
     // The body is optional; when present it must be a JSON object.
     let body: ConfirmBody = if body.iter().all(u8::is_ascii_whitespace) {
         ConfirmBody::default()
@@ -232,22 +256,29 @@ pub async fn post_hold_confirm(
 }
 
 pub async fn delete_hold(
+    req: HttpRequest,
     state: web::Data<AppState>,
     path: web::Path<String>,
 ) -> Result<HttpResponse, AppError> {
-    let id = hold_id(&path)?;
+    let id = own_hold(&req, &state, &path).await?;
     let state = state.into_inner();
     detached(async move { holds::release(&state.db, Some(&state.redis), id, "api").await })
         .await??;
     Ok(HttpResponse::NoContent().finish())
 }
 
+/// The order, to the caller that placed it (others get 404: the id alone reveals nothing).
 pub async fn get_order(
+    req: HttpRequest,
     state: web::Data<AppState>,
     path: web::Path<String>,
 ) -> Result<HttpResponse, AppError> {
+    let caller = limits::caller(&req, &state).await?;
     let not_found = || AppError::not_found(format!("No order with id {path:?}."));
     let id = Uuid::parse_str(&path).map_err(|_| not_found())?;
+    if !clients::owns_order(&state.db, &caller, id).await? {
+        return Err(not_found());
+    }
     let order = orders::db::find_order(&state.db, id)
         .await?
         .ok_or_else(not_found)?;

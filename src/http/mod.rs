@@ -3,12 +3,14 @@
 //! below this module knows about actix-web.
 
 pub mod admin;
+mod admin_clients;
 pub mod api;
 mod assets;
 mod body;
 mod client;
 pub mod csrf;
 mod health;
+pub mod limits;
 pub mod middleware;
 mod pages;
 pub mod shop;
@@ -31,12 +33,16 @@ pub struct AppState {
     pub redis: Redis,
     pub settings: Arc<Settings>,
     pub metrics: Arc<Metrics>,
-    /// The per-SKU queues of the `batched` strategy.
+    /// The `batched` strategy's queue and its leader.
     pub batcher: Arc<crate::orders::Batcher>,
     /// What the storefront pages read, kept for a moment.
     pub catalog: Arc<crate::catalog::cache::CatalogCache>,
     /// The bound address of the metrics listener (`STOCKADE_METRICS_LISTEN`), if any.
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Rate limits on placing orders and holds.
+    pub limiter: Arc<crate::ratelimit::RateLimiter>,
+    /// API keys looked up lately.
+    pub api_keys: Arc<crate::clients::KeyCache>,
 }
 
 impl AppState {

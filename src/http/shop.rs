@@ -4,7 +4,8 @@
 //! idempotency key, and places a hold: the stock is the shopper's while they fill in their
 //! details, with a countdown. Placing the order confirms the hold; the hold id makes that
 //! idempotent, so submitting twice, refreshing the POST, or going back and submitting again
-//! all show the same single order.
+//! all show the same single order. The key is this browser's alone (see [`browser`]),
+//! and checkouts count against the address's rate limit, like anonymous API orders.
 
 use std::time::{Duration, Instant};
 
@@ -285,9 +286,11 @@ pub async fn post_checkout(
     form: web::Form<StartCheckoutForm>,
 ) -> Result<HttpResponse, AppError> {
     csrf::check_storefront(&req, &form.csrf)?;
+    super::limits::limit_placement(&req, &state, None).await?;
     let key = IdempotencyKey::parse(&form.key).map_err(|_| {
         AppError::BadRequest("This checkout form is damaged; please start checkout again.".into())
     })?;
+    let key = IdempotencyKey::scoped(&browser(&req), &key);
     let cart = Cart::decode(&form.lines);
     if cart.lines.is_empty() {
         return Err(AppError::Unprocessable(
@@ -332,6 +335,15 @@ pub async fn post_checkout(
             html(StatusCode::CONFLICT, &page)
         }
     }
+}
+
+/// The key space of this browser's checkout forms: a digest of its CSRF cookie (checked
+/// equal to the form's token just before). The form's key is random already; this makes a
+/// key that leaked (a shared screenshot, a log) useless from any other browser.
+fn browser(req: &HttpRequest) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(csrf::token(req).as_bytes());
+    format!("b{}", &hex::encode(digest)[..32])
 }
 
 #[derive(Template)]

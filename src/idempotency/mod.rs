@@ -52,6 +52,17 @@ impl IdempotencyKey {
         Ok(Self(raw.to_string()))
     }
 
+    /// `raw` in the key space of `owner` (an API client, a browser): stored as
+    /// `<owner>:<raw>`, so the same raw key sent by another owner is another key. `raw` was
+    /// parsed (and its length checked) on its own; `owner` must not contain `:`.
+    pub fn scoped(owner: &str, raw: &IdempotencyKey) -> Self {
+        debug_assert!(
+            !owner.contains(':'),
+            "owners are separated by the first colon"
+        );
+        Self(format!("{owner}:{}", raw.0))
+    }
+
     /// A fresh random key, as checkout forms carry.
     pub fn generate() -> Self {
         Self(Uuid::new_v4().to_string())
@@ -459,6 +470,22 @@ mod tests {
         for bad in ["tab\there", "new\nline", "ключ", "nul\0"] {
             assert_eq!(IdempotencyKey::parse(bad), Err(InvalidKey::NotPrintable));
         }
+    }
+
+    #[test]
+    fn scoped_keys_of_different_owners_differ() {
+        let raw = IdempotencyKey::parse(&"k".repeat(255)).unwrap();
+        let a = IdempotencyKey::scoped("1", &raw);
+        let b = IdempotencyKey::scoped("2", &raw);
+        assert_ne!(a, b);
+        assert_eq!(a.as_str(), format!("1:{}", raw.as_str()));
+        // Owners end at the first colon, so `1` + `2:x` is not `12` + `x`.
+        let x = IdempotencyKey::parse("2:x").unwrap();
+        let y = IdempotencyKey::parse("x").unwrap();
+        assert_ne!(
+            IdempotencyKey::scoped("1", &x),
+            IdempotencyKey::scoped("12", &y)
+        );
     }
 
     #[test]

@@ -239,8 +239,11 @@ pub async fn check(
             .filter(|(_, (created, refused))| *refused && !created)
             .map(|(key, _)| *key)
             .collect();
+        // The log has the keys as sent; the database as `<API client>:<key>`.
         let rows = sqlx::query_as::<_, (String, uuid::Uuid)>(
-            "select idempotency_key, id from orders where idempotency_scope = 'api' and idempotency_key = any($1)",
+            r#"select idempotency_key, id from orders
+                where idempotency_scope = 'api'
+                  and substr(idempotency_key, strpos(idempotency_key, ':') + 1) = any($1)"#,
         )
         .bind(&refused)
         .fetch_all(db)

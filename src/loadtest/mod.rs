@@ -90,6 +90,11 @@ pub struct LoadtestArgs {
     #[arg(long, env = "REDIS_URL", hide_env_values = true)]
     #[serde(skip)]
     pub redis_url: Option<String>,
+    /// API key to send to --target servers. Without one, the tool makes an unlimited API
+    /// client for itself in DATABASE_URL; servers it starts itself always get one.
+    #[arg(long, env = "STOCKADE_API_KEY", hide_env_values = true)]
+    #[serde(skip)]
+    pub api_key: Option<String>,
     /// Redis key prefix of the servers under test.
     #[arg(long, default_value = "stockade:")]
     pub redis_prefix: String,
@@ -126,7 +131,7 @@ pub const HOT_SKU: &str = "FLASH-DROP";
 pub const CATALOGUE_SKUS: usize = 20;
 
 impl LoadtestArgs {
-    fn plan(&self, targets: Vec<String>, run_id: String) -> Plan {
+    fn plan(&self, targets: Vec<String>, run_id: String, api_key: Option<String>) -> Plan {
         Plan {
             targets,
             scenario: self.scenario,
@@ -144,6 +149,7 @@ impl LoadtestArgs {
             timeout: Duration::from_millis(self.timeout_ms),
             seed: self.seed,
             run_id,
+            api_key,
         }
     }
 
@@ -215,12 +221,24 @@ async fn against_targets(args: &LoadtestArgs) -> anyhow::Result<Report> {
         .first()
         .cloned()
         .filter(|_| args.strategies.len() == 1);
+    let api_key = match (&args.api_key, &db) {
+        (Some(key), _) => Some(key.clone()),
+        (None, Some(db)) => Some(own_api_key(db).await?),
+        (None, None) => {
+            eprintln!(
+                "no --api-key (STOCKADE_API_KEY) and no DATABASE_URL to make one: \
+                 orders are sent without a key"
+            );
+            None
+        }
+    };
     let run = one_run(
         args,
         &targets,
         db.as_ref(),
         redis.as_ref(),
         label.unwrap_or_else(|| "servers".into()),
+        api_key,
     )
     .await?;
     Ok(Report {
@@ -284,6 +302,7 @@ async fn self_hosted(args: &LoadtestArgs) -> anyhow::Result<Report> {
         })
         .await?;
         let db = PgPool::connect(&database_url).await?;
+        let api_key = own_api_key(&db).await?;
         let prefix = format!("loadtest-{}:", uuid::Uuid::new_v4().simple());
         let env = vec![
             ("DATABASE_URL", database_url.clone()),
@@ -312,7 +331,15 @@ async fn self_hosted(args: &LoadtestArgs) -> anyhow::Result<Report> {
             url: redis_url.clone(),
             prefix,
         };
-        let run = one_run(args, &targets, Some(&db), Some(&redis), strategy.clone()).await;
+        let run = one_run(
+            args,
+            &targets,
+            Some(&db),
+            Some(&redis),
+            strategy.clone(),
+            Some(api_key),
+        )
+        .await;
         for server in &mut servers {
             server.stop();
         }
@@ -337,6 +364,18 @@ async fn self_hosted(args: &LoadtestArgs) -> anyhow::Result<Report> {
         parameters: serde_json::to_value(args)?,
         runs,
     })
+}
+
+/// Makes an unlimited API client for this run in `db` (the servers' database); its key.
+pub async fn own_api_key(db: &PgPool) -> anyhow::Result<String> {
+    let name = format!(
+        "loadtest {}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    let (_, key) = crate::clients::create(db, &name, crate::clients::Limit::Unlimited)
+        .await
+        .context("cannot make an API client for the load test")?;
+    Ok(key)
 }
 
 /// Creates a new database beside the one `url` names; returns its URL.
@@ -377,12 +416,13 @@ async fn one_run(
     db: Option<&PgPool>,
     redis: Option<&RedisTarget>,
     strategy: String,
+    api_key: Option<String>,
 ) -> anyhow::Result<StrategyRun> {
     if let Some(db) = db.filter(|_| !args.no_setup) {
         setup(db, args).await?;
     }
     let run_id = format!("lt-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-    let plan = args.plan(targets.to_vec(), run_id);
+    let plan = args.plan(targets.to_vec(), run_id, api_key);
     let live = Arc::new(Live::default());
     let progress = (!args.quiet).then(|| progress_bar(&plan, live.clone(), strategy.clone()));
     let result = run::run(&plan, live).await;

@@ -37,6 +37,8 @@ pub struct Plan {
     pub seed: u64,
     /// A run label that keeps idempotency keys unique across runs.
     pub run_id: String,
+    /// Sent as `Authorization: Bearer` with every request.
+    pub api_key: Option<String>,
 }
 
 /// How a buyer behaves.
@@ -452,9 +454,17 @@ async fn sample_stock(plan: &Plan, client: &reqwest::Client) -> Option<i64> {
 
 /// Runs `plan`; `live` is updated as it goes (for a progress bar).
 pub async fn run(plan: &Plan, live: Arc<Live>) -> anyhow::Result<RunResult> {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(key) = &plan.api_key {
+        let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}"))
+            .map_err(|_| anyhow::anyhow!("the API key has characters a header cannot carry"))?;
+        value.set_sensitive(true);
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+    }
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(plan.concurrency.max(16))
         .timeout(plan.timeout)
+        .default_headers(headers)
         .build()?;
     let recorder = Arc::new(Recorder {
         started: Instant::now(),

@@ -173,7 +173,7 @@ impl Redis {
 
     /// Runs one Redis call through the breaker: `None` when the breaker is open or the
     /// call failed (which counts towards opening it).
-    async fn call<T>(
+    pub(crate) async fn call<T>(
         &self,
         what: &str,
         call: impl Future<Output = redis::RedisResult<T>>,

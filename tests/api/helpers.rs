@@ -131,6 +131,11 @@ pub async fn test_settings() -> Settings {
         page_cache: Duration::ZERO,
         // `/metrics` is off the public port unless a token is set; tests read it with one.
         metrics_token: Some(METRICS_TOKEN.into()),
+        // Most tests send anonymous API orders, many of them fast from one address;
+        // `clients.rs` tests keys, the default (off) and the limits.
+        api_anonymous_orders: true,
+        rate_limit_per_minute: UNLIMITED_RATE,
+        rate_limit_burst: UNLIMITED_RATE,
         log_format: LogFormat::Pretty,
         log_filter: log.clone().unwrap_or_else(|| "off".into()),
         ..Settings::default()
@@ -139,6 +144,8 @@ pub async fn test_settings() -> Settings {
 
 /// The bearer token test servers serve `/metrics` to (see [`TestApp::metrics`]).
 pub const METRICS_TOKEN: &str = "test-metrics-token-0123456789";
+/// A rate limit no test reaches by accident.
+pub const UNLIMITED_RATE: u32 = 1_000_000;
 
 pub const ADMIN_USER: &str = "ada";
 pub const ADMIN_PASSWORD: &str = "correct horse battery staple";
@@ -528,6 +535,11 @@ pub async fn serve_app(app: &TestApp, extra: &[(&str, String)], args: &[&str]) -
         ("STOCKADE_DB_ACQUIRE_TIMEOUT_MS", "5000".into()),
         ("STOCKADE_LEASE_WAIT_MS", "2000".into()),
         ("STOCKADE_PAGE_CACHE_MS", "0".into()),
+        // As in `test_settings`; `extra` may turn them back.
+        ("STOCKADE_API_ANONYMOUS_ORDERS", "true".into()),
+        ("STOCKADE_RATE_LIMIT_PER_MINUTE", UNLIMITED_RATE.to_string()),
+        ("STOCKADE_RATE_LIMIT_BURST", UNLIMITED_RATE.to_string()),
+        ("STOCKADE_METRICS_TOKEN", METRICS_TOKEN.into()),
     ];
     env.extend(extra.iter().cloned());
     serve(&env, args).await

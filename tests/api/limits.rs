@@ -310,3 +310,35 @@ async fn an_admin_sets_the_limit_and_the_catalogue_shows_it() {
             .unwrap();
     assert_eq!(limit, Some(3));
 }
+
+#[tokio::test]
+async fn one_api_client_gets_its_allowance_once_from_any_address() {
+    let app = app_with_a_drop(OrderStrategy::RedisLock).await;
+    let (_, key) =
+        stockade::clients::create(&app.db, "reseller", stockade::clients::Limit::Unlimited)
+            .await
+            .unwrap();
+    let order = |idempotency: &'static str, address: &'static str| {
+        let (app, key) = (&app, &key);
+        async move {
+            app.client
+                .post(app.url("/api/v1/orders"))
+                .bearer_auth(key)
+                .header("x-forwarded-for", address)
+                .header("idempotency-key", idempotency)
+                .json(&serde_json::json!({"lines": [{"sku": "DROP-1", "quantity": 1}]}))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(order("k1", "192.0.2.10").await, 201);
+    assert_eq!(
+        order("k2", "192.0.2.11").await,
+        409,
+        "the client is one shopper"
+    );
+    assert_eq!(taken(&app).await, 1);
+}

@@ -42,11 +42,75 @@ fn failed(verdicts: &[Verdict]) -> Vec<&'static str> {
 }
 
 #[tokio::test]
+async fn the_load_tool_sends_the_api_key_it_is_given() {
+    let app = spawn_app().await;
+    let keyed = [
+        ("STOCKADE_API_ANONYMOUS_ORDERS", "false".to_string()),
+        ("STOCKADE_RATE_LIMIT_PER_MINUTE", "60".to_string()),
+        ("STOCKADE_RATE_LIMIT_BURST", "20".to_string()),
+    ];
+    let server = serve_app(&app, &keyed, &[]).await;
+    let (client, key) =
+        stockade::clients::create(&app.db, "given", stockade::clients::Limit::Unlimited)
+            .await
+            .unwrap();
+    let args = args(
+        &app,
+        std::slice::from_ref(&server.address),
+        &[
+            "--stock",
+            "5",
+            "--buyers",
+            "40",
+            "--concurrency",
+            "8",
+            "--api-key",
+            &key,
+        ],
+    );
+    let report = run_report(&args).await.unwrap();
+    let run = &report.runs[0];
+    assert!(run.passed(), "{:#?}", run.verdicts);
+    // Forty buyers from one address, past the default burst: none limited, all its own.
+    assert_eq!(
+        run.result.orders_acknowledged, 5,
+        "{:?}",
+        run.result.outcomes
+    );
+    // Every order (placed directly, or by confirming a hold) is the given client's.
+    let caller = stockade::clients::Caller::Client(stockade::clients::ApiClient {
+        id: client.id,
+        name: client.name.clone(),
+        limit: client.limit(),
+    });
+    let ids: Vec<uuid::Uuid> = sqlx::query_scalar("select id from orders")
+        .fetch_all(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(ids.len(), 5);
+    for id in ids {
+        assert!(
+            stockade::clients::owns_order(&app.db, &caller, id)
+                .await
+                .unwrap(),
+            "order {id} is the given client's"
+        );
+    }
+    assert_eq!(
+        app.count("select count(*) from api_clients").await,
+        1,
+        "no client of its own when given a key"
+    );
+}
+
+#[tokio::test]
 async fn a_flash_sale_with_retries_and_double_submits_passes_every_invariant() {
     let app = spawn_app().await;
+    // Keys required: the tool makes itself a client in the servers' database.
+    let keyed = [("STOCKADE_API_ANONYMOUS_ORDERS", "false".to_string())];
     let servers = [
-        serve_app(&app, &[], &[]).await,
-        serve_app(&app, &[], &[]).await,
+        serve_app(&app, &keyed, &[]).await,
+        serve_app(&app, &keyed, &[]).await,
     ];
     let targets: Vec<String> = servers.iter().map(|s| s.address.clone()).collect();
     let args = args(

@@ -5,6 +5,7 @@ mod admin;
 mod bench;
 mod browser;
 mod catalogue;
+mod clients;
 mod faults;
 mod health;
 mod helpers;

@@ -133,7 +133,7 @@ async fn a_batch_gives_each_request_its_own_answer() {
     // A key used for another request, and one whose first request is still running.
     sqlx::query(
         r#"insert into idempotency_keys (scope, key, fingerprint, state, owner, response_status, response_body, completed_at)
-           values ('api', 'mismatch', 'another request', 'completed', gen_random_uuid(), 409, '{}', now())"#,
+           values ('api', 'anon:mismatch', 'another request', 'completed', gen_random_uuid(), 409, '{}', now())"#,
     )
     .execute(&app.db)
     .await
@@ -148,7 +148,7 @@ async fn a_batch_gives_each_request_its_own_answer() {
     .fingerprint();
     sqlx::query(
         r#"insert into idempotency_keys (scope, key, fingerprint, state, owner)
-           values ('api', 'busy', $1, 'in_flight', gen_random_uuid())"#,
+           values ('api', 'anon:busy', $1, 'in_flight', gen_random_uuid())"#,
     )
     .bind(same_request.as_str())
     .execute(&app.db)
@@ -249,7 +249,10 @@ async fn sold_out_answers_come_from_redis(strategy: OrderStrategy) {
     );
     let mut redis = app.redis().await;
     let kept: Option<String> = redis::cmd("GET")
-        .arg(format!("{}decision:api:fresh", app.settings.redis_prefix))
+        .arg(format!(
+            "{}decision:api:anon:fresh",
+            app.settings.redis_prefix
+        ))
         .query_async(&mut redis)
         .await
         .unwrap();
@@ -294,7 +297,7 @@ async fn sold_out_answers_come_from_redis(strategy: OrderStrategy) {
     let since = Instant::now();
     loop {
         let status: Option<i16> = sqlx::query_scalar(
-            "select response_status from idempotency_keys where scope = 'api' and key = 'fresh'",
+            "select response_status from idempotency_keys where scope = 'api' and key = 'anon:fresh'",
         )
         .fetch_optional(&app.db)
         .await

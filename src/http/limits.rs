@@ -1,0 +1,106 @@
+//! Who is calling the API, and the rate limit on placing orders and holds.
+//!
+//! - [`caller`]: the API client named by `Authorization: Bearer sk_…`; without the header,
+//!   anonymous when `STOCKADE_API_ANONYMOUS_ORDERS` allows it, else 401. A wrong or revoked
+//!   key is 401 whatever that setting says (a client that thinks it sends a key should
+//!   learn that it does not work).
+//! - [`limit_placement`]: every order or hold (API or checkout form) counts against its
+//!   caller's bucket: the API client's, or else the address's ([`super::client_addr`]).
+//!   Past the limit: 429 with `Retry-After`. The rule itself is in [`crate::ratelimit`].
+
+use actix_web::HttpRequest;
+use actix_web::http::header;
+
+use super::AppState;
+use crate::clients::{Caller, KEY_PREFIX, Limit};
+use crate::error::AppError;
+use crate::ratelimit::{Decision, Quota, retry_after_secs};
+
+/// The caller of an API request that places or reads orders and holds.
+pub async fn caller(req: &HttpRequest, state: &AppState) -> Result<Caller, AppError> {
+    let Some(value) = req.headers().get(header::AUTHORIZATION) else {
+        if state.settings.api_anonymous_orders {
+            return Ok(Caller::Anonymous);
+        }
+        return Err(AppError::ApiKey {
+            message: "Orders and holds need an API key: send it as \
+                      `Authorization: Bearer sk_…`. The shop's admin can make you one."
+                .into(),
+            invalid: false,
+        });
+    };
+    let invalid = || AppError::ApiKey {
+        message: "This API key is not valid: it is unknown, mistyped or revoked. \
+                  Send it as `Authorization: Bearer sk_…`."
+            .into(),
+        invalid: true,
+    };
+    let key = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.trim().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, key)| key.trim())
+        .filter(|key| key.starts_with(KEY_PREFIX) && key.len() <= 128)
+        .ok_or_else(invalid)?;
+    match state.api_keys.client(&state.db, key).await? {
+        Some(client) => Ok(Caller::Client(client)),
+        None => Err(invalid()),
+    }
+}
+
+/// Counts one order or hold against the caller's rate limit (`None`: a checkout form,
+/// counted by address); 429 past it.
+pub async fn limit_placement(
+    req: &HttpRequest,
+    state: &AppState,
+    caller: Option<&Caller>,
+) -> Result<(), AppError> {
+    let settings = &state.settings;
+    let default = Quota {
+        per_minute: settings.rate_limit_per_minute,
+        burst: settings.rate_limit_burst,
+    };
+    let (subject, quota) = match caller {
+        Some(Caller::Client(client)) => {
+            let subject = format!("client:{}", client.id);
+            match client.limit {
+                Limit::Unlimited => return Ok(()),
+                Limit::Default => (subject, default),
+                // Bursts of ten seconds' worth, or the shop's burst if that is more.
+                Limit::PerMinute(n) => (
+                    subject,
+                    Quota {
+                        per_minute: n,
+                        burst: default.burst.max(n / 6),
+                    },
+                ),
+            }
+        }
+        Some(Caller::Anonymous) | None => (
+            format!("addr:{}", super::client_addr(req, &state.settings)),
+            default,
+        ),
+    };
+    let (decision, store) = state.limiter.check(&subject, quota).await;
+    match decision {
+        Decision::Allowed => Ok(()),
+        Decision::Limited { retry_after } => {
+            state
+                .metrics
+                .rate_limited
+                .with_label_values(&[store.as_str()])
+                .inc();
+            let secs = retry_after_secs(retry_after);
+            tracing::info!(subject, retry_after_s = secs, "rate limited");
+            Err(AppError::TooManyRequests {
+                message: format!(
+                    "Too many orders from you: at most {} a minute, {} at once. \
+                     Please wait {secs} s before the next one.",
+                    quota.per_minute, quota.burst
+                ),
+                retry_after: secs,
+            })
+        }
+    }
+}
