@@ -140,16 +140,23 @@ pub fn see_other(location: &str) -> actix_web::HttpResponse {
         .finish()
 }
 
+/// A route for GET, which also answers HEAD (the same headers, no body), as monitors and
+/// link checkers expect.
+fn get() -> actix_web::Route {
+    use actix_web::guard;
+    web::route().guard(guard::Any(guard::Get()).or(guard::Head()))
+}
+
 /// Every route of the application.
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("/", web::get().to(pages::get_catalogue))
-        .route("/products/{sku}", web::get().to(pages::get_product))
-        .route("/cart", web::get().to(shop::get_cart))
+    cfg.route("/", get().to(pages::get_catalogue))
+        .route("/products/{sku}", get().to(pages::get_product))
+        .route("/cart", get().to(shop::get_cart))
         .route("/cart/add", web::post().to(shop::post_cart_add))
         .route("/cart/update", web::post().to(shop::post_cart_update))
-        .route("/checkout", web::get().to(shop::get_checkout))
+        .route("/checkout", get().to(shop::get_checkout))
         .route("/checkout", web::post().to(shop::post_checkout))
-        .route("/checkout/{id}", web::get().to(shop::get_checkout_hold))
+        .route("/checkout/{id}", get().to(shop::get_checkout_hold))
         .route(
             "/checkout/{id}/confirm",
             web::post().to(shop::post_checkout_confirm),
@@ -158,27 +165,27 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             "/checkout/{id}/cancel",
             web::post().to(shop::post_checkout_cancel),
         )
-        .route("/orders/{id}", web::get().to(shop::get_order))
+        .route("/orders/{id}", get().to(shop::get_order))
         // Before the /api/v1 scope, which would otherwise claim /api/v1/admin.
         .configure(admin::register)
         .service(
             web::scope("/api/v1")
-                .route("/products", web::get().to(api::get_products))
-                .route("/products/{sku}", web::get().to(api::get_product))
+                .route("/products", get().to(api::get_products))
+                .route("/products/{sku}", get().to(api::get_product))
                 .route("/orders", web::post().to(api::post_orders))
-                .route("/orders/{id}", web::get().to(api::get_order))
+                .route("/orders/{id}", get().to(api::get_order))
                 .route("/holds", web::post().to(api::post_holds))
-                .route("/holds/{id}", web::get().to(api::get_hold))
+                .route("/holds/{id}", get().to(api::get_hold))
                 .route("/holds/{id}", web::delete().to(api::delete_hold))
                 .route(
                     "/holds/{id}/confirm",
                     web::post().to(api::post_hold_confirm),
                 ),
         )
-        .route("/healthz", web::get().to(health::get_healthz))
-        .route("/readyz", web::get().to(health::get_readyz))
-        .route("/metrics", web::get().to(health::get_metrics))
-        .route("/static/{file}", web::get().to(assets::get_asset));
+        .route("/healthz", get().to(health::get_healthz))
+        .route("/readyz", get().to(health::get_readyz))
+        .route("/metrics", get().to(health::get_metrics))
+        .route("/static/{file}", get().to(assets::get_asset));
 }
 
 /// What every page's frame (header, banner, footer) needs; `base.html` reads it.

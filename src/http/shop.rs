@@ -429,7 +429,7 @@ pub async fn post_checkout_confirm(
     if form.email.trim().is_empty() {
         return again(
             StatusCode::UNPROCESSABLE_ENTITY,
-            "Please give an email address for the receipt.",
+            "Please give an email address, so we can reach you about your order.",
             vec![],
         )
         .await;

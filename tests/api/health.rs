@@ -37,3 +37,32 @@ async fn readyz_answers_503_naming_redis_when_redis_is_stopped() {
     // The storefront keeps working without Redis.
     assert_eq!(app.get("/").await.status().as_u16(), 200);
 }
+
+#[tokio::test]
+async fn head_answers_like_get_without_a_body() {
+    let app = spawn_app().await;
+    app.seed_demo().await;
+    for path in [
+        "/",
+        "/healthz",
+        "/readyz",
+        "/products/KB-ALPINE-75",
+        "/api/v1/products",
+    ] {
+        let get = app.get(path).await;
+        let head = app.client.head(app.url(path)).send().await.unwrap();
+        assert_eq!(head.status(), get.status(), "HEAD {path}");
+        assert_eq!(
+            head.headers().get("content-type"),
+            get.headers().get("content-type"),
+            "HEAD {path}"
+        );
+        assert!(
+            head.bytes().await.unwrap().is_empty(),
+            "HEAD {path} has no body"
+        );
+    }
+    // Not a way around the routes that only take other methods.
+    let res = app.client.head(app.url("/cart/add")).send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 404);
+}
