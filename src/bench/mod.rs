@@ -31,6 +31,9 @@ use crate::loadtest::servers::ServerProcess;
 use crate::local::{LocalOptions, LocalServices};
 
 /// What the requests do.
+/// Idle connections the open-loop client keeps to each server.
+const OPEN_LOOP_CONNECTIONS: usize = 1024;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Workload {
@@ -529,7 +532,12 @@ impl Bench<'_> {
 
     async fn open_loop(&self, load: &Load, rate: f64) -> anyhow::Result<Measured> {
         let duration = Duration::from_secs(self.plan.duration_s);
-        let client = load::client(self.plan.connections, load.timeout)?;
+        // As many connections as arrivals ever overlap, kept open between requests (a
+        // connection opened per request would measure the handshake), and a warm-up at the
+        // same rate that opens them.
+        let client = load::client(OPEN_LOOP_CONNECTIONS, load.timeout)?;
+        let warmup = Duration::from_secs_f64(self.plan.warmup_s);
+        load::open(load, &client, rate, warmup, Arc::default()).await;
         let live = Arc::new(Live::default());
         let label = format!("hot-sku · batched · open loop {rate:.0}/s");
         let progress = self.progress(label, duration, live.clone());
