@@ -50,8 +50,11 @@ define install_missing
 	fi; \
 	if [ -n "$$missing" ]; then \
 	  if command -v apt-get >/dev/null 2>&1; then \
-	    echo "Installing:$$missing"; \
-	    $(SUDO) $(APT) update -qq && $(SUDO) $(APT) install -y -qq $$missing >/dev/null; \
+	    echo "Installing:$$missing (apt-get; a minute or two on a fresh machine)"; \
+	    echo "  updating the package lists..."; \
+	    $(SUDO) $(APT) update -qq || exit 1; \
+	    set -o pipefail; \
+	    $(SUDO) $(APT) install -y -q $$missing | (grep --line-buffered '^Setting up ' | sed 's/^/  /' || true) || exit 1; \
 	  else \
 	    echo "Please install:$$missing"; \
 	    echo "(a PostgreSQL server with postgres and initdb; a Redis server; for the tests and the bench pgbench; for the tests Chromium with ChromeDriver and docker-compose)"; \

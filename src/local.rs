@@ -115,7 +115,7 @@ impl LocalPostgres {
             }
         }
 
-        let port = port.map_or_else(free_port, Ok)?;
+        let port = port.map_or_else(|| remembered_port(wanted, "postgres"), Ok)?;
         let log = fs::File::create(dir.join("postgres.log")).context("postgres.log")?;
         let mut cmd = Command::new(bin.join("postgres"));
         cmd.arg("-D")
@@ -243,7 +243,7 @@ impl LocalRedis {
         if let Some(owner) = &owner {
             nix::unistd::chown(&config, Some(owner.uid), Some(owner.gid))?;
         }
-        let port = port.map_or_else(free_port, Ok)?;
+        let port = port.map_or_else(|| remembered_port(wanted, "redis"), Ok)?;
         let mut cmd = Command::new(bin);
         cmd.arg(&config)
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
@@ -374,6 +374,26 @@ pub async fn create_database(maintenance_url: &str, name: &str) -> anyhow::Resul
     }
     conn.close().await?;
     Ok(())
+}
+
+/// The port a server whose files are in `wanted` used last time (kept beside the folder,
+/// `<name>.port`) if it is free now, else a free one, remembered for next time: so the
+/// URLs local mode prints (`DATABASE_URL` for `stockade admin …`) stay valid across
+/// restarts.
+fn remembered_port(wanted: &Path, name: &str) -> anyhow::Result<u16> {
+    let stem = wanted.file_name().and_then(|n| n.to_str()).unwrap_or(name);
+    let file = wanted.with_file_name(format!("{stem}.port"));
+    if let Some(port) = fs::read_to_string(&file)
+        .ok()
+        .and_then(|s| s.trim().parse::<u16>().ok())
+        && TcpListener::bind(("127.0.0.1", port)).is_ok()
+    {
+        return Ok(port);
+    }
+    let port = free_port()?;
+    // Only a convenience: a folder that cannot take the file gets a new port next time.
+    let _ = fs::write(&file, port.to_string());
+    Ok(port)
 }
 
 /// A port that was free a moment ago.

@@ -193,6 +193,8 @@ pub async fn connect_database(settings: &Settings) -> anyhow::Result<PgPool> {
     PgPoolOptions::new()
         .max_connections(settings.db_pool_size)
         .acquire_timeout(settings.db_acquire_timeout)
+        // A wait that long ends in a 503, which is logged; no second warning for it.
+        .acquire_slow_threshold(settings.db_acquire_timeout)
         .test_before_acquire(false)
         .before_acquire(move |conn, meta| {
             Box::pin(async move {

@@ -43,7 +43,7 @@
       const layer = document.getElementById("lease-layer");
       layer.textContent = d.lease_layer;
       layer.className = d.lease_layer === "up" ? "ok" : "bad";
-      status.textContent = `live · updated ${new Date().toLocaleTimeString()}`;
+      status.textContent = `live · updated ${new Date().toISOString().slice(11, 19)} UTC`;
     } catch (e) {
       status.textContent = "live updates paused (reconnecting)";
     }

@@ -91,9 +91,12 @@ async fn local_mode_keeps_its_data_across_a_restart_and_leaves_no_servers_behind
         html.contains("Second Batch"),
         "the change survived the restart"
     );
-    let db = sqlx::PgPool::connect(&second.printed("PostgreSQL").unwrap())
-        .await
-        .unwrap();
+    assert_eq!(
+        second.printed("PostgreSQL").as_deref(),
+        Some(db_url.as_str()),
+        "the same DATABASE_URL as before (its port kept while free)"
+    );
+    let db = sqlx::PgPool::connect(&db_url).await.unwrap();
     let products: i64 = sqlx::query_scalar("select count(*) from products")
         .fetch_one(&db)
         .await
