@@ -820,3 +820,103 @@ async fn an_admin_restock_refreshed_resubmitted_and_double_clicked_adds_once_per
     app.assert_invariants().await;
     b.close().await.unwrap();
 }
+
+#[tokio::test]
+async fn every_page_fits_a_phone_and_a_desktop() {
+    let app = spawn_app().await;
+    app.seed_demo().await;
+    stockade::admin::create_admin(
+        &app.db,
+        crate::helpers::ADMIN_USER,
+        crate::helpers::ADMIN_PASSWORD,
+    )
+    .await
+    .unwrap();
+    let order: serde_json::Value = app
+        .post_order("fit-order", &[("CB-BRAID-2M", 1), ("MS-DRIFT-WL", 2)])
+        .await
+        .json()
+        .await
+        .unwrap();
+    let order = order["id"].as_str().unwrap().to_string();
+    let hold: serde_json::Value = app
+        .client
+        .post(app.url("/api/v1/holds"))
+        .header("Idempotency-Key", "fit-hold")
+        .json(
+            &serde_json::json!({"lines": [{"sku": "LT-ARC-LAMP", "quantity": 1},
+                                            {"sku": "CF-BEANS-ETH", "quantity": 3}]}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let hold = hold["id"].as_str().unwrap().to_string();
+
+    let b = browser().await;
+    // A cart with lines, and an admin session.
+    for sku in ["CB-BRAID-2M", "DM-WALNUT-90"] {
+        b.goto(&app.url(&format!("/products/{sku}"))).await.unwrap();
+        b.find(Locator::Id("add-to-cart"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        b.wait()
+            .for_element(Locator::Css("table.lines"))
+            .await
+            .unwrap();
+    }
+    b.goto(&app.url("/admin")).await.unwrap();
+    log_in(&b).await;
+    b.wait().for_element(Locator::Css(".stats")).await.unwrap();
+
+    let pages = [
+        "/".to_string(),
+        "/products/CB-BRAID-2M".into(),
+        "/cart".into(),
+        format!("/checkout/{hold}"),
+        format!("/orders/{order}"),
+        "/admin".into(),
+        "/admin/products".into(),
+        "/admin/products/new".into(),
+        "/admin/products/KB-ALPINE-75".into(),
+        "/admin/products/KB-ALPINE-75/ledger".into(),
+        "/admin/orders".into(),
+        format!("/admin/orders/{order}"),
+        "/admin/holds".into(),
+        "/admin/api-clients".into(),
+    ];
+    let mut wider = Vec::new();
+    for (width, height) in [(390, 844), (1280, 900)] {
+        b.set_window_size(width, height).await.unwrap();
+        for page in &pages {
+            b.goto(&app.url(page)).await.unwrap();
+            let sizes = b
+                .execute(
+                    "return [document.documentElement.scrollWidth, window.innerWidth];",
+                    vec![],
+                )
+                .await
+                .unwrap();
+            let (scroll, inner) = (sizes[0].as_f64().unwrap(), sizes[1].as_f64().unwrap());
+            assert!(
+                inner <= f64::from(width),
+                "{page}: the window is {inner} px wide"
+            );
+            if scroll > inner {
+                wider.push(format!("{page} at {width} px: {scroll} px wide"));
+            }
+            match (width, page.as_str()) {
+                (390, "/") => save_screenshot(&b, "catalogue-phone.png").await,
+                (390, "/cart") => save_screenshot(&b, "cart-phone.png").await,
+                _ => {}
+            }
+        }
+    }
+    b.set_window_size(1280, 900).await.unwrap();
+    assert!(wider.is_empty(), "wider than the screen: {wider:#?}");
+}
