@@ -277,7 +277,10 @@ pub async fn lookup(
 }
 
 /// Which of `keys` (scope, key) have a record, in order.
-pub async fn present(pool: &PgPool, keys: &[(&str, &str)]) -> sqlx::Result<Vec<bool>> {
+pub async fn present(
+    conn: impl sqlx::PgExecutor<'_>,
+    keys: &[(&str, &str)],
+) -> sqlx::Result<Vec<bool>> {
     let scopes: Vec<&str> = keys.iter().map(|(s, _)| *s).collect();
     let names: Vec<&str> = keys.iter().map(|(_, k)| *k).collect();
     let found: Vec<i64> = sqlx::query_scalar(
@@ -287,7 +290,7 @@ pub async fn present(pool: &PgPool, keys: &[(&str, &str)]) -> sqlx::Result<Vec<b
     )
     .bind(&scopes)
     .bind(&names)
-    .fetch_all(pool)
+    .fetch_all(conn)
     .await?;
     let mut present = vec![false; keys.len()];
     for i in found {

@@ -248,6 +248,13 @@ impl Batcher {
                     }
                     OrderError::Busy
                 }
+                Ok(Ok(Applied::Raced)) => {
+                    if attempts < super::place::MAX_ATTEMPTS {
+                        batch = now.into_iter().chain(later).collect();
+                        continue;
+                    }
+                    OrderError::Busy
+                }
                 Ok(Ok(Applied::Done(decided))) => {
                     self.after_commit(&decided).await;
                     for (q, answer) in now.into_iter().zip(decided.each) {
@@ -383,6 +390,8 @@ enum Applied {
     StaleFence {
         last_fence: i64,
     },
+    /// A key of the batch was recorded elsewhere while it ran: nothing was written.
+    Raced,
 }
 
 /// One answer per job, in job order, and what the batch did to stock.
@@ -437,32 +446,20 @@ async fn transact(db: &PgPool, jobs: &[&Job], fence: Option<i64>) -> sqlx::Resul
         }
     }
 
-    // 2. Claim every key of a SKU on sale at once; those already taken drop out. Then
-    //    allocate in arrival order.
-    let on_sale: Vec<&Job> = jobs
+    // 2. Keys with a record already drop out (answered from it); the batch decides the
+    //    others, the first of each key if one came twice. Their records are written at
+    //    the end, completed; a request elsewhere that records one of them first makes
+    //    the batch start again. Then allocate in arrival order.
+    let on_sale: Vec<(&str, &str)> = jobs
         .iter()
-        .copied()
         .filter(|j| stocked.contains_key(j.sku().as_str()))
+        .map(|j| (j.scope.as_str(), j.key.as_str()))
         .collect();
-    let scopes: Vec<&str> = on_sale.iter().map(|j| j.scope.as_str()).collect();
-    let keys: Vec<&str> = on_sale.iter().map(|j| j.key.as_str()).collect();
-    let fingerprints: Vec<&str> = on_sale.iter().map(|j| j.fingerprint.as_str()).collect();
-    let claimed: Vec<(String, String)> = sqlx::query_as(
-        r#"insert into idempotency_keys (scope, key, fingerprint, state, owner)
-           select scope, key, fingerprint, 'in_flight', $4
-             from unnest($1::text[], $2::text[], $3::text[]) as u(scope, key, fingerprint)
-           on conflict (scope, key) do nothing
-           returning scope, key"#,
-    )
-    .bind(&scopes)
-    .bind(&keys)
-    .bind(&fingerprints)
-    .bind(owner)
-    .fetch_all(&mut *tx)
-    .await?;
-    let mut claims: HashSet<(&str, &str)> = claimed
+    let recorded = crate::idempotency::present(&mut *tx, &on_sale).await?;
+    let mut claims: HashSet<(&str, &str)> = on_sale
         .iter()
-        .map(|(s, k)| (s.as_str(), k.as_str()))
+        .zip(recorded)
+        .filter_map(|(key, recorded)| (!recorded).then_some(*key))
         .collect();
 
     // Purchase limits: what each limited order's shopper bought or holds already (the
@@ -488,7 +485,6 @@ async fn transact(db: &PgPool, jobs: &[&Job], fence: Option<i64>) -> sqlx::Resul
         super::db::bought_by(&mut tx, &asks).await?
     };
     let mut bought: HashMap<usize, i64> = limited.iter().map(|(i, _)| *i).zip(counted).collect();
-    let mut refused_over_limit = false;
 
     let now = chrono::DateTime::from_timestamp_micros(Utc::now().timestamp_micros())
         .expect("now is representable");
@@ -511,7 +507,6 @@ async fn transact(db: &PgPool, jobs: &[&Job], fence: Option<i64>) -> sqlx::Resul
         {
             let refusal = super::place::limit_refusal(&stock.name, limit, q, already);
             each.push(BatchAnswer::Failed(OrderError::OverLimit(refusal)));
-            refused_over_limit = true;
             continue;
         }
         if q <= stock.left {
@@ -583,12 +578,20 @@ async fn transact(db: &PgPool, jobs: &[&Job], fence: Option<i64>) -> sqlx::Resul
         })
         .collect();
     if !placed.is_empty() {
-        insert_orders(&mut tx, &placed).await?;
+        match insert_orders(&mut tx, &placed).await {
+            // A key got its order elsewhere meanwhile: start again, without it.
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+                tx.rollback().await?;
+                return Ok(Applied::Raced);
+            }
+            other => other?,
+        }
     }
 
-    // Every claimed key completed with its own answer.
+    // Every key the batch decided, recorded with its own answer.
     let mut done_scopes = Vec::new();
     let mut done_keys = Vec::new();
+    let mut done_fingerprints = Vec::new();
     let mut statuses = Vec::new();
     let mut bodies = Vec::new();
     for (job, answer) in jobs.iter().zip(&each) {
@@ -601,37 +604,33 @@ async fn transact(db: &PgPool, jobs: &[&Job], fence: Option<i64>) -> sqlx::Resul
         };
         done_scopes.push(job.scope.as_str());
         done_keys.push(job.key.as_str());
+        done_fingerprints.push(job.fingerprint.as_str());
         statuses.push(status);
         bodies.push(body.expect("answers serialise"));
     }
-    let completed = sqlx::query(
-        r#"update idempotency_keys k
-              set state = 'completed', response_status = u.status, response_body = u.body,
-                  completed_at = now()
-             from unnest($1::text[], $2::text[], $3::int2[], $4::jsonb[])
-                  as u(scope, key, status, body)
-            where k.scope = u.scope and k.key = u.key and k.owner = $5
-              and k.state = 'in_flight'"#,
+    // A request elsewhere that claimed one of these keys since the read above holds this
+    // insert until it ends; if it recorded the key, the batch starts again without it.
+    let recorded = sqlx::query(
+        r#"insert into idempotency_keys
+                  (scope, key, fingerprint, state, owner, response_status, response_body,
+                   completed_at)
+           select scope, key, fingerprint, 'completed', $6, status, body, now()
+             from unnest($1::text[], $2::text[], $3::text[], $4::int2[], $5::jsonb[])
+                  as u(scope, key, fingerprint, status, body)
+           on conflict (scope, key) do nothing"#,
     )
     .bind(&done_scopes)
     .bind(&done_keys)
+    .bind(&done_fingerprints)
     .bind(&statuses)
     .bind(&bodies)
     .bind(owner)
     .execute(&mut *tx)
     .await?
     .rows_affected();
-    if completed as usize != done_keys.len() {
-        return Err(sqlx::Error::Protocol(
-            "a batch key was claimed but could not be completed".into(),
-        ));
-    }
-    if refused_over_limit {
-        // Refusals over a limit are not stored: their claims go, and a retry decides anew.
-        sqlx::query("delete from idempotency_keys where owner = $1 and state = 'in_flight'")
-            .bind(owner)
-            .execute(&mut *tx)
-            .await?;
+    if recorded as usize != done_keys.len() {
+        tx.rollback().await?;
+        return Ok(Applied::Raced);
     }
     tx.commit().await?;
     let sold = sold

@@ -326,6 +326,74 @@ async fn sold_out_answers_under_redis_lock_come_from_redis() {
 }
 
 #[tokio::test]
+async fn a_batch_whose_key_is_recorded_elsewhere_meanwhile_starts_again_without_it() {
+    let app = spawn_app_with(Settings {
+        order_strategy: OrderStrategy::Batched,
+        ..test_settings().await
+    })
+    .await;
+    app.add_product("RACE-1", "Raced", 1_000, 10).await;
+    let fingerprint = stockade::orders::OrderRequest::new(
+        vec![(Sku::parse("RACE-1").unwrap(), 1)],
+        None,
+        None,
+        10,
+    )
+    .unwrap()
+    .fingerprint();
+    // Another process is deciding the key: its record is written but not yet committed.
+    let mut elsewhere = app.db.begin().await.unwrap();
+    sqlx::query(
+        r#"insert into idempotency_keys
+                  (scope, key, fingerprint, state, owner, response_status, response_body, completed_at)
+           values ('api', 'anon:raced', $1, 'completed', gen_random_uuid(), 409,
+                   '{"shortages": [{"sku": "RACE-1", "requested": 1, "available": 0}]}', now())"#,
+    )
+    .bind(fingerprint.as_str())
+    .execute(&mut *elsewhere)
+    .await
+    .unwrap();
+
+    let app_ref = &app;
+    let (raced, other) = tokio::join!(
+        async move {
+            let res = app_ref.post_order("raced", &[("RACE-1", 1)]).await;
+            let replayed = res.headers().contains_key("idempotency-replayed");
+            (
+                res.status().as_u16(),
+                replayed,
+                res.json::<serde_json::Value>().await.unwrap(),
+            )
+        },
+        async move {
+            // The batch waits on the other record; it commits a moment later.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            elsewhere.commit().await.unwrap();
+            app_ref
+                .post_order("after", &[("RACE-1", 1)])
+                .await
+                .status()
+                .as_u16()
+        }
+    );
+    assert_eq!(other, 201);
+    // The key's answer is the one recorded elsewhere, not a second decision.
+    assert_eq!((raced.0, raced.1), (409, true), "{raced:?}");
+    assert_eq!(raced.2["shortages"][0]["available"], 0);
+    assert_eq!(
+        app.count("select count(*) from orders where idempotency_key = 'anon:raced'")
+            .await,
+        0
+    );
+    assert_eq!(
+        app.stock("RACE-1").await.0,
+        9,
+        "only the other order took a unit"
+    );
+    app.assert_invariants().await;
+}
+
+#[tokio::test]
 async fn a_batch_spans_skus_and_an_order_whose_sku_is_leased_elsewhere_waits_alone() {
     let app = spawn_app_with(Settings {
         order_strategy: OrderStrategy::Batched,
