@@ -12,13 +12,16 @@
 //!    (exclusion and fencing across processes, as `redis-lock`); orders for a SKU whose
 //!    lease another process holds wait for the next batch, and give up with 503 after
 //!    `STOCKADE_LEASE_WAIT_MS`;
-//! 3. one transaction: the stock rows are locked in SKU order and prices read; every key
-//!    is claimed by one insert (a key already decided, or twice in the batch, drops out
-//!    and is answered from its record); units are allocated per SKU in arrival order,
-//!    each order accepted while enough is left, the others refused with their own
-//!    shortage; one conditional update takes each SKU's accepted total (it still refuses
-//!    to go below zero or past a newer fence); set-based inserts (`unnest`) write every
-//!    order, line and ledger row, and complete every key with its own answer;
+//! 3. one transaction: the stock rows are locked in SKU order and prices read; one read
+//!    finds the keys that have a record (they drop out and are answered from it, as does
+//!    the second of a key sent twice); units are allocated per SKU in arrival order, each
+//!    order accepted while enough is left, the others refused with their own shortage;
+//!    one conditional update takes each SKU's accepted total (it still refuses to go below
+//!    zero or past a newer fence); set-based inserts (`unnest`) write every order, line
+//!    and ledger row, and one insert records every key, completed with its own answer. A
+//!    request elsewhere that claimed one of the keys meanwhile holds that insert until it
+//!    ends; if it recorded the key (or its order), nothing is written and the batch starts
+//!    again, and the key is answered from that record;
 //! 4. one COMMIT, then every request gets its own answer.
 //!
 //! A request never poisons its batch: it is parsed and validated before it queues, a key
