@@ -325,7 +325,15 @@ pub async fn post_checkout(
             }
         }
     })
-    .await??;
+    .await?;
+    let placement = match placement {
+        // Over a product's limit per customer: back on the cart, saying so.
+        Err(OrderError::OverLimit(message)) => {
+            let page = cart_page(&req, &state, Some(message), Vec::new()).await?;
+            return html(StatusCode::CONFLICT, &page);
+        }
+        other => other?,
+    };
     match placement {
         Placement::Held { hold, .. } => Ok(see_other(&format!("/checkout/{}", hold.id))),
         Placement::Placed { order, .. } => Ok(see_other(&format!("/orders/{}", order.id))),

@@ -71,6 +71,12 @@ async fn browser_checkout(base: &str, address: &str) -> (u16, String) {
         .get("location")
         .map(|l| l.to_str().unwrap().to_string())
         .unwrap_or_default();
+    if status == 409 {
+        // Back on the cart, told why.
+        let page = res.text().await.unwrap();
+        assert!(page.contains("Your cart"), "{page}");
+        assert!(page.contains("limited to 1 per customer"), "{page}");
+    }
     (status, location)
 }
 
