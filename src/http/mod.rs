@@ -50,9 +50,7 @@ impl AppState {
     pub fn on_metrics_listener(&self, req: &HttpRequest) -> bool {
         self.metrics_addr == Some(req.app_config().local_addr())
     }
-}
 
-impl AppState {
     /// After this process changed `sku`'s stock outside an order: its pages and its
     /// sold-out hint are forgotten, so returned units are offered at once.
     pub async fn stock_changed(&self, sku: &crate::catalog::Sku) {

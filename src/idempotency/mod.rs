@@ -342,10 +342,13 @@ pub struct Decision<'a> {
     pub response: StoredResponse,
 }
 
-/// Stores many decided answers by one statement (answers first kept elsewhere, such as
-/// sold-out answers kept in Redis); a key that has a record already keeps it. Returns how
-/// many were stored.
-pub async fn store_decided(pool: &PgPool, decisions: &[Decision<'_>]) -> sqlx::Result<u64> {
+/// Stores many decided answers by one statement (a batch's answers, or sold-out answers
+/// first kept in Redis); a key that has a record already keeps it. Returns how many were
+/// stored.
+pub async fn store_decided(
+    conn: impl sqlx::PgExecutor<'_>,
+    decisions: &[Decision<'_>],
+) -> sqlx::Result<u64> {
     let scopes: Vec<&str> = decisions.iter().map(|d| d.scope).collect();
     let keys: Vec<&str> = decisions.iter().map(|d| d.key).collect();
     let fingerprints: Vec<&str> = decisions.iter().map(|d| d.fingerprint).collect();
@@ -366,7 +369,7 @@ pub async fn store_decided(pool: &PgPool, decisions: &[Decision<'_>]) -> sqlx::R
     .bind(&statuses)
     .bind(&bodies)
     .bind(Uuid::new_v4())
-    .execute(pool)
+    .execute(conn)
     .await?
     .rows_affected())
 }

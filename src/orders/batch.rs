@@ -417,7 +417,6 @@ struct Stocked {
 
 /// The batch's one transaction (see the module documentation).
 async fn transact(db: &PgPool, jobs: &[&Job], fence: Option<i64>) -> sqlx::Result<Applied> {
-    let owner = Uuid::new_v4();
     let mut skus: Vec<Sku> = jobs.iter().map(|j| j.sku().clone()).collect();
     skus.sort_unstable();
     skus.dedup();
@@ -591,47 +590,32 @@ async fn transact(db: &PgPool, jobs: &[&Job], fence: Option<i64>) -> sqlx::Resul
         }
     }
 
-    // Every key the batch decided, recorded with its own answer.
-    let mut done_scopes = Vec::new();
-    let mut done_keys = Vec::new();
-    let mut done_fingerprints = Vec::new();
-    let mut statuses = Vec::new();
-    let mut bodies = Vec::new();
-    for (job, answer) in jobs.iter().zip(&each) {
-        let (status, body) = match answer {
-            BatchAnswer::Placed(order) => (201i16, serde_json::to_value(order)),
-            BatchAnswer::Short(shortages) => {
-                (409, Ok(serde_json::json!({ "shortages": shortages })))
-            }
-            _ => continue,
-        };
-        done_scopes.push(job.scope.as_str());
-        done_keys.push(job.key.as_str());
-        done_fingerprints.push(job.fingerprint.as_str());
-        statuses.push(status);
-        bodies.push(body.expect("answers serialise"));
-    }
-    // A request elsewhere that claimed one of these keys since the read above holds this
-    // insert until it ends; if it recorded the key, the batch starts again without it.
-    let recorded = sqlx::query(
-        r#"insert into idempotency_keys
-                  (scope, key, fingerprint, state, owner, response_status, response_body,
-                   completed_at)
-           select scope, key, fingerprint, 'completed', $6, status, body, now()
-             from unnest($1::text[], $2::text[], $3::text[], $4::int2[], $5::jsonb[])
-                  as u(scope, key, fingerprint, status, body)
-           on conflict (scope, key) do nothing"#,
-    )
-    .bind(&done_scopes)
-    .bind(&done_keys)
-    .bind(&done_fingerprints)
-    .bind(&statuses)
-    .bind(&bodies)
-    .bind(owner)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    if recorded as usize != done_keys.len() {
+    // Every key the batch decided, recorded with its own answer. A request elsewhere that
+    // claimed one of these keys since the read above holds this insert until it ends; if
+    // it recorded the key, the batch starts again without it.
+    let decisions: Vec<crate::idempotency::Decision<'_>> = jobs
+        .iter()
+        .zip(&each)
+        .filter_map(|(job, answer)| {
+            let (status, body) = match answer {
+                BatchAnswer::Placed(order) => {
+                    (201, serde_json::to_value(order).expect("orders serialise"))
+                }
+                BatchAnswer::Short(shortages) => {
+                    (409, serde_json::json!({ "shortages": shortages }))
+                }
+                _ => return None,
+            };
+            Some(crate::idempotency::Decision {
+                scope: job.scope.as_str(),
+                key: job.key.as_str(),
+                fingerprint: job.fingerprint.as_str(),
+                response: crate::idempotency::StoredResponse { status, body },
+            })
+        })
+        .collect();
+    let recorded = crate::idempotency::store_decided(&mut *tx, &decisions).await?;
+    if recorded as usize != decisions.len() {
         tx.rollback().await?;
         return Ok(Applied::Raced);
     }

@@ -615,3 +615,13 @@ fn chromium_binary() -> String {
 pub fn docs_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs")
 }
+
+/// The value of the form field `name` (`name="…" value="…"`) in `html`.
+pub fn hidden(html: &str, name: &str) -> String {
+    let marker = format!(r#"name="{name}" value=""#);
+    let start = html
+        .find(&marker)
+        .unwrap_or_else(|| panic!("no {name} in {html}"))
+        + marker.len();
+    html[start..start + html[start..].find('"').unwrap()].to_string()
+}

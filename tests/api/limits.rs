@@ -4,7 +4,7 @@
 use futures_util::future::join_all;
 use stockade::config::{OrderStrategy, Settings};
 
-use crate::helpers::{TestApp, client, serve_app, spawn_app_with, test_settings};
+use crate::helpers::{TestApp, client, hidden, serve_app, spawn_app_with, test_settings};
 
 /// The shopper behind `address`, as a trusted proxy in front of the app says.
 const BOT: &str = "203.0.113.7";
@@ -78,15 +78,6 @@ async fn browser_checkout(base: &str, address: &str) -> (u16, String) {
         assert!(page.contains("limited to 1 per customer"), "{page}");
     }
     (status, location)
-}
-
-fn hidden(html: &str, name: &str) -> String {
-    let marker = format!(r#"name="{name}" value=""#);
-    let start = html
-        .find(&marker)
-        .unwrap_or_else(|| panic!("no {name} in {html}"))
-        + marker.len();
-    html[start..start + html[start..].find('"').unwrap()].to_string()
 }
 
 /// Units of DROP-1 held (active holds) or sold (placed orders).

@@ -2,7 +2,7 @@
 
 use futures_util::future::join_all;
 
-use crate::helpers::{TestApp, spawn_app};
+use crate::helpers::{TestApp, hidden, spawn_app};
 
 /// Everything a bad request must leave as it was.
 #[derive(Debug, PartialEq)]
@@ -431,16 +431,6 @@ async fn add_to_cart(app: &TestApp, sku: &str, quantity: &str) -> reqwest::Respo
         .send()
         .await
         .unwrap()
-}
-
-/// The value of the hidden field `name` in `html`.
-fn hidden(html: &str, name: &str) -> String {
-    let marker = format!(r#"name="{name}" value=""#);
-    let start = html
-        .find(&marker)
-        .unwrap_or_else(|| panic!("no {name} in {html}"))
-        + marker.len();
-    html[start..start + html[start..].find('"').unwrap()].to_string()
 }
 
 /// POSTs a form (with this client's CSRF token); returns status and `Location`.
