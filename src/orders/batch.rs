@@ -236,8 +236,9 @@ impl Batcher {
                 .redis
                 .while_held(lease.as_ref(), s.lease_ttl, work)
                 .await;
-            if let Some(lease) = &lease {
-                self.redis.release(lease).await;
+            // A committed batch answers before it lets go of its lease; any other ends here.
+            if !matches!(result, Ok(Ok(Applied::Done(_)))) {
+                self.release(lease.as_ref()).await;
             }
             let error = match result {
                 Err(_) => OrderError::TimedOut,
@@ -259,9 +260,15 @@ impl Batcher {
                     OrderError::Busy
                 }
                 Ok(Ok(Applied::Done(decided))) => {
-                    self.after_commit(&decided).await;
+                    for sku in &decided.sold {
+                        self.catalog.forget(sku);
+                    }
                     for (q, answer) in now.into_iter().zip(decided.each) {
                         q.answer(answer);
+                    }
+                    self.release(lease.as_ref()).await;
+                    for sku in &decided.sold_out {
+                        self.redis.hint_sold_out(sku).await;
                     }
                     return later;
                 }
@@ -286,13 +293,9 @@ impl Batcher {
         keep
     }
 
-    /// Pages forget what the batch sold; SKUs it left empty are hinted sold out.
-    async fn after_commit(&self, decided: &Answers) {
-        for sku in &decided.sold {
-            self.catalog.forget(sku);
-        }
-        for sku in &decided.sold_out {
-            self.redis.hint_sold_out(sku).await;
+    async fn release(&self, lease: Option<&crate::locking::Lease>) {
+        if let Some(lease) = lease {
+            self.redis.release(lease).await;
         }
     }
 
