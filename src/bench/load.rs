@@ -18,8 +18,11 @@ use rand::{Rng, SeedableRng};
 /// What each request is.
 #[derive(Debug, Clone)]
 pub enum Work {
-    /// POST /api/v1/orders for one unit of a SKU picked uniformly from these.
-    Order { skus: Arc<Vec<String>> },
+    /// POST /api/v1/orders for `quantity` units of a SKU picked uniformly from these.
+    Order {
+        skus: Arc<Vec<String>>,
+        quantity: i32,
+    },
     /// GET this path.
     Page { path: String },
 }
@@ -121,10 +124,10 @@ fn url_for(load: &Load, base: &str) -> reqwest::Url {
 /// so the connection is reused.
 async fn send(client: &reqwest::Client, load: &Load, url: &reqwest::Url, rng: &mut StdRng) -> u16 {
     let request = match &load.work {
-        Work::Order { skus } => {
+        Work::Order { skus, quantity } => {
             let sku = &skus[rng.random_range(0..skus.len())];
             // SKUs are plain ASCII (letters, digits, dashes): no escaping needed.
-            let body = format!(r#"{{"lines":[{{"sku":"{sku}","quantity":1}}]}}"#);
+            let body = format!(r#"{{"lines":[{{"sku":"{sku}","quantity":{quantity}}}]}}"#);
             let request = client
                 .post(url.clone())
                 .header("Idempotency-Key", uuid::Uuid::new_v4().simple().to_string())

@@ -9,7 +9,9 @@
 //! the same server ([`pgbench`]), and every app rate is shown as a share of pgbench's.
 //!
 //! Workloads: `hot-sku` (every order for one SKU), `uniform` (orders spread over many
-//! SKUs), `sold-out` (every answer is 409) and `product-page` (GET /products/{sku}).
+//! SKUs), `sold-out` (every answer is 409), `product-page` (GET /products/{sku}) and
+//! `refused` (orders refused before any database or Redis work: the app's own ceiling for
+//! an order request, the limit no strategy can pass on this machine).
 
 pub mod load;
 pub mod pgbench;
@@ -45,6 +47,9 @@ pub enum Workload {
     SoldOut,
     /// GET /products/{sku}, the HTML page.
     ProductPage,
+    /// Orders of quantity 0, refused (422) before any database or Redis work: HTTP, the API
+    /// key, JSON and validation alone.
+    Refused,
 }
 
 impl Workload {
@@ -54,12 +59,13 @@ impl Workload {
             Self::Uniform => "uniform",
             Self::SoldOut => "sold-out",
             Self::ProductPage => "product-page",
+            Self::Refused => "refused",
         }
     }
 
     /// Whether requests place orders (and so depend on the strategy and get checked).
     pub fn orders(self) -> bool {
-        self != Self::ProductPage
+        matches!(self, Self::HotSku | Self::Uniform | Self::SoldOut)
     }
 
     /// The status every answer should have.
@@ -68,6 +74,7 @@ impl Workload {
             Self::HotSku | Self::Uniform => 201,
             Self::SoldOut => 409,
             Self::ProductPage => 200,
+            Self::Refused => 422,
         }
     }
 }
@@ -96,7 +103,7 @@ pub struct BenchArgs {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "hot-sku,uniform,sold-out,product-page"
+        default_value = "hot-sku,uniform,sold-out,product-page,refused"
     )]
     pub workloads: Vec<Workload>,
     /// Order strategies to compare (the product page runs once, under the first).
@@ -317,7 +324,9 @@ impl Bench<'_> {
             for strategy in &strategies {
                 rows.extend(self.app_run(&admin, workload, strategy, statements).await?);
             }
-            let pg = self.pgbench_run(&admin, workload).await?;
+            let Some(pg) = self.pgbench_run(&admin, workload).await? else {
+                continue;
+            };
             for row in &mut rows[first..] {
                 row.pgbench_tps = Some(pg.tps);
                 row.ratio_to_pgbench = (pg.tps > 0.0).then(|| row.rate / pg.tps);
@@ -429,12 +438,19 @@ impl Bench<'_> {
             work: match workload {
                 Workload::HotSku => Work::Order {
                     skus: Arc::new(vec![HOT_SKU.to_string()]),
+                    quantity: 1,
                 },
                 Workload::Uniform => Work::Order {
                     skus: Arc::new((1..=plan.skus).map(uniform_sku).collect()),
+                    quantity: 1,
                 },
                 Workload::SoldOut => Work::Order {
                     skus: Arc::new(vec![SOLD_OUT_SKU.to_string()]),
+                    quantity: 1,
+                },
+                Workload::Refused => Work::Order {
+                    skus: Arc::new(vec![HOT_SKU.to_string()]),
+                    quantity: 0,
                 },
                 Workload::ProductPage => Work::Page {
                     path: format!("/products/{HOT_SKU}"),
@@ -546,13 +562,16 @@ impl Bench<'_> {
         Ok(measured)
     }
 
-    /// pgbench with the minimal SQL of `workload`, on a fresh database of its own.
+    /// pgbench with the minimal SQL of `workload`, on a fresh database of its own (none
+    /// for a workload that writes and reads nothing).
     async fn pgbench_run(
         &self,
         admin: &PgPool,
         workload: Workload,
-    ) -> anyhow::Result<pgbench::PgbenchResult> {
-        let (script_name, text) = pgbench::script(workload, self.plan.skus);
+    ) -> anyhow::Result<Option<pgbench::PgbenchResult>> {
+        let Some((script_name, text)) = pgbench::script(workload, self.plan.skus) else {
+            return Ok(None);
+        };
         let script = self.out.join(format!("pgbench-{script_name}.sql"));
         std::fs::write(&script, text)?;
         let (name, url, _) = self.database(workload, "pgbench").await?;
@@ -576,7 +595,7 @@ impl Bench<'_> {
             "pgbench {script_name}: {:.0} transactions/s ({} failed)",
             result.tps, result.failed
         );
-        Ok(result)
+        Ok(Some(result))
     }
 
     fn progress(&self, label: String, duration: Duration, live: Arc<Live>) -> Progress {
@@ -652,7 +671,9 @@ async fn stop_all(servers: Vec<ServerProcess>) {
 /// `inventory::db::create_stock` writes it), set-based so 10,000 SKUs take one commit.
 async fn seed(db: &PgPool, workload: Workload, skus: usize) -> anyhow::Result<()> {
     let (names, units): (Vec<String>, i32) = match workload {
-        Workload::HotSku | Workload::ProductPage => (vec![HOT_SKU.into()], HOT_STOCK),
+        Workload::HotSku | Workload::ProductPage | Workload::Refused => {
+            (vec![HOT_SKU.into()], HOT_STOCK)
+        }
         Workload::Uniform => ((1..=skus).map(uniform_sku).collect(), UNIFORM_STOCK),
         Workload::SoldOut => (vec![SOLD_OUT_SKU.into()], 0),
     };
@@ -756,6 +777,12 @@ fn derived_lines(rows: &[Row]) -> Vec<Derived> {
         (Some(a), Some(b)) if b > 0.0 => Some(a / b),
         _ => None,
     };
+    // The refused workload runs once, under the first strategy: its rate is the ceiling of
+    // every strategy's order requests.
+    let ceiling = rows
+        .iter()
+        .find(|r| r.workload == Workload::Refused && r.mode == "closed")
+        .map(|r| r.rate);
     let mut lines = Vec::new();
     if let Some(value) = ratio(
         rate(Workload::HotSku, "batched"),
@@ -782,6 +809,22 @@ fn derived_lines(rows: &[Row]) -> Vec<Derived> {
                 &format!("sold-out ÷ hot SKU ({strategy})"),
                 value,
                 "409 answers/s over orders/s: what refusing costs next to selling",
+            ));
+        }
+        if let Some(value) = ratio(rate(Workload::SoldOut, strategy), ceiling) {
+            lines.push(Derived::ratio(
+                &format!("sold-out ÷ refused ({strategy})"),
+                value,
+                "409 answers/s over requests refused before any database or Redis work \
+                 (the app's ceiling for an order request on this machine)",
+            ));
+        }
+        if let Some(value) = ratio(ceiling, rate(Workload::HotSku, strategy)) {
+            lines.push(Derived::ratio(
+                &format!("refused ÷ hot SKU ({strategy})"),
+                value,
+                "the most any sold-out ÷ hot SKU ratio can reach here: a sold-out answer \
+                 cannot be cheaper than a request refused with no work at all",
             ));
         }
     }
@@ -838,12 +881,12 @@ mod tests {
             (plan.duration_s, plan.connections, plan.skus),
             (15, 64, 10_000)
         );
-        assert_eq!(plan.workloads.len(), 4);
+        assert_eq!(plan.workloads.len(), 5);
         assert_eq!(plan.strategies, ["redis-lock", "pg-atomic", "batched"]);
     }
 
     #[test]
-    fn each_strategy_gets_one_sold_out_line() {
+    fn each_strategy_gets_its_sold_out_lines_against_orders_and_the_ceiling() {
         let measured = |status: u16| load::Measured {
             seconds: 1.0,
             statuses: [(status, 10)].into(),
@@ -863,6 +906,29 @@ mod tests {
                 "hot SKU: batched ÷ redis-lock",
                 "sold-out ÷ hot SKU (redis-lock)",
                 "sold-out ÷ hot SKU (batched)"
+            ]
+        );
+
+        // The refused workload runs under the first strategy and serves every strategy.
+        let refused = measured(Workload::Refused.expected_status());
+        rows.push(Row::of(
+            Workload::Refused,
+            "redis-lock",
+            "closed",
+            None,
+            &refused,
+        ));
+        let names: Vec<String> = derived_lines(&rows).into_iter().map(|d| d.name).collect();
+        assert_eq!(
+            names,
+            [
+                "hot SKU: batched ÷ redis-lock",
+                "sold-out ÷ hot SKU (redis-lock)",
+                "sold-out ÷ refused (redis-lock)",
+                "refused ÷ hot SKU (redis-lock)",
+                "sold-out ÷ hot SKU (batched)",
+                "sold-out ÷ refused (batched)",
+                "refused ÷ hot SKU (batched)"
             ]
         );
     }

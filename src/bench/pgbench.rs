@@ -103,8 +103,9 @@ select p.sku, p.name, p.description, p.price_cents, coalesce(s.on_hand - s.reser
  where p.active and p.sku = {sku};
 "#;
 
-/// The pgbench script for `workload`, its name, and what it contains.
-pub fn script(workload: Workload, skus: usize) -> (String, String) {
+/// The pgbench script for `workload`, its name, and what it contains; none for `refused`,
+/// whose requests touch no database.
+pub fn script(workload: Workload, skus: usize) -> Option<(String, String)> {
     let quoted = |sku: &str| format!("'{sku}'");
     let (name, text) = match workload {
         Workload::HotSku => (
@@ -127,11 +128,12 @@ pub fn script(workload: Workload, skus: usize) -> (String, String) {
             "product-page",
             PRODUCT_PAGE.replace("{sku}", &quoted(super::HOT_SKU)),
         ),
+        Workload::Refused => return None,
     };
-    (
+    Some((
         name.to_string(),
         text.replace("{price}", &PRICE_CENTS.to_string()),
-    )
+    ))
 }
 
 /// Runs `pgbench -n -M prepared -c clients -j 2 -T seconds -f script` against `database_url`
@@ -252,7 +254,7 @@ mod tests {
     #[test]
     fn every_order_script_writes_the_ledger_the_order_and_completes_the_key() {
         for workload in [Workload::HotSku, Workload::Uniform] {
-            let (_, text) = script(workload, 1000);
+            let (_, text) = script(workload, 1000).expect("orders have a script");
             for needle in [
                 "insert into idempotency_keys",
                 "update stock",

@@ -9,7 +9,7 @@ fn a_quick_bench_measures_the_app_and_pgbench_and_passes_the_checker() {
     let started = std::time::Instant::now();
     let run = Command::new(env!("CARGO_BIN_EXE_stockade"))
         .args(["bench", "--quick", "--quiet", "--strategies", "batched"])
-        .args(["--workloads", "hot-sku,sold-out", "--out"])
+        .args(["--workloads", "hot-sku,sold-out,refused", "--out"])
         .arg(out.path())
         .env_remove("DATABASE_URL")
         .env_remove("REDIS_URL")
@@ -42,6 +42,11 @@ fn a_quick_bench_measures_the_app_and_pgbench_and_passes_the_checker() {
     assert_eq!(hot["invariants"], true);
     let sold_out = rows.iter().find(|r| r["workload"] == "sold-out").unwrap();
     assert!(sold_out["rate"].as_f64().unwrap() > 0.0, "{sold_out}");
+    // Orders refused before any work: the ceiling, every answer a 422, no pgbench.
+    let refused = rows.iter().find(|r| r["workload"] == "refused").unwrap();
+    assert!(refused["rate"].as_f64().unwrap() > 0.0, "{refused}");
+    assert_eq!(refused["errors"], 0, "{refused}");
+    assert!(refused["pgbench_tps"].is_null(), "{refused}");
     assert!(
         rows.iter().any(|r| r["mode"] == "open"),
         "the open-loop line is there"
