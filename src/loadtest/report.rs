@@ -223,15 +223,38 @@ fn bar_chart(title: &str, bars: &[(String, RGBColor, f64)]) -> anyhow::Result<St
     Ok(svg)
 }
 
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
+/// One row of the HTML table, formatted.
+struct HtmlRow {
+    strategy: String,
+    requests: u64,
+    orders: u64,
+    oversold: i64,
+    orders_per_s: String,
+    p50: String,
+    p99: String,
+    p999: String,
+    max: String,
+    passed: bool,
 }
 
-/// The HTML report: one file, inline CSS and SVG, no scripts, no network.
+/// The HTML report (`templates/loadtest/report.html`): one file, inline CSS and SVG, no
+/// scripts, no network.
+#[derive(askama::Template)]
+#[template(path = "loadtest/report.html")]
+struct HtmlReport<'a> {
+    title: &'a str,
+    scenario: &'a str,
+    rows: Vec<HtmlRow>,
+    /// Bar charts side by side when several strategies ran.
+    compare: Vec<String>,
+    charts: Vec<String>,
+    verdicts: &'a [StrategyRun],
+    parameters: String,
+}
+
+/// The HTML report of `report`.
 pub fn html(report: &Report) -> anyhow::Result<String> {
+    use askama::Template as _;
     let runs = &report.runs;
     let per_run = |f: &dyn Fn(&StrategyRun) -> Vec<(f64, f64)>| -> Vec<Series<'_>> {
         runs.iter()
@@ -239,50 +262,34 @@ pub fn html(report: &Report) -> anyhow::Result<String> {
             .map(|(i, r)| (r.strategy.as_str(), colour_of(&r.strategy, i), f(r)))
             .collect()
     };
-    let throughput = line_chart(
-        "Orders created per second",
-        "orders/s",
-        &per_run(&|r| {
-            r.result
-                .timeline
-                .iter()
-                .map(|s| (s.t, s.created_per_s))
-                .collect()
-        }),
-    )?;
-    let requests = line_chart(
-        "Requests answered per second",
-        "requests/s",
-        &per_run(&|r| {
-            r.result
-                .timeline
-                .iter()
-                .map(|s| (s.t, s.requests_per_s))
-                .collect()
-        }),
-    )?;
-    let p99 = line_chart(
-        "Latency p99 over time",
-        "ms",
-        &per_run(&|r| r.result.timeline.iter().map(|s| (s.t, s.p99_ms)).collect()),
-    )?;
-    let p50 = line_chart(
-        "Latency p50 over time",
-        "ms",
-        &per_run(&|r| r.result.timeline.iter().map(|s| (s.t, s.p50_ms)).collect()),
-    )?;
-    let stock = line_chart(
-        "Units available during the run",
-        "units",
-        &per_run(&|r| {
-            r.result
-                .stock
-                .iter()
-                .map(|(t, v)| (*t, *v as f64))
-                .collect()
-        }),
-    )?;
-    let mut statuses = String::new();
+    let timeline = |f: fn(&super::run::Slice) -> f64| {
+        per_run(&|r| r.result.timeline.iter().map(|s| (s.t, f(s))).collect())
+    };
+    let mut charts = vec![
+        line_chart(
+            "Orders created per second",
+            "orders/s",
+            &timeline(|s| s.created_per_s),
+        )?,
+        line_chart(
+            "Units available during the run",
+            "units",
+            &per_run(&|r| {
+                r.result
+                    .stock
+                    .iter()
+                    .map(|(t, v)| (*t, *v as f64))
+                    .collect()
+            }),
+        )?,
+        line_chart("Latency p50 over time", "ms", &timeline(|s| s.p50_ms))?,
+        line_chart("Latency p99 over time", "ms", &timeline(|s| s.p99_ms))?,
+        line_chart(
+            "Requests answered per second",
+            "requests/s",
+            &timeline(|s| s.requests_per_s),
+        )?,
+    ];
     for (i, run) in runs.iter().enumerate() {
         let bars: Vec<(String, RGBColor, f64)> = run
             .result
@@ -290,112 +297,58 @@ pub fn html(report: &Report) -> anyhow::Result<String> {
             .iter()
             .map(|(outcome, n)| (outcome.clone(), colour_of(&run.strategy, i), *n as f64))
             .collect();
-        statuses.push_str(&bar_chart(
+        charts.push(bar_chart(
             &format!("Answers by outcome: {}", run.strategy),
             &bars,
         )?);
     }
-    let compare = if runs.len() > 1 {
+    let mut compare = Vec::new();
+    if runs.len() > 1 {
         let bars = |f: &dyn Fn(&StrategyRun) -> f64| -> Vec<(String, RGBColor, f64)> {
             runs.iter()
                 .enumerate()
                 .map(|(i, r)| (r.strategy.clone(), colour_of(&r.strategy, i), f(r)))
                 .collect()
         };
-        format!(
-            "<div class=charts>{}{}{}</div>",
-            bar_chart("Units oversold", &bars(&|r| r.oversold() as f64))?,
-            bar_chart("Orders per second", &bars(&|r| r.orders_per_second()))?,
-            bar_chart("Latency p99 (ms)", &bars(&|r| r.result.latency_ms.p99))?,
-        )
-    } else {
-        String::new()
-    };
-
-    let mut rows = String::new();
-    for run in runs {
-        let r = &run.result;
-        let _ = write!(
-            rows,
-            "<tr><th>{}</th><td>{}</td><td>{}</td><td class={}>{}</td><td>{:.1}</td><td>{:.1}</td><td>{:.1}</td><td>{:.1}</td><td>{:.1}</td><td class={}>{}</td></tr>",
-            escape(&run.strategy),
-            r.requests,
-            r.orders_acknowledged,
-            if run.oversold() > 0 { "bad" } else { "good" },
-            run.oversold(),
-            run.orders_per_second(),
-            r.latency_ms.p50,
-            r.latency_ms.p99,
-            r.latency_ms.p999,
-            r.latency_ms.max,
-            if run.passed() { "good" } else { "bad" },
-            if run.passed() { "PASS" } else { "FAIL" },
-        );
+        compare.push(bar_chart(
+            "Units oversold",
+            &bars(&|r| r.oversold() as f64),
+        )?);
+        compare.push(bar_chart(
+            "Orders per second",
+            &bars(&|r| r.orders_per_second()),
+        )?);
+        compare.push(bar_chart(
+            "Latency p99 (ms)",
+            &bars(&|r| r.result.latency_ms.p99),
+        )?);
     }
-    let mut verdicts = String::new();
-    for run in runs {
-        let _ = write!(
-            verdicts,
-            "<h3>{}</h3><ul class=verdicts>",
-            escape(&run.strategy)
-        );
-        for v in &run.verdicts {
-            let _ = write!(
-                verdicts,
-                "<li><span class={}>{}</span> <b>{}</b> {}",
-                if v.pass { "good" } else { "bad" },
-                if v.pass { "PASS" } else { "FAIL" },
-                v.id,
-                escape(v.name)
-            );
-            if !v.rows.is_empty() {
-                verdicts.push_str("<ul>");
-                for row in &v.rows {
-                    let _ = write!(verdicts, "<li><code>{}</code></li>", escape(row));
-                }
-                if v.violations > v.rows.len() {
-                    let _ = write!(
-                        verdicts,
-                        "<li>… and {} more</li>",
-                        v.violations - v.rows.len()
-                    );
-                }
-                verdicts.push_str("</ul>");
+    let rows = runs
+        .iter()
+        .map(|run| {
+            let r = &run.result;
+            HtmlRow {
+                strategy: run.strategy.clone(),
+                requests: r.requests,
+                orders: r.orders_acknowledged,
+                oversold: run.oversold(),
+                orders_per_s: format!("{:.1}", run.orders_per_second()),
+                p50: format!("{:.1}", r.latency_ms.p50),
+                p99: format!("{:.1}", r.latency_ms.p99),
+                p999: format!("{:.1}", r.latency_ms.p999),
+                max: format!("{:.1}", r.latency_ms.max),
+                passed: run.passed(),
             }
-            verdicts.push_str("</li>");
-        }
-        verdicts.push_str("</ul>");
-    }
-    let parameters = escape(&serde_json::to_string_pretty(&report.parameters)?);
-    Ok(format!(
-        r#"<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{title}</title>
-<style>
-body {{ font-family: system-ui, sans-serif; color: #1d2320; background: #f7f3ea; margin: 0; }}
-main {{ max-width: 1340px; margin: 0 auto; padding: 1.5rem; }}
-h1 {{ margin: .2rem 0 .4rem; }} .sub {{ color: #5d6661; margin: 0 0 1.2rem; }}
-table {{ border-collapse: collapse; background: #fffdf8; border: 1px solid #e4ddcd; }}
-th, td {{ padding: .45rem .8rem; border-bottom: 1px solid #e4ddcd; text-align: right; font-variant-numeric: tabular-nums; }}
-th:first-child {{ text-align: left; }} thead th {{ color: #5d6661; font-weight: 600; font-size: .85rem; }}
-.good {{ color: #2f7a4f; font-weight: 700; }} .bad {{ color: #b42318; font-weight: 700; }}
-.charts {{ display: grid; grid-template-columns: repeat(auto-fill, minmax(640px, 1fr)); gap: 1rem; margin: 1rem 0; }}
-.charts svg {{ width: 100%; height: auto; border: 1px solid #e4ddcd; border-radius: 10px; background: #fff; }}
-.verdicts li {{ margin: .2rem 0; }} code {{ font-size: .85rem; }}
-pre {{ background: #fffdf8; border: 1px solid #e4ddcd; padding: .8rem; overflow: auto; }}
-</style></head>
-<body><main>
-<h1>{title}</h1>
-<p class=sub>Scenario <b>{scenario}</b> · generated by <code>stockade loadtest</code></p>
-<table><thead><tr><th>strategy</th><th>requests</th><th>orders</th><th>oversold</th><th>orders/s</th><th>p50 ms</th><th>p99 ms</th><th>p99.9 ms</th><th>max ms</th><th>invariants</th></tr></thead>
-<tbody>{rows}</tbody></table>
-{compare}
-<div class=charts>{throughput}{stock}{p50}{p99}{requests}{statuses}</div>
-<h2>Invariants</h2>{verdicts}
-<h2>Parameters</h2><pre>{parameters}</pre>
-</main></body></html>
-"#,
-        title = escape(&report.title),
-        scenario = escape(&report.scenario),
-    ))
+        })
+        .collect();
+    let page = HtmlReport {
+        title: &report.title,
+        scenario: &report.scenario,
+        rows,
+        compare,
+        charts,
+        verdicts: runs,
+        parameters: serde_json::to_string_pretty(&report.parameters)?,
+    };
+    Ok(page.render()?)
 }

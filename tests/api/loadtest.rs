@@ -157,6 +157,10 @@ async fn a_flash_sale_with_retries_and_double_submits_passes_every_invariant() {
     stockade::loadtest::report::write(&report, &args.out).unwrap();
     let html = std::fs::read_to_string(args.out.join("report.html")).unwrap();
     assert!(html.contains("<svg") && html.contains("Units available during the run"));
+    assert!(
+        html.contains("<b>I1</b>") && html.contains(">PASS<"),
+        "the verdicts are in the page"
+    );
     assert!(!html.contains("<script"), "the report needs no scripts");
     let json: serde_json::Value =
         serde_json::from_slice(&std::fs::read(args.out.join("report.json")).unwrap()).unwrap();
