@@ -33,6 +33,9 @@ pub enum AppError {
     /// 404: nothing lives at this address.
     #[error("{0}")]
     NotFound(String),
+    /// 405 with `Allow`: the address exists, but not for this method.
+    #[error("{message}")]
+    MethodNotAllowed { message: String, allow: String },
     /// 409: the request conflicts with the current state; retry later when `retry_after`.
     #[error("{message}")]
     Conflict {
@@ -144,6 +147,7 @@ impl ResponseError for AppError {
             Self::Forbidden(_) => StatusCode::FORBIDDEN,
             Self::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::Conflict { .. } => StatusCode::CONFLICT,
             Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
@@ -164,6 +168,13 @@ impl ResponseError for AppError {
             if let Ok(value) = HeaderValue::from_str(&location) {
                 res.headers_mut()
                     .insert(actix_web::http::header::LOCATION, value);
+            }
+            return res;
+        }
+        if let Self::MethodNotAllowed { allow, .. } = self {
+            if let Ok(value) = HeaderValue::from_str(allow) {
+                res.headers_mut()
+                    .insert(actix_web::http::header::ALLOW, value);
             }
             return res;
         }

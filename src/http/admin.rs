@@ -43,8 +43,12 @@ const MAX_PAGE: i64 = 1_000_000;
 /// Every route that needs an admin, in one place: `(method, path, handler)`.
 pub fn routes() -> Vec<(Method, &'static str, actix_web::Route)> {
     vec![
-        (Method::GET, "/admin", web::get().to(get_dashboard)),
-        (Method::GET, "/admin/products", web::get().to(get_products)),
+        (Method::GET, "/admin", super::get().to(get_dashboard)),
+        (
+            Method::GET,
+            "/admin/products",
+            super::get().to(get_products),
+        ),
         (
             Method::POST,
             "/admin/products",
@@ -53,12 +57,12 @@ pub fn routes() -> Vec<(Method, &'static str, actix_web::Route)> {
         (
             Method::GET,
             "/admin/products/new",
-            web::get().to(get_new_product),
+            super::get().to(get_new_product),
         ),
         (
             Method::GET,
             "/admin/products/{sku}",
-            web::get().to(get_product),
+            super::get().to(get_product),
         ),
         (
             Method::POST,
@@ -78,16 +82,20 @@ pub fn routes() -> Vec<(Method, &'static str, actix_web::Route)> {
         (
             Method::GET,
             "/admin/products/{sku}/ledger",
-            web::get().to(get_ledger),
+            super::get().to(get_ledger),
         ),
-        (Method::GET, "/admin/orders", web::get().to(get_orders)),
-        (Method::GET, "/admin/orders/{id}", web::get().to(get_order)),
+        (Method::GET, "/admin/orders", super::get().to(get_orders)),
+        (
+            Method::GET,
+            "/admin/orders/{id}",
+            super::get().to(get_order),
+        ),
         (
             Method::POST,
             "/admin/orders/{id}/cancel",
             web::post().to(post_cancel),
         ),
-        (Method::GET, "/admin/holds", web::get().to(get_holds)),
+        (Method::GET, "/admin/holds", super::get().to(get_holds)),
         (
             Method::POST,
             "/admin/holds/{id}/release",
@@ -96,7 +104,7 @@ pub fn routes() -> Vec<(Method, &'static str, actix_web::Route)> {
         (
             Method::GET,
             "/admin/api-clients",
-            web::get().to(super::admin_clients::get_api_clients),
+            super::get().to(super::admin_clients::get_api_clients),
         ),
         (
             Method::POST,
@@ -111,7 +119,7 @@ pub fn routes() -> Vec<(Method, &'static str, actix_web::Route)> {
         (
             Method::GET,
             "/api/v1/admin/dashboard",
-            web::get().to(get_dashboard_json),
+            super::get().to(get_dashboard_json),
         ),
         (
             Method::PATCH,
@@ -138,19 +146,23 @@ pub fn inventory() -> Vec<(Method, &'static str)> {
 
 /// Registers the login pages and every guarded route, each behind [`require_admin`].
 pub fn register(cfg: &mut web::ServiceConfig) {
-    cfg.route("/admin/login", web::get().to(get_login))
-        .route("/admin/login", web::post().to(post_login))
-        .route("/admin/logout", web::post().to(post_logout));
-    // One resource per path, in the order listed (so `/products/new` wins over `{sku}`).
-    let mut resources: Vec<(&'static str, Vec<actix_web::Route>)> = Vec::new();
-    for (_, path, route) in routes() {
-        match resources.iter_mut().find(|(p, _)| *p == path) {
-            Some((_, list)) => list.push(route),
-            None => resources.push((path, vec![route])),
+    let open = vec![
+        (Method::GET, "/admin/login", super::get().to(get_login)),
+        (Method::POST, "/admin/login", web::post().to(post_login)),
+        (Method::POST, "/admin/logout", web::post().to(post_logout)),
+    ];
+    for (path, methods, list) in super::resources(open) {
+        let mut resource = web::resource(path).default_service(super::method_not_allowed(methods));
+        for route in list {
+            resource = resource.route(route);
         }
+        cfg.service(resource);
     }
-    for (path, list) in resources {
-        let mut resource = web::resource(path).wrap(from_fn(require_admin));
+    // One resource per path, in the order listed (so `/products/new` wins over `{sku}`).
+    for (path, methods, list) in super::resources(routes()) {
+        let mut resource = web::resource(path)
+            .wrap(from_fn(require_admin))
+            .default_service(super::method_not_allowed(methods));
         for route in list {
             resource = resource.route(route);
         }

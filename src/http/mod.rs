@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 pub use client::client_addr;
 
+use actix_web::http::Method;
 use actix_web::{HttpRequest, web};
 use sqlx::PgPool;
 
@@ -140,50 +141,116 @@ pub fn see_other(location: &str) -> actix_web::HttpResponse {
 
 /// A route for GET, which also answers HEAD (the same headers, no body), as monitors and
 /// link checkers expect.
-fn get() -> actix_web::Route {
+pub(crate) fn get() -> actix_web::Route {
     use actix_web::guard;
     web::route().guard(guard::Any(guard::Get()).or(guard::Head()))
 }
 
-/// Every route of the application.
-pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("/", get().to(pages::get_catalogue))
-        .route("/products/{sku}", get().to(pages::get_product))
-        .route("/cart", get().to(shop::get_cart))
-        .route("/cart/add", web::post().to(shop::post_cart_add))
-        .route("/cart/update", web::post().to(shop::post_cart_update))
-        .route("/checkout", get().to(shop::get_checkout))
-        .route("/checkout", web::post().to(shop::post_checkout))
-        .route("/checkout/{id}", get().to(shop::get_checkout_hold))
-        .route(
+/// Every public route: `(method, path, handler)`. A GET route answers HEAD too. The admin's
+/// routes are listed in [`admin::routes`].
+fn public_routes() -> Vec<(Method, &'static str, actix_web::Route)> {
+    use Method as M;
+    vec![
+        (M::GET, "/", get().to(pages::get_catalogue)),
+        (M::GET, "/products/{sku}", get().to(pages::get_product)),
+        (M::GET, "/cart", get().to(shop::get_cart)),
+        (M::POST, "/cart/add", web::post().to(shop::post_cart_add)),
+        (
+            M::POST,
+            "/cart/update",
+            web::post().to(shop::post_cart_update),
+        ),
+        (M::GET, "/checkout", get().to(shop::get_checkout)),
+        (M::POST, "/checkout", web::post().to(shop::post_checkout)),
+        (M::GET, "/checkout/{id}", get().to(shop::get_checkout_hold)),
+        (
+            M::POST,
             "/checkout/{id}/confirm",
             web::post().to(shop::post_checkout_confirm),
-        )
-        .route(
+        ),
+        (
+            M::POST,
             "/checkout/{id}/cancel",
             web::post().to(shop::post_checkout_cancel),
-        )
-        .route("/orders/{id}", get().to(shop::get_order))
-        // Before the /api/v1 scope, which would otherwise claim /api/v1/admin.
-        .configure(admin::register)
-        .service(
-            web::scope("/api/v1")
-                .route("/products", get().to(api::get_products))
-                .route("/products/{sku}", get().to(api::get_product))
-                .route("/orders", web::post().to(api::post_orders))
-                .route("/orders/{id}", get().to(api::get_order))
-                .route("/holds", web::post().to(api::post_holds))
-                .route("/holds/{id}", get().to(api::get_hold))
-                .route("/holds/{id}", web::delete().to(api::delete_hold))
-                .route(
-                    "/holds/{id}/confirm",
-                    web::post().to(api::post_hold_confirm),
+        ),
+        (M::GET, "/orders/{id}", get().to(shop::get_order)),
+        (M::GET, "/api/v1/products", get().to(api::get_products)),
+        (M::GET, "/api/v1/products/{sku}", get().to(api::get_product)),
+        (M::POST, "/api/v1/orders", web::post().to(api::post_orders)),
+        (M::GET, "/api/v1/orders/{id}", get().to(api::get_order)),
+        (M::POST, "/api/v1/holds", web::post().to(api::post_holds)),
+        (M::GET, "/api/v1/holds/{id}", get().to(api::get_hold)),
+        (
+            M::DELETE,
+            "/api/v1/holds/{id}",
+            web::delete().to(api::delete_hold),
+        ),
+        (
+            M::POST,
+            "/api/v1/holds/{id}/confirm",
+            web::post().to(api::post_hold_confirm),
+        ),
+        (M::GET, "/healthz", get().to(health::get_healthz)),
+        (M::GET, "/readyz", get().to(health::get_readyz)),
+        (M::GET, "/metrics", get().to(health::get_metrics)),
+        (M::GET, "/static/{file}", get().to(assets::get_asset)),
+    ]
+}
+
+/// Every route of the application: the admin's first (so `/admin/products/new` is not
+/// taken for a SKU), then the public ones.
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.configure(admin::register);
+    for (path, methods, list) in resources(public_routes()) {
+        let mut resource = web::resource(path).default_service(method_not_allowed(methods));
+        for route in list {
+            resource = resource.route(route);
+        }
+        cfg.service(resource);
+    }
+}
+
+/// `(method, path, route)` grouped into one resource per path, in the order listed, with
+/// the methods each path answers.
+pub fn resources(
+    routes: Vec<(Method, &'static str, actix_web::Route)>,
+) -> Vec<(&'static str, Vec<Method>, Vec<actix_web::Route>)> {
+    let mut grouped: Vec<(&'static str, Vec<Method>, Vec<actix_web::Route>)> = Vec::new();
+    for (method, path, route) in routes {
+        match grouped.iter_mut().find(|(p, _, _)| *p == path) {
+            Some((_, methods, list)) => {
+                methods.push(method);
+                list.push(route);
+            }
+            None => grouped.push((path, vec![method], vec![route])),
+        }
+    }
+    grouped
+}
+
+/// What a resource answers to a method it does not take: 405, with `Allow` naming the
+/// ones it does (GET brings HEAD).
+pub fn method_not_allowed(methods: Vec<Method>) -> actix_web::Route {
+    let mut allowed: Vec<String> = Vec::new();
+    for method in methods {
+        allowed.push(method.to_string());
+        if method == Method::GET {
+            allowed.push(Method::HEAD.to_string());
+        }
+    }
+    let allow = allowed.join(", ");
+    web::to(move |req: HttpRequest| {
+        let allow = allow.clone();
+        async move {
+            Err::<actix_web::HttpResponse, _>(crate::error::AppError::MethodNotAllowed {
+                message: format!(
+                    "{} is not answered here: this address takes {allow}.",
+                    req.method()
                 ),
-        )
-        .route("/healthz", get().to(health::get_healthz))
-        .route("/readyz", get().to(health::get_readyz))
-        .route("/metrics", get().to(health::get_metrics))
-        .route("/static/{file}", get().to(assets::get_asset));
+                allow,
+            })
+        }
+    })
 }
 
 /// What every page's frame (header, banner, footer) needs; `base.html` reads it.

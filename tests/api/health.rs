@@ -64,5 +64,69 @@ async fn head_answers_like_get_without_a_body() {
     }
     // Not a way around the routes that only take other methods.
     let res = app.client.head(app.url("/cart/add")).send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 405);
+    assert_eq!(res.headers()["allow"], "POST");
+}
+
+#[tokio::test]
+async fn a_method_an_address_does_not_take_gets_405_naming_the_ones_it_does() {
+    let app = spawn_app().await;
+    app.seed_demo().await;
+    let cases = [
+        (reqwest::Method::PUT, "/api/v1/orders", "POST"),
+        (
+            reqwest::Method::POST,
+            "/api/v1/products/KB-ALPINE-75",
+            "GET, HEAD",
+        ),
+        (
+            reqwest::Method::PATCH,
+            "/api/v1/holds/abc",
+            "GET, HEAD, DELETE",
+        ),
+        (
+            reqwest::Method::DELETE,
+            "/products/KB-ALPINE-75",
+            "GET, HEAD",
+        ),
+        (reqwest::Method::PUT, "/admin/login", "GET, HEAD, POST"),
+    ];
+    for (method, path, allow) in cases {
+        let res = app
+            .client
+            .request(method.clone(), app.url(path))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status().as_u16(), 405, "{method} {path}");
+        assert_eq!(res.headers()["allow"], allow, "{method} {path}");
+        let api = path.starts_with("/api/");
+        let content_type = res.headers()["content-type"].to_str().unwrap().to_string();
+        let body = res.text().await.unwrap();
+        assert!(
+            body.contains(&format!("{method} is not answered here")),
+            "{body}"
+        );
+        if api {
+            assert_eq!(content_type, "application/problem+json", "{method} {path}");
+        } else {
+            assert!(content_type.starts_with("text/html"), "{method} {path}");
+        }
+    }
+    // Every GET answers HEAD, as Allow says, admin pages included.
+    let res = app
+        .client
+        .head(app.url("/admin/login"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    // An address that does not exist at all is still 404, whatever the method.
+    let res = app
+        .client
+        .put(app.url("/api/v1/nothing-here"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status().as_u16(), 404);
 }
