@@ -324,17 +324,33 @@ impl Bench<'_> {
             for strategy in &strategies {
                 rows.extend(self.app_run(&admin, workload, strategy, statements).await?);
             }
-            let Some(pg) = self.pgbench_run(&admin, workload).await? else {
+            let Some(pg) = self.pgbench_run(&admin, workload, None).await? else {
                 continue;
             };
             for row in &mut rows[first..] {
                 row.pgbench_tps = Some(pg.tps);
                 row.ratio_to_pgbench = (pg.tps > 0.0).then(|| row.rate / pg.tps);
             }
+            // The app's open-loop line gets pgbench's own: the same share of its own peak.
+            let measured = &rows[first..];
+            let open_share = measured.iter().find(|r| r.mode == "open").and_then(|open| {
+                let closed = measured
+                    .iter()
+                    .find(|c| c.mode == "closed" && c.strategy == open.strategy)?;
+                Some(open.offered_rate? / closed.rate)
+            });
+            let open = match open_share {
+                Some(share) if pg.tps > 0.0 => {
+                    self.pgbench_run(&admin, workload, Some(share * pg.tps))
+                        .await?
+                }
+                _ => None,
+            };
             pgbench_runs.push(pg);
+            pgbench_runs.extend(open);
         }
         admin.close().await;
-        let derived = derived_lines(&rows);
+        let derived = derived_lines(&rows, &pgbench_runs);
         let passed = rows.iter().all(|r| r.invariants != Some(false));
         Ok(BenchReport {
             title: "Stockade bench: the app against the database beneath it".into(),
@@ -564,10 +580,13 @@ impl Bench<'_> {
 
     /// pgbench with the minimal SQL of `workload`, on a fresh database of its own (none
     /// for a workload that writes and reads nothing).
+    /// With `open_loop_rate`, pgbench schedules its transactions at that rate instead, and
+    /// the result carries their latency from scheduled start.
     async fn pgbench_run(
         &self,
         admin: &PgPool,
         workload: Workload,
+        open_loop_rate: Option<f64>,
     ) -> anyhow::Result<Option<pgbench::PgbenchResult>> {
         let Some((script_name, text)) = pgbench::script(workload, self.plan.skus) else {
             return Ok(None);
@@ -577,7 +596,12 @@ impl Bench<'_> {
         let (name, url, _) = self.database(workload, "pgbench").await?;
         let live = Arc::new(Live::default());
         let duration = Duration::from_secs(self.plan.duration_s);
-        let progress = self.progress(format!("pgbench · {script_name}"), duration, live);
+        let label = match open_loop_rate {
+            Some(rate) => format!("pgbench · {script_name} · open loop {rate:.0}/s"),
+            None => format!("pgbench · {script_name}"),
+        };
+        let progress = self.progress(label, duration, live);
+        let logs = self.out.join("pgbench-open-loop-log");
         let result = pgbench::run(
             &self.pgbench,
             &url,
@@ -585,16 +609,25 @@ impl Bench<'_> {
             &script,
             self.plan.pgbench_clients,
             self.plan.duration_s,
+            open_loop_rate.map(|rate| (rate, logs.as_path())),
         )
         .await;
+        let _ = std::fs::remove_dir_all(&logs);
         progress.finish();
         wait_for_no_sessions(admin, &name).await;
         drop_database(admin, &name).await;
         let result = result?;
-        eprintln!(
-            "pgbench {script_name}: {:.0} transactions/s ({} failed)",
-            result.tps, result.failed
-        );
+        match (result.offered_rate, result.p99_ms) {
+            (Some(rate), Some(p99)) => eprintln!(
+                "pgbench {script_name}, open loop at {rate:.0}/s: {:.0} transactions/s, \
+                 p99 {p99:.1} ms from scheduled start ({} failed)",
+                result.tps, result.failed
+            ),
+            _ => eprintln!(
+                "pgbench {script_name}: {:.0} transactions/s ({} failed)",
+                result.tps, result.failed
+            ),
+        }
         Ok(Some(result))
     }
 
@@ -767,7 +800,7 @@ async fn postgres_info(admin: &PgPool) -> anyhow::Result<PostgresInfo> {
 }
 
 /// The comparisons the table does not show at a glance.
-fn derived_lines(rows: &[Row]) -> Vec<Derived> {
+fn derived_lines(rows: &[Row], pgbench: &[pgbench::PgbenchResult]) -> Vec<Derived> {
     let rate = |workload: Workload, strategy: &str| {
         rows.iter()
             .find(|r| r.workload == workload && r.strategy == strategy && r.mode == "closed")
@@ -851,6 +884,26 @@ fn derived_lines(rows: &[Row]) -> Vec<Derived> {
                      rate unless --rate says otherwise"
                 .into(),
         });
+        let own = pgbench
+            .iter()
+            .find(|p| p.script == "order-hot-sku" && p.offered_rate.is_some());
+        if let Some((pg, pg_p99)) = own.and_then(|p| Some((p, p.p99_ms?)))
+            && pg_p99 > 0.0
+        {
+            lines.push(Derived {
+                name: format!("open loop p99: hot SKU, {} ÷ pgbench", row.strategy),
+                value: row.p99_ms / pg_p99,
+                shown: format!("{:.2}×", row.p99_ms / pg_p99),
+                detail: format!(
+                    "each at the same share of its own closed-loop peak: the app {:.1} ms at \
+                     {:.0}/s, pgbench {pg_p99:.1} ms at {:.0}/s (the same disk's commit stalls \
+                     reach both)",
+                    row.p99_ms,
+                    row.offered_rate.unwrap_or_default(),
+                    pg.offered_rate.unwrap_or_default()
+                ),
+            });
+        }
     }
     lines
 }
@@ -899,7 +952,10 @@ mod tests {
                 rows.push(Row::of(workload, strategy, "closed", None, &m));
             }
         }
-        let names: Vec<String> = derived_lines(&rows).into_iter().map(|d| d.name).collect();
+        let names: Vec<String> = derived_lines(&rows, &[])
+            .into_iter()
+            .map(|d| d.name)
+            .collect();
         assert_eq!(
             names,
             [
@@ -918,7 +974,10 @@ mod tests {
             None,
             &refused,
         ));
-        let names: Vec<String> = derived_lines(&rows).into_iter().map(|d| d.name).collect();
+        let names: Vec<String> = derived_lines(&rows, &[])
+            .into_iter()
+            .map(|d| d.name)
+            .collect();
         assert_eq!(
             names,
             [

@@ -28,6 +28,12 @@ pub struct PgbenchResult {
     pub failed: u64,
     pub clients: usize,
     pub seconds: u64,
+    /// Open loop (`-R`): the rate pgbench scheduled transactions at.
+    pub offered_rate: Option<f64>,
+    /// Open loop: latency from each transaction's scheduled start (its run time plus how
+    /// late it started), in milliseconds.
+    pub p50_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
 }
 
 /// `pgbench`: on `PATH`, else next to `postgres`, else in Debian's versioned folders
@@ -137,7 +143,9 @@ pub fn script(workload: Workload, skus: usize) -> Option<(String, String)> {
 }
 
 /// Runs `pgbench -n -M prepared -c clients -j 2 -T seconds -f script` against `database_url`
-/// (passed through the environment, so the password is not on a command line).
+/// (passed through the environment, so the password is not on a command line). With
+/// `open_loop`, transactions are scheduled at that rate (`-R`) and logged per transaction
+/// (`-l`) into the given folder, for their latency from scheduled start.
 pub async fn run(
     bin: &Path,
     database_url: &str,
@@ -145,6 +153,7 @@ pub async fn run(
     script: &Path,
     clients: usize,
     seconds: u64,
+    open_loop: Option<(f64, &Path)>,
 ) -> anyhow::Result<PgbenchResult> {
     let url = reqwest::Url::parse(database_url).context("DATABASE_URL is not a URL")?;
     let mut cmd = tokio::process::Command::new(bin);
@@ -159,6 +168,11 @@ pub async fn run(
         .kill_on_drop(true);
     if let Some(password) = url.password() {
         cmd.env("PGPASSWORD", decode(password));
+    }
+    if let Some((rate, logs)) = open_loop {
+        std::fs::create_dir_all(logs)?;
+        cmd.args(["-R", &format!("{rate:.0}"), "-l", "--log-prefix"])
+            .arg(logs.join("pgbench_log"));
     }
     for (k, v) in url.query_pairs() {
         if k == "sslmode" {
@@ -179,6 +193,14 @@ pub async fn run(
     }
     let (tps, transactions, failed) = parse(&stdout)
         .with_context(|| format!("no `tps = …` line in pgbench's output:\n{stdout}"))?;
+    let (p50_ms, p99_ms) = match open_loop {
+        Some((_, logs)) => {
+            let latency = scheduled_latency(logs)?;
+            let ms = |q: f64| Some(latency.value_at_quantile(q) as f64 / 1000.0);
+            (ms(0.5), ms(0.99))
+        }
+        None => (None, None),
+    };
     Ok(PgbenchResult {
         script: name.to_string(),
         tps,
@@ -186,7 +208,34 @@ pub async fn run(
         failed,
         clients,
         seconds,
+        offered_rate: open_loop.map(|(rate, _)| rate),
+        p50_ms,
+        p99_ms,
     })
+}
+
+/// Latency in microseconds from each logged transaction's scheduled start, over every
+/// per-thread log file in `logs`.
+fn scheduled_latency(logs: &Path) -> anyhow::Result<hdrhistogram::Histogram<u64>> {
+    let mut latency = hdrhistogram::Histogram::new(3).expect("3 significant digits");
+    for entry in std::fs::read_dir(logs)? {
+        let text = std::fs::read_to_string(entry?.path())?;
+        for us in text.lines().filter_map(scheduled_latency_us) {
+            latency.saturating_record(us);
+        }
+    }
+    anyhow::ensure!(!latency.is_empty(), "pgbench logged no transactions");
+    Ok(latency)
+}
+
+/// One line of pgbench's per-transaction log under `-R`: `client transaction time_us
+/// script epoch epoch_us lag_us`; the latency from scheduled start is `time + lag`.
+/// Skipped transactions (`time` = `skipped`) and failed ones (`failed`) count as nothing.
+fn scheduled_latency_us(line: &str) -> Option<u64> {
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    let time: u64 = fields.get(2)?.parse().ok()?;
+    let lag: u64 = fields.get(6)?.parse().ok()?;
+    Some(time + lag)
 }
 
 /// Undoes a URL's percent-encoding (passwords may contain `@` or `:`).
@@ -243,6 +292,19 @@ mod tests {
                    tps = 1507.123456 (without initial connection time)\n";
         assert_eq!(parse(out), Some((1507.123456, 4521, 0)));
         assert_eq!(parse("no numbers here"), None);
+    }
+
+    #[test]
+    fn open_loop_latency_counts_from_the_scheduled_start() {
+        assert_eq!(
+            scheduled_latency_us("3 17 1250 0 1764547200 123456 4000"),
+            Some(5250)
+        );
+        assert_eq!(
+            scheduled_latency_us("3 18 failed 0 1764547200 123456 10"),
+            None
+        );
+        assert_eq!(scheduled_latency_us("3 17 1250 0 1764547200 123456"), None);
     }
 
     #[test]
