@@ -51,6 +51,14 @@ fn a_quick_bench_measures_the_app_and_pgbench_and_passes_the_checker() {
         rows.iter().any(|r| r["mode"] == "open"),
         "the open-loop line is there"
     );
+    // pgbench runs the same open loop on the same server, for its own p99.
+    let pgbench_open = report["pgbench"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| !p["offered_rate"].is_null())
+        .expect("an open-loop pgbench run");
+    assert!(pgbench_open["p99_ms"].as_f64().unwrap() > 0.0, "{pgbench_open}");
     assert!(out.path().join("bench.html").is_file());
     eprintln!("bench took {:?}", started.elapsed());
 }
