@@ -226,6 +226,10 @@ async fn serve(mut settings: Settings, args: ServeArgs) -> anyhow::Result<()> {
         };
         settings.database_url = Some(local.database_url());
         settings.redis_url = Some(local.redis_url());
+        // Receipts land in a folder the admin shows, unless SMTP is set up.
+        if settings.mail_dir.is_none() {
+            settings.mail_dir = Some(settings.data_dir.join("mail"));
+        }
         Some(local)
     } else {
         None

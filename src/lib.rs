@@ -18,6 +18,8 @@ pub mod clients;
 pub mod config;
 /// The one application error and how it becomes a status code.
 pub mod error;
+/// Events out: the transactional outbox, signed webhooks with retries, receipts by email.
+pub mod events;
 /// Checkout holds: stock reserved for a while, confirmed once, released on expiry.
 pub mod holds;
 /// Everything that speaks HTTP: routes, pages, API, health.

@@ -74,6 +74,14 @@ impl Application {
         crate::orders::sold_out::spawn_drain(db.clone(), redis.clone());
         let settings = Arc::new(settings);
         let metrics = Arc::new(Metrics::new());
+        let mailer = crate::events::mail::Mailer::from_settings(&settings)?.map(Arc::new);
+        crate::events::dispatch::Dispatcher::new(
+            db.clone(),
+            settings.clone(),
+            metrics.clone(),
+            mailer,
+        )?
+        .spawn();
         let catalog = Arc::new(crate::catalog::cache::CatalogCache::new(
             settings.page_cache,
         ));

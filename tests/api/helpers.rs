@@ -136,6 +136,10 @@ pub async fn test_settings() -> Settings {
         api_anonymous_orders: true,
         rate_limit_per_minute: UNLIMITED_RATE,
         rate_limit_burst: UNLIMITED_RATE,
+        // Webhook receivers in tests listen on 127.0.0.1, and events go out quickly.
+        webhook_allow_private: true,
+        dispatch_interval: Duration::from_millis(50),
+        delivery_backoff: Duration::from_millis(50),
         log_format: LogFormat::Pretty,
         log_filter: log.clone().unwrap_or_else(|| "off".into()),
         ..Settings::default()
@@ -540,6 +544,10 @@ pub async fn serve_app(app: &TestApp, extra: &[(&str, String)], args: &[&str]) -
         ("STOCKADE_RATE_LIMIT_PER_MINUTE", UNLIMITED_RATE.to_string()),
         ("STOCKADE_RATE_LIMIT_BURST", UNLIMITED_RATE.to_string()),
         ("STOCKADE_METRICS_TOKEN", METRICS_TOKEN.into()),
+        // As in `test_settings`.
+        ("STOCKADE_WEBHOOK_ALLOW_PRIVATE", "true".into()),
+        ("STOCKADE_DISPATCH_INTERVAL_MS", "50".into()),
+        ("STOCKADE_DELIVERY_BACKOFF_MS", "50".into()),
     ];
     env.extend(extra.iter().cloned());
     serve(&env, args).await
