@@ -321,14 +321,6 @@ pub const VARIABLES: &[&str] = &[
 ];
 
 impl Settings {
-    /// The shop's address for links in receipts (`STOCKADE_PUBLIC_URL`, else the listen
-    /// address).
-    pub fn public_url(&self) -> String {
-        self.public_url
-            .clone()
-            .unwrap_or_else(|| format!("http://{}", self.listen))
-    }
-
     /// Reads the process environment.
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::from_vars(std::env::vars())

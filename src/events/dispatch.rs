@@ -45,6 +45,7 @@ impl Dispatcher {
         metrics: Arc<Metrics>,
         mailer: Option<Arc<Mailer>>,
     ) -> anyhow::Result<Self> {
+        crate::install_tls_provider();
         let http = reqwest::Client::builder()
             .timeout(settings.webhook_timeout)
             // A redirect could lead past the address check; receivers answer, not forward.
@@ -82,7 +83,7 @@ impl Dispatcher {
     /// there may be more to do right away.
     pub async fn round(&self) -> sqlx::Result<bool> {
         let routed = db::route(&self.db, ROUTE_BATCH, self.mailer.is_some()).await?;
-        let lease = self.settings.webhook_timeout + Duration::from_secs(5);
+        let lease = self.settings.webhook_timeout + Duration::from_secs(1);
         let claimed = db::claim(&self.db, SEND_BATCH, lease).await?;
         let sent = claimed.len() as i64;
         let mut sends = tokio::task::JoinSet::new();

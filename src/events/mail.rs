@@ -57,12 +57,14 @@ pub enum MailError {
 
 impl Mailer {
     /// The mailer the settings ask for; `None` when mail is off (no SMTP URL, no folder).
-    pub fn from_settings(s: &Settings) -> anyhow::Result<Option<Self>> {
+    /// Links in receipts start with `public_url`.
+    pub fn from_settings(s: &Settings, public_url: &str) -> anyhow::Result<Option<Self>> {
         let from: Mailbox = s
             .mail_from
             .parse()
             .map_err(|e| anyhow::anyhow!("STOCKADE_MAIL_FROM {:?}: {e}", s.mail_from))?;
-        let public_url = s.public_url();
+        crate::install_tls_provider();
+        let public_url = public_url.trim_end_matches('/').to_string();
         if let Some(url) = &s.smtp_url {
             let transport = AsyncSmtpTransport::<Tokio1Executor>::from_url(url)
                 .map_err(|e| anyhow::anyhow!("STOCKADE_SMTP_URL cannot be used: {e}"))?

@@ -416,6 +416,8 @@ pub struct Dashboard {
     pub strategy: String,
     /// `up`, or `degraded` while Redis is unreachable.
     pub lease_layer: String,
+    /// Events out: deliveries pending, sent, failed, and the oldest pending's age.
+    pub events: crate::events::db::Stats,
 }
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
@@ -483,6 +485,7 @@ async fn dashboard(state: &AppState) -> Result<Dashboard, AppError> {
         recent_orders: recent.into_iter().map(recent_order).collect(),
         strategy: state.settings.order_strategy.to_string(),
         lease_layer: if redis_up { "up" } else { "degraded" }.into(),
+        events: crate::events::db::stats(db).await?,
     })
 }
 

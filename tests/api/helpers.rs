@@ -55,6 +55,7 @@ extern "C" fn stop_servers_at_exit() {
 pub async fn servers() -> &'static Servers {
     SERVERS
         .get_or_init(|| async {
+            stockade::install_tls_provider();
             let root = std::env::temp_dir().join(format!("stockade-tests-{}", std::process::id()));
             let _ = std::fs::remove_dir_all(&root);
             std::fs::create_dir_all(&root).unwrap();
@@ -226,6 +227,7 @@ pub async fn spawn_app_with_own_redis_and(mut settings: Settings) -> TestApp {
 }
 
 pub fn client() -> reqwest::Client {
+    stockade::install_tls_provider();
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .cookie_store(true)
