@@ -40,7 +40,7 @@ enum Command {
     ApiKey(ApiKeyCommand),
     /// Load servers with virtual buyers, check the invariants, write a report.
     Loadtest(Box<LoadtestArgs>),
-    /// Check the invariants (I1–I6) of a database, optionally against a run's client log.
+    /// Check the invariants (I1–I7) of a database, optionally against a run's client log.
     Check(CheckArgs),
     /// Measure each workload and strategy against pgbench on the same durable PostgreSQL.
     Bench(Box<BenchArgs>),

@@ -831,3 +831,46 @@ async fn the_metrics_and_dashboard_show_the_outbox() {
     let (_, html) = app.get_text("/admin").await;
     assert!(html.contains(r#"id="events-sent">1<"#), "{html}");
 }
+
+#[tokio::test]
+async fn the_checker_finds_an_order_without_its_event_and_an_event_without_its_order() {
+    use stockade::loadtest::check::{check, default_stale_after};
+    let app = spawn_app().await;
+    app.add_product("EV-C", "Checked", 100, 5).await;
+    let first = order_id(app.post_order("ev-check-1", &[("EV-C", 1)]).await).await;
+    order_id(app.post_order("ev-check-2", &[("EV-C", 1)]).await).await;
+    let i7 = |verdicts: Vec<stockade::loadtest::check::Verdict>| {
+        verdicts.into_iter().find(|v| v.id == "I7").unwrap()
+    };
+    let clean = i7(check(&app.db, None, None, default_stale_after())
+        .await
+        .unwrap());
+    assert!(clean.pass, "{clean:?}");
+
+    // The first order loses its event; an event appears for an order that never was.
+    sqlx::query("delete from events where payload->>'order_id' = $1")
+        .bind(&first)
+        .execute(&app.db)
+        .await
+        .unwrap();
+    let ghost = Uuid::new_v4();
+    sqlx::query("insert into events (type, payload) values ('order.placed', $1)")
+        .bind(json!({ "order_id": ghost }))
+        .execute(&app.db)
+        .await
+        .unwrap();
+    let broken = i7(check(&app.db, None, None, default_stale_after())
+        .await
+        .unwrap());
+    assert!(!broken.pass);
+    assert_eq!(broken.violations, 2, "{:?}", broken.rows);
+    let rows = broken.rows.join("\n");
+    assert!(
+        rows.contains(&format!("order {first} has 0 order.placed events")),
+        "{rows}"
+    );
+    assert!(
+        rows.contains(&format!("for order {ghost}, which does not exist")),
+        "{rows}"
+    );
+}
