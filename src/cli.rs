@@ -40,7 +40,7 @@ enum Command {
     ApiKey(ApiKeyCommand),
     /// Load servers with virtual buyers, check the invariants, write a report.
     Loadtest(Box<LoadtestArgs>),
-    /// Check the invariants (I1–I6) of a database, optionally against a run's client log.
+    /// Check the invariants (I1–I7) of a database, optionally against a run's client log.
     Check(CheckArgs),
     /// Measure each workload and strategy against pgbench on the same durable PostgreSQL.
     Bench(Box<BenchArgs>),
@@ -226,6 +226,10 @@ async fn serve(mut settings: Settings, args: ServeArgs) -> anyhow::Result<()> {
         };
         settings.database_url = Some(local.database_url());
         settings.redis_url = Some(local.redis_url());
+        // Receipts land in a folder the admin shows, unless SMTP is set up.
+        if settings.mail_dir.is_none() {
+            settings.mail_dir = Some(settings.data_dir.join("mail"));
+        }
         Some(local)
     } else {
         None

@@ -182,6 +182,30 @@ pub struct Settings {
     /// Fault injection for tests: pause this long after taking leases, before the
     /// transaction, as a stalled process would. Not settable from the environment.
     pub fault_pause_after_lease: Duration,
+    /// `STOCKADE_DISPATCH_INTERVAL_MS`: how often each process's dispatcher looks for
+    /// events to route and deliveries to send when it has nothing to do.
+    pub dispatch_interval: Duration,
+    /// `STOCKADE_DELIVERY_MAX_ATTEMPTS`: attempts of one delivery before it is failed.
+    pub delivery_max_attempts: u32,
+    /// `STOCKADE_DELIVERY_BACKOFF_MS`: the first retry's wait; it doubles per attempt
+    /// (with jitter, at most an hour).
+    pub delivery_backoff: Duration,
+    /// `STOCKADE_WEBHOOK_TIMEOUT_MS`: how long one webhook or SMTP send may take.
+    pub webhook_timeout: Duration,
+    /// `STOCKADE_WEBHOOK_ALLOW_PRIVATE`: let webhooks go to loopback and private
+    /// addresses (tests, and receivers on the shop's own network). Off: refused (SSRF).
+    pub webhook_allow_private: bool,
+    /// `STOCKADE_SMTP_URL`: send receipts through this SMTP server, e.g.
+    /// `smtps://user:pass@smtp.example.com` or `smtp://127.0.0.1:2525`.
+    pub smtp_url: Option<String>,
+    /// `STOCKADE_MAIL_FROM`: the receipts' sender.
+    pub mail_from: String,
+    /// `STOCKADE_MAIL_DIR`: without SMTP, write receipts as `.eml` files here (local mode:
+    /// `mail/` in the data folder). Neither set: no receipts.
+    pub mail_dir: Option<PathBuf>,
+    /// `STOCKADE_PUBLIC_URL`: the shop's address as shoppers reach it, for links in
+    /// receipts. Unset: `http://` + the listen address.
+    pub public_url: Option<String>,
     /// `STOCKADE_LOG_FORMAT`: `pretty` or `json`.
     pub log_format: LogFormat,
     /// `STOCKADE_LOG`: tracing filter, e.g. `info` or `stockade=debug`.
@@ -229,6 +253,15 @@ impl Default for Settings {
             hold_max_per_sku: 5,
             sweep_interval: Duration::from_millis(1_000),
             fault_pause_after_lease: Duration::ZERO,
+            dispatch_interval: Duration::from_millis(500),
+            delivery_max_attempts: 10,
+            delivery_backoff: Duration::from_millis(1_000),
+            webhook_timeout: Duration::from_millis(5_000),
+            webhook_allow_private: false,
+            smtp_url: None,
+            mail_from: "Stockade <shop@localhost>".into(),
+            mail_dir: None,
+            public_url: None,
             log_format: LogFormat::Pretty,
             log_filter: "info".into(),
         }
@@ -274,6 +307,15 @@ pub const VARIABLES: &[&str] = &[
     "STOCKADE_HOLD_SECONDS",
     "STOCKADE_HOLD_MAX_PER_SKU",
     "STOCKADE_SWEEP_INTERVAL_MS",
+    "STOCKADE_DISPATCH_INTERVAL_MS",
+    "STOCKADE_DELIVERY_MAX_ATTEMPTS",
+    "STOCKADE_DELIVERY_BACKOFF_MS",
+    "STOCKADE_WEBHOOK_TIMEOUT_MS",
+    "STOCKADE_WEBHOOK_ALLOW_PRIVATE",
+    "STOCKADE_SMTP_URL",
+    "STOCKADE_MAIL_FROM",
+    "STOCKADE_MAIL_DIR",
+    "STOCKADE_PUBLIC_URL",
     "STOCKADE_LOG_FORMAT",
     "STOCKADE_LOG",
 ];
@@ -450,6 +492,48 @@ impl Settings {
                 ));
             }
             s.metrics_token = Some(v.trim().to_string());
+        }
+        if let Some(v) = take("STOCKADE_DISPATCH_INTERVAL_MS") {
+            s.dispatch_interval = millis("STOCKADE_DISPATCH_INTERVAL_MS", &v)?;
+        }
+        if let Some(v) = take("STOCKADE_DELIVERY_MAX_ATTEMPTS") {
+            s.delivery_max_attempts = bounded("STOCKADE_DELIVERY_MAX_ATTEMPTS", &v, 1, 100)?;
+        }
+        if let Some(v) = take("STOCKADE_DELIVERY_BACKOFF_MS") {
+            s.delivery_backoff = millis("STOCKADE_DELIVERY_BACKOFF_MS", &v)?;
+        }
+        if let Some(v) = take("STOCKADE_WEBHOOK_TIMEOUT_MS") {
+            s.webhook_timeout =
+                Duration::from_millis(bounded("STOCKADE_WEBHOOK_TIMEOUT_MS", &v, 100, 120_000)?);
+        }
+        if let Some(v) = take("STOCKADE_WEBHOOK_ALLOW_PRIVATE") {
+            s.webhook_allow_private = boolean("STOCKADE_WEBHOOK_ALLOW_PRIVATE", &v)?;
+        }
+        if let Some(v) = take("STOCKADE_SMTP_URL") {
+            if !(v.starts_with("smtp://") || v.starts_with("smtps://")) {
+                return Err(malformed(
+                    "STOCKADE_SMTP_URL",
+                    "(hidden)",
+                    "expected smtp://… or smtps://…",
+                ));
+            }
+            s.smtp_url = Some(v.trim().to_string());
+        }
+        if let Some(v) = take("STOCKADE_MAIL_FROM") {
+            s.mail_from = v.trim().to_string();
+        }
+        if let Some(v) = take("STOCKADE_MAIL_DIR") {
+            s.mail_dir = Some(PathBuf::from(v));
+        }
+        if let Some(v) = take("STOCKADE_PUBLIC_URL") {
+            if !(v.starts_with("http://") || v.starts_with("https://")) {
+                return Err(malformed(
+                    "STOCKADE_PUBLIC_URL",
+                    &v,
+                    "expected http://… or https://…",
+                ));
+            }
+            s.public_url = Some(v.trim().trim_end_matches('/').to_string());
         }
         if let Some(v) = take("STOCKADE_LOG_FORMAT") {
             s.log_format = v

@@ -18,6 +18,8 @@ pub mod clients;
 pub mod config;
 /// The one application error and how it becomes a status code.
 pub mod error;
+/// Events out: the transactional outbox, signed webhooks with retries, receipts by email.
+pub mod events;
 /// Checkout holds: stock reserved for a while, confirmed once, released on expiry.
 pub mod holds;
 /// Everything that speaks HTTP: routes, pages, API, health.
@@ -44,3 +46,10 @@ pub mod startup;
 pub mod telemetry;
 /// Checks on free text from clients (no control characters), shared by every parser.
 pub mod text;
+
+/// Chooses the TLS implementation (rustls with *ring*) for every outgoing https and SMTP
+/// connection: webhooks, receipts, the load tool. Called before any client is built;
+/// calling it again does nothing.
+pub fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

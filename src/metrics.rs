@@ -2,7 +2,7 @@
 //! registry, so several apps in one test process do not mix their numbers.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
     TextEncoder,
 };
 
@@ -27,6 +27,15 @@ pub struct Metrics {
     /// Orders and holds refused by the rate limit (429), by the limiter that refused them
     /// (`redis`, or `process` while Redis is unreachable).
     pub rate_limited: IntCounterVec,
+    /// Events not yet routed plus deliveries not yet sent (whole database, as this
+    /// process's dispatcher last saw it).
+    pub events_pending: IntGauge,
+    /// Age in seconds of the oldest of them.
+    pub events_oldest_pending: Gauge,
+    /// Delivery attempts by this process, by outcome: sent, retry, failed.
+    pub deliveries: IntCounterVec,
+    /// From an event's commit to its delivery being accepted.
+    pub event_delivery_latency: Histogram,
 }
 
 impl Metrics {
@@ -79,6 +88,34 @@ impl Metrics {
             &["limiter"],
         )
         .expect("valid metric");
+        let events_pending = IntGauge::new(
+            "events_pending",
+            "Events not yet routed plus webhook and mail deliveries not yet sent",
+        )
+        .expect("valid metric");
+        let events_oldest_pending = Gauge::new(
+            "events_oldest_pending_seconds",
+            "Age of the oldest event or delivery still waiting",
+        )
+        .expect("valid metric");
+        let deliveries = IntCounterVec::new(
+            Opts::new(
+                "event_deliveries_total",
+                "Webhook and mail delivery attempts by outcome (sent, retry, failed)",
+            ),
+            &["outcome"],
+        )
+        .expect("valid metric");
+        let event_delivery_latency = Histogram::with_opts(
+            HistogramOpts::new(
+                "event_delivery_latency_seconds",
+                "From an event's commit to its delivery being accepted",
+            )
+            .buckets(vec![
+                0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+            ]),
+        )
+        .expect("valid metric");
         for metric in [
             Box::new(orders.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(lease_wait.clone()),
@@ -88,6 +125,10 @@ impl Metrics {
             Box::new(degraded.clone()),
             Box::new(batch_size.clone()),
             Box::new(rate_limited.clone()),
+            Box::new(events_pending.clone()),
+            Box::new(events_oldest_pending.clone()),
+            Box::new(deliveries.clone()),
+            Box::new(event_delivery_latency.clone()),
         ] {
             registry.register(metric).expect("metric registered once");
         }
@@ -101,6 +142,10 @@ impl Metrics {
             degraded,
             batch_size,
             rate_limited,
+            events_pending,
+            events_oldest_pending,
+            deliveries,
+            event_delivery_latency,
         }
     }
 

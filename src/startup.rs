@@ -74,6 +74,17 @@ impl Application {
         crate::orders::sold_out::spawn_drain(db.clone(), redis.clone());
         let settings = Arc::new(settings);
         let metrics = Arc::new(Metrics::new());
+        let public_url = (settings.public_url.clone())
+            .unwrap_or_else(|| format!("http://{}:{port}", settings.listen.ip()));
+        let mailer =
+            crate::events::mail::Mailer::from_settings(&settings, &public_url)?.map(Arc::new);
+        crate::events::dispatch::Dispatcher::new(
+            db.clone(),
+            settings.clone(),
+            metrics.clone(),
+            mailer,
+        )?
+        .spawn();
         let catalog = Arc::new(crate::catalog::cache::CatalogCache::new(
             settings.page_cache,
         ));

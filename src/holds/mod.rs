@@ -21,6 +21,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::catalog::{Sku, format_cents};
+use crate::events::{self, Event};
 use crate::inventory::db::{Take, sell_reserved, take_stock, unreserve};
 use crate::locking::Redis;
 use crate::orders::{Order, OrderLine, Shortage};
@@ -176,6 +177,8 @@ pub async fn confirm(
     // The order counts against purchase limits for whoever placed the hold.
     db::pass_shopper(&mut tx, id, order_id).await?;
     db::set_state(&mut tx, id, "confirmed", Some(order_id)).await?;
+    events::db::record(&mut tx, Event::order_placed(&order)).await?;
+    events::db::record(&mut tx, Event::hold_confirmed(id, order_id)).await?;
     tx.commit().await?;
     Ok(Confirmed {
         order,
@@ -222,6 +225,7 @@ pub async fn release(
         .await?;
     }
     db::set_state(&mut tx, id, "released", None).await?;
+    events::db::record(&mut tx, Event::hold_released(id, actor)).await?;
     tx.commit().await?;
     if let Some(redis) = redis {
         for line in &hold.lines {
@@ -270,6 +274,11 @@ pub async fn sweep_batch(db: &PgPool, redis: &Redis, batch: i64) -> sqlx::Result
         .bind(&ids)
         .execute(&mut *tx)
         .await?;
+    let expired = ids
+        .iter()
+        .map(|id| Event::hold_expired(*id).payload)
+        .collect();
+    events::db::record_many(&mut tx, events::EventType::HoldExpired, expired).await?;
     tx.commit().await?;
     for sku in per_sku.keys() {
         if let Ok(sku) = Sku::parse(sku) {

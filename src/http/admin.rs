@@ -118,6 +118,56 @@ pub fn routes() -> Vec<(Method, &'static str, actix_web::Route)> {
         ),
         (
             Method::GET,
+            "/admin/webhooks",
+            web::get().to(super::admin_webhooks::get_webhooks),
+        ),
+        (
+            Method::POST,
+            "/admin/webhooks",
+            web::post().to(super::admin_webhooks::post_webhooks),
+        ),
+        (
+            Method::POST,
+            "/admin/webhooks/{id}/delete",
+            web::post().to(super::admin_webhooks::post_delete_webhook),
+        ),
+        (
+            Method::GET,
+            "/admin/deliveries",
+            web::get().to(super::admin_webhooks::get_deliveries),
+        ),
+        (
+            Method::POST,
+            "/admin/deliveries/{id}/resend",
+            web::post().to(super::admin_webhooks::post_resend_delivery),
+        ),
+        (
+            Method::GET,
+            "/api/v1/admin/webhooks",
+            web::get().to(super::admin_webhooks::get_api_webhooks),
+        ),
+        (
+            Method::POST,
+            "/api/v1/admin/webhooks",
+            web::post().to(super::admin_webhooks::post_api_webhooks),
+        ),
+        (
+            Method::GET,
+            "/api/v1/admin/webhooks/deliveries",
+            web::get().to(super::admin_webhooks::get_api_deliveries),
+        ),
+        (
+            Method::POST,
+            "/api/v1/admin/webhooks/deliveries/{id}/resend",
+            web::post().to(super::admin_webhooks::post_api_resend_delivery),
+        ),
+        (
+            Method::DELETE,
+            "/api/v1/admin/webhooks/{id}",
+            web::delete().to(super::admin_webhooks::delete_api_webhook),
+        ),
+        (
+            Method::GET,
             "/api/v1/admin/dashboard",
             super::get().to(get_dashboard_json),
         ),
@@ -378,6 +428,8 @@ pub struct Dashboard {
     pub strategy: String,
     /// `up`, or `degraded` while Redis is unreachable.
     pub lease_layer: String,
+    /// Events out: deliveries pending, sent, failed, and the oldest pending's age.
+    pub events: crate::events::db::Stats,
 }
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
@@ -445,6 +497,7 @@ async fn dashboard(state: &AppState) -> Result<Dashboard, AppError> {
         recent_orders: recent.into_iter().map(recent_order).collect(),
         strategy: state.settings.order_strategy.to_string(),
         lease_layer: if redis_up { "up" } else { "degraded" }.into(),
+        events: crate::events::db::stats(db).await?,
     })
 }
 
@@ -1602,7 +1655,7 @@ pub struct AdjustBody {
 }
 
 /// The admin API's CSRF token, sent as a header by browser clients of the API.
-fn check_api_csrf(req: &HttpRequest, admin: &Admin) -> Result<(), AppError> {
+pub(super) fn check_api_csrf(req: &HttpRequest, admin: &Admin) -> Result<(), AppError> {
     let token = req
         .headers()
         .get("x-csrf-token")

@@ -4,6 +4,7 @@
 
 pub mod admin;
 mod admin_clients;
+mod admin_webhooks;
 pub mod api;
 mod assets;
 mod body;

@@ -528,6 +528,8 @@ pub async fn post_checkout_cancel(
 struct OrderPage {
     chrome: Chrome,
     order: Order,
+    /// Receipts go out by SMTP, so the page may promise one.
+    receipt: bool,
 }
 
 pub async fn get_order(
@@ -545,6 +547,7 @@ pub async fn get_order(
         &OrderPage {
             chrome: Chrome::new(&req),
             order,
+            receipt: state.settings.smtp_url.is_some(),
         },
     )
 }

@@ -5,6 +5,7 @@ use sqlx::{PgConnection, PgPool};
 
 use super::{LedgerMismatch, StockLevel};
 use crate::catalog::Sku;
+use crate::events::Event;
 
 /// Creates the stock row of a new product with its `initial` ledger row.
 pub async fn create_stock(
@@ -497,7 +498,7 @@ pub async fn restock(
     .bind(MAX_ON_HAND)
     .fetch_optional(&mut *conn)
     .await?;
-    if on_hand.is_some() {
+    if let Some(on_hand) = on_hand {
         let entry = Entry {
             delta: units,
             reserved_delta: 0,
@@ -507,6 +508,8 @@ pub async fn restock(
             actor,
         };
         record_movement(conn, sku, entry).await?;
+        let event = Event::stock_adjusted(sku.as_str(), "restock", units, on_hand, actor);
+        crate::events::db::record(conn, event).await?;
     }
     Ok(on_hand)
 }
@@ -542,6 +545,8 @@ pub async fn adjust(
                 actor,
             };
             record_movement(conn, sku, entry).await?;
+            let event = Event::stock_adjusted(sku.as_str(), "adjust", new - expected, new, actor);
+            crate::events::db::record(conn, event).await?;
         }
         return Ok(Adjusted::Done);
     }

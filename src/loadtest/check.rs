@@ -1,4 +1,4 @@
-//! `stockade check`: the invariants I1–I6 (listed in the README), read from PostgreSQL (and
+//! `stockade check`: the invariants I1–I7 (listed in the README), read from PostgreSQL (and
 //! Redis, and the client log of a run when there is one). Each prints PASS or FAIL with
 //! the rows that break it.
 
@@ -119,7 +119,7 @@ fn contradictions(log: &[LogEntry]) -> Vec<String> {
         .collect()
 }
 
-/// Checks I1–I6. `log` is the client log of a run (I4, I5 and part of I3 need it); `redis`
+/// Checks I1–I7. `log` is the client log of a run (I4, I5 and part of I3 need it); `redis`
 /// is where the servers keep their leases, and `stale_after` how long they trust an
 /// in-flight idempotency record (both for I6).
 pub async fn check(
@@ -302,6 +302,28 @@ pub async fn check(
     verdicts.push(verdict(
         "I6",
         "quiet state: no leases, idle transactions, expired active holds or stale in-flight keys",
+        rows,
+    ));
+
+    // I7: the outbox — every order announced exactly once, and no announcement of an
+    // order that does not exist (one written by a transaction that rolled back).
+    let rows = sqlx::query_scalar::<_, String>(
+        r#"select format('order %s has %s order.placed events', o.id, count(e.id))
+             from orders o
+             left join events e on e.type = 'order.placed' and e.payload->>'order_id' = o.id::text
+            group by o.id having count(e.id) <> 1
+           union all
+           select format('order.placed event %s is for order %s, which does not exist',
+                         e.id, e.payload->>'order_id')
+             from events e
+            where e.type = 'order.placed'
+              and not exists (select 1 from orders o where o.id::text = e.payload->>'order_id')"#,
+    )
+    .fetch_all(db)
+    .await?;
+    verdicts.push(verdict(
+        "I7",
+        "every order has exactly one order.placed event, and every such event an order",
         rows,
     ));
     Ok(verdicts)

@@ -591,6 +591,17 @@ async fn transact(db: &PgPool, jobs: &[&Job], fence: Option<i64>) -> sqlx::Resul
             }
             other => other?,
         }
+        // One `order.placed` event per order, by one statement.
+        let placed_events = placed
+            .iter()
+            .map(|(_, order)| crate::events::Event::order_placed(order).payload)
+            .collect();
+        crate::events::db::record_many(
+            &mut tx,
+            crate::events::EventType::OrderPlaced,
+            placed_events,
+        )
+        .await?;
     }
 
     // Every key the batch decided, recorded with its own answer. A request elsewhere that

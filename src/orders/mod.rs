@@ -480,6 +480,8 @@ pub async fn cancel(
         .bind(id)
         .execute(&mut *tx)
         .await?;
+    let event = crate::events::Event::order_cancelled(id, actor, note);
+    crate::events::db::record(&mut tx, event).await?;
     tx.commit().await?;
     Ok(Some(Cancelled::Now))
 }

@@ -28,6 +28,7 @@ use super::db::{self, OrderProduct};
 use super::{Order, OrderLine, OrderRequest, Shortage};
 use crate::catalog::Sku;
 use crate::config::{OrderStrategy, Settings};
+use crate::events::{self, Event};
 use crate::holds::Hold;
 use crate::idempotency::{self, Begin, Fingerprint, Found, IdempotencyKey, Scope, StoredResponse};
 use crate::inventory::db::{Take, reserve_stock, take_stock, take_stock_naive};
@@ -721,6 +722,7 @@ async fn transact(
                 }
                 other => other?,
             }
+            events::db::record(&mut tx, Event::order_placed(&order)).await?;
             let body = serde_json::to_value(&order).expect("orders serialise");
             (
                 Placement::Placed {
@@ -750,6 +752,7 @@ async fn transact(
                 }
                 other => hold.expires_at = other?,
             }
+            events::db::record(&mut tx, Event::hold_placed(&hold)).await?;
             let body = serde_json::to_value(&hold).expect("holds serialise");
             (
                 Placement::Held {

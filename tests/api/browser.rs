@@ -889,6 +889,8 @@ async fn every_page_fits_a_phone_and_a_desktop() {
         format!("/admin/orders/{order}"),
         "/admin/holds".into(),
         "/admin/api-clients".into(),
+        "/admin/webhooks".into(),
+        "/admin/deliveries".into(),
     ];
     let mut wider = Vec::new();
     for (width, height) in [(390, 844), (1280, 900)] {

@@ -55,6 +55,7 @@ extern "C" fn stop_servers_at_exit() {
 pub async fn servers() -> &'static Servers {
     SERVERS
         .get_or_init(|| async {
+            stockade::install_tls_provider();
             let root = std::env::temp_dir().join(format!("stockade-tests-{}", std::process::id()));
             let _ = std::fs::remove_dir_all(&root);
             std::fs::create_dir_all(&root).unwrap();
@@ -136,6 +137,10 @@ pub async fn test_settings() -> Settings {
         api_anonymous_orders: true,
         rate_limit_per_minute: UNLIMITED_RATE,
         rate_limit_burst: UNLIMITED_RATE,
+        // Webhook receivers in tests listen on 127.0.0.1, and events go out quickly.
+        webhook_allow_private: true,
+        dispatch_interval: Duration::from_millis(50),
+        delivery_backoff: Duration::from_millis(50),
         log_format: LogFormat::Pretty,
         log_filter: log.clone().unwrap_or_else(|| "off".into()),
         ..Settings::default()
@@ -222,6 +227,7 @@ pub async fn spawn_app_with_own_redis_and(mut settings: Settings) -> TestApp {
 }
 
 pub fn client() -> reqwest::Client {
+    stockade::install_tls_provider();
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .cookie_store(true)
@@ -540,6 +546,10 @@ pub async fn serve_app(app: &TestApp, extra: &[(&str, String)], args: &[&str]) -
         ("STOCKADE_RATE_LIMIT_PER_MINUTE", UNLIMITED_RATE.to_string()),
         ("STOCKADE_RATE_LIMIT_BURST", UNLIMITED_RATE.to_string()),
         ("STOCKADE_METRICS_TOKEN", METRICS_TOKEN.into()),
+        // As in `test_settings`.
+        ("STOCKADE_WEBHOOK_ALLOW_PRIVATE", "true".into()),
+        ("STOCKADE_DISPATCH_INTERVAL_MS", "50".into()),
+        ("STOCKADE_DELIVERY_BACKOFF_MS", "50".into()),
     ];
     env.extend(extra.iter().cloned());
     serve(&env, args).await

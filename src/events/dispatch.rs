@@ -1,0 +1,272 @@
+//! The dispatcher: a task in every process that routes new events to deliveries and
+//! sends due deliveries, every `STOCKADE_DISPATCH_INTERVAL_MS` (at once again while there
+//! is more to do).
+//!
+//! A delivery is claimed with `for update skip locked` and a lease (the send timeout plus
+//! a margin): no two dispatchers send it at the same time, and one that dies mid-send
+//! leaves it due again when the lease runs out. A failed attempt is retried after an
+//! exponential backoff with full jitter (`STOCKADE_DELIVERY_BACKOFF_MS` × 2^attempt, at
+//! most an hour), and after `STOCKADE_DELIVERY_MAX_ATTEMPTS` the delivery is marked
+//! failed; the admin can send it again. Deliveries to one endpoint are not ordered.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sqlx::PgPool;
+
+use super::db::{self, Attempt, Claimed};
+use super::mail::{MailError, Mailer};
+use crate::config::Settings;
+use crate::metrics::Metrics;
+
+/// Events routed per statement.
+const ROUTE_BATCH: i64 = 500;
+/// Deliveries claimed (and sent concurrently) per round.
+const SEND_BATCH: i64 = 64;
+/// The longest wait between two attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(3_600);
+/// How much of a receiver's answer is kept.
+const RESPONSE_EXCERPT: usize = 300;
+
+/// What a dispatcher needs; cheap to clone into each send.
+#[derive(Clone)]
+pub struct Dispatcher {
+    db: PgPool,
+    http: reqwest::Client,
+    mailer: Option<Arc<Mailer>>,
+    settings: Arc<Settings>,
+    metrics: Arc<Metrics>,
+}
+
+impl Dispatcher {
+    pub fn new(
+        db: PgPool,
+        settings: Arc<Settings>,
+        metrics: Arc<Metrics>,
+        mailer: Option<Arc<Mailer>>,
+    ) -> anyhow::Result<Self> {
+        crate::install_tls_provider();
+        let http = reqwest::Client::builder()
+            .timeout(settings.webhook_timeout)
+            // A redirect could lead past the address check; receivers answer, not forward.
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!("Stockade-Webhooks/", env!("CARGO_PKG_VERSION")))
+            .build()?;
+        Ok(Self {
+            db,
+            http,
+            mailer,
+            settings,
+            metrics,
+        })
+    }
+
+    /// Runs rounds for the life of the process.
+    pub fn spawn(self) {
+        tokio::spawn(async move {
+            loop {
+                let busy = match self.round().await {
+                    Ok(busy) => busy,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "event dispatch failed");
+                        false
+                    }
+                };
+                if !busy {
+                    tokio::time::sleep(self.settings.dispatch_interval).await;
+                }
+            }
+        });
+    }
+
+    /// One round: route new events, send what is due, refresh the gauges. True when
+    /// there may be more to do right away.
+    pub async fn round(&self) -> sqlx::Result<bool> {
+        let routed = db::route(&self.db, ROUTE_BATCH, self.mailer.is_some()).await?;
+        let lease = self.settings.webhook_timeout + Duration::from_secs(1);
+        let claimed = db::claim(&self.db, SEND_BATCH, lease).await?;
+        let sent = claimed.len() as i64;
+        let mut sends = tokio::task::JoinSet::new();
+        for delivery in claimed {
+            let me = self.clone();
+            sends.spawn(async move { me.deliver(delivery).await });
+        }
+        while let Some(done) = sends.join_next().await {
+            if let Ok(Err(e)) = done {
+                tracing::warn!(error = %e, "recording a delivery failed");
+            }
+        }
+        let (pending, oldest) = db::pending(&self.db).await?;
+        self.metrics.events_pending.set(pending);
+        self.metrics.events_oldest_pending.set(oldest);
+        Ok(routed == ROUTE_BATCH || sent == SEND_BATCH)
+    }
+
+    /// Sends one claimed delivery and records what came of it.
+    async fn deliver(&self, claimed: Claimed) -> sqlx::Result<()> {
+        let (attempt, retry) = match claimed.channel.as_str() {
+            "mail" => self.mail(&claimed).await,
+            _ => self.post(&claimed).await,
+        };
+        let recorded = if attempt.error.is_none() {
+            let latency = (chrono::Utc::now() - claimed.event_created_at)
+                .to_std()
+                .unwrap_or_default();
+            self.metrics
+                .event_delivery_latency
+                .observe(latency.as_secs_f64());
+            self.metrics.deliveries.with_label_values(&["sent"]).inc();
+            db::mark_sent(&self.db, &claimed, &attempt).await?
+        } else {
+            let max = self.settings.delivery_max_attempts;
+            let wait =
+                (retry && claimed.attempts < max as i32).then(|| self.backoff(claimed.attempts));
+            let outcome = if wait.is_some() { "retry" } else { "failed" };
+            self.metrics.deliveries.with_label_values(&[outcome]).inc();
+            db::mark_unsent(&self.db, &claimed, &attempt, wait).await?
+        };
+        if !recorded {
+            tracing::info!(
+                delivery = claimed.id,
+                "a delivery's lease ran out while sending; another dispatcher has it"
+            );
+        }
+        Ok(())
+    }
+
+    /// Full jitter: a random wait up to base × 2^(attempts − 1), capped.
+    fn backoff(&self, attempts: i32) -> Duration {
+        let base = self.settings.delivery_backoff;
+        let ceiling = base
+            .saturating_mul(1u32 << attempts.clamp(1, 20).saturating_sub(1))
+            .min(MAX_BACKOFF);
+        let millis = ceiling.as_millis().max(1) as u64;
+        Duration::from_millis(rand::random_range(millis / 2..=millis))
+    }
+
+    /// POSTs a webhook, signed. Success is any 2xx; the rest is retried.
+    async fn post(&self, claimed: &Claimed) -> (Attempt, bool) {
+        let failed = |error: String, retry: bool| {
+            (
+                Attempt {
+                    status: None,
+                    response: None,
+                    error: Some(error),
+                },
+                retry,
+            )
+        };
+        let (Some(url), Some(secret)) = (&claimed.url, &claimed.secret) else {
+            return failed("the endpoint is gone".into(), false);
+        };
+        // Checked again now: the name may resolve elsewhere than when it was added.
+        let url = match super::target::check(url, self.settings.webhook_allow_private).await {
+            Ok(url) => url,
+            Err(e @ super::target::Refused::Unresolved { .. }) => {
+                return failed(e.to_string(), true);
+            }
+            Err(e) => return failed(e.to_string(), false),
+        };
+        let body = super::body(
+            claimed.event_id,
+            &claimed.event_type,
+            claimed.version,
+            claimed.event_created_at,
+            &claimed.payload,
+        );
+        let id = claimed.event_id.to_string();
+        let timestamp = chrono::Utc::now().timestamp();
+        let Some(signature) = super::sign::signature(secret, &id, timestamp, body.as_bytes())
+        else {
+            return failed("the endpoint's secret is damaged".into(), false);
+        };
+        let started = Instant::now();
+        let sent = self
+            .http
+            .post(url)
+            .header("content-type", "application/json")
+            .header("webhook-id", &id)
+            .header("webhook-timestamp", timestamp.to_string())
+            .header("webhook-signature", signature)
+            .body(body)
+            .send()
+            .await;
+        let response = match sent {
+            Ok(r) => r,
+            Err(e) => return failed(without_url(e), true),
+        };
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        let excerpt: String = text.chars().take(RESPONSE_EXCERPT).collect();
+        tracing::debug!(
+            delivery = claimed.id,
+            status = status.as_u16(),
+            ms = started.elapsed().as_millis() as u64,
+            "webhook sent"
+        );
+        let attempt = Attempt {
+            status: Some(status.as_u16()),
+            response: Some(excerpt),
+            error: (!status.is_success()).then(|| format!("the receiver answered {status}")),
+        };
+        (attempt, true)
+    }
+
+    /// Sends a receipt.
+    async fn mail(&self, claimed: &Claimed) -> (Attempt, bool) {
+        let failed = |error: String, retry: bool| {
+            (
+                Attempt {
+                    status: None,
+                    response: None,
+                    error: Some(error),
+                },
+                retry,
+            )
+        };
+        let Some(mailer) = &self.mailer else {
+            return failed(
+                "mail is not configured in the process that sent this".into(),
+                true,
+            );
+        };
+        let order: crate::orders::Order = match serde_json::from_value(claimed.payload.clone()) {
+            Ok(order) => order,
+            Err(e) => return failed(format!("the event is not an order: {e}"), false),
+        };
+        match mailer.send_receipt(claimed.event_id, &order).await {
+            Ok(said) => (
+                Attempt {
+                    status: None,
+                    response: Some(said.chars().take(RESPONSE_EXCERPT).collect()),
+                    error: None,
+                },
+                true,
+            ),
+            Err(MailError::Retry(e)) => failed(e, true),
+            Err(MailError::Permanent(e)) => failed(e, false),
+        }
+    }
+}
+
+/// A send error's text without its URL (which the list shows already).
+fn without_url(e: reqwest::Error) -> String {
+    let kind = if e.is_timeout() {
+        "timed out"
+    } else if e.is_connect() {
+        "could not connect"
+    } else {
+        "the request failed"
+    };
+    let mut source = std::error::Error::source(&e);
+    let mut detail = String::new();
+    while let Some(s) = source {
+        detail = s.to_string();
+        source = s.source();
+    }
+    if detail.is_empty() {
+        kind.to_string()
+    } else {
+        format!("{kind}: {detail}")
+    }
+}
