@@ -1,6 +1,7 @@
 //! What is for sale: products identified by a [`Sku`], with prices in cents. Stock levels
 //! live in [`crate::inventory`]; this module only joins them in for display.
 
+pub mod browse;
 pub mod cache;
 pub mod db;
 mod seed;
@@ -59,6 +60,8 @@ pub struct ProductView {
     pub price_cents: i64,
     /// At most this many per customer; `null` when there is no limit.
     pub purchase_limit: Option<i32>,
+    /// The shelf it sits on (`null`: none).
+    pub category: Option<String>,
     /// `on_hand − reserved`: what a shopper can still buy.
     pub available: i32,
 }
@@ -144,6 +147,7 @@ mod tests {
             description: String::new(),
             price_cents: 1,
             purchase_limit: None,
+            category: None,
             available: 0,
         };
         assert_eq!(p.badge(), "Sold out");

@@ -94,6 +94,22 @@ pub const DEMO_CATALOGUE: &[(&str, &str, &str, i64, i32)] = &[
     ),
 ];
 
+/// The demo's categories, by SKU.
+const CATEGORIES: &[(&str, &str)] = &[
+    ("KB-ALPINE-75", "Keyboards"),
+    ("KB-DROP-ORCA", "Keyboards"),
+    ("MS-DRIFT-WL", "Desk"),
+    ("DM-WALNUT-90", "Desk"),
+    ("LT-ARC-LAMP", "Desk"),
+    ("HP-STUDIO-01", "Audio"),
+    ("CF-KETTLE-GN", "Coffee"),
+    ("CF-GRINDER-M", "Coffee"),
+    ("CF-BEANS-ETH", "Coffee"),
+    ("MG-STONE-350", "Coffee"),
+    ("NB-DOT-A5", "Paper"),
+    ("CB-BRAID-2M", "Desk"),
+];
+
 /// The demo's purchase limits: the limited drop is one per customer.
 const LIMITS: &[(&str, i32)] = &[("KB-DROP-ORCA", 1)];
 
@@ -105,8 +121,8 @@ pub async fn seed_demo(pool: &PgPool) -> anyhow::Result<usize> {
     for &(sku, name, description, price_cents, on_hand) in DEMO_CATALOGUE {
         let sku = Sku::parse(sku)?;
         let inserted = sqlx::query(
-            r#"insert into products (sku, name, description, price_cents, purchase_limit)
-               values ($1, $2, $3, $4, $5)
+            r#"insert into products (sku, name, description, price_cents, purchase_limit, category)
+               values ($1, $2, $3, $4, $5, $6)
                on conflict (sku) do nothing"#,
         )
         .bind(sku.as_str())
@@ -118,6 +134,12 @@ pub async fn seed_demo(pool: &PgPool) -> anyhow::Result<usize> {
                 .iter()
                 .find(|(s, _)| *s == sku.as_str())
                 .map(|(_, n)| *n),
+        )
+        .bind(
+            CATEGORIES
+                .iter()
+                .find(|(s, _)| *s == sku.as_str())
+                .map(|(_, c)| *c),
         )
         .execute(&mut *tx)
         .await?

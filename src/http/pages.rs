@@ -4,26 +4,120 @@ use actix_web::{HttpRequest, web};
 use askama::Template;
 use askama_web::WebTemplate;
 
+use serde::Deserialize;
+
 use super::{AppState, Chrome};
+use crate::catalog::browse::{Browse, PER_PAGE, Sort};
 use crate::catalog::{ProductView, Sku};
-use crate::error::AppError;
+use crate::error::{AppError, percent_encode};
+
+/// The catalogue's query parameters as sent, all optional; [`BrowseParams::parse`] checks
+/// them (the page and the API read the same ones).
+#[derive(Debug, Default, Deserialize)]
+pub struct BrowseParams {
+    pub q: Option<String>,
+    pub category: Option<String>,
+    pub sort: Option<String>,
+    pub page: Option<String>,
+}
+
+impl BrowseParams {
+    pub fn parse(&self) -> Result<Browse, AppError> {
+        Browse::parse(
+            self.q.as_deref(),
+            self.category.as_deref(),
+            self.sort.as_deref(),
+            self.page.as_deref(),
+        )
+        .map_err(|e| AppError::Unprocessable(crate::error::sentence(&e.0)))
+    }
+
+    /// `path` with the query that asks for `browse` (defaults left out).
+    pub fn url_for(path: &str, browse: &Browse) -> String {
+        let mut params = Vec::new();
+        if !browse.q.is_empty() {
+            params.push(format!("q={}", percent_encode(&browse.q)));
+        }
+        if let Some(c) = &browse.category {
+            params.push(format!("category={}", percent_encode(c)));
+        }
+        if browse.sort != Sort::Relevance {
+            params.push(format!("sort={}", browse.sort.as_str()));
+        }
+        if browse.page != 1 {
+            params.push(format!("page={}", browse.page));
+        }
+        match params.is_empty() {
+            true => path.to_string(),
+            false => format!("{path}?{}", params.join("&")),
+        }
+    }
+}
 
 #[derive(Template, WebTemplate)]
 #[template(path = "catalog/index.html")]
 pub struct CataloguePage {
     chrome: Chrome,
     products: Vec<ProductView>,
+    browse: Browse,
+    categories: Vec<(String, i64)>,
+    total: i64,
+    pages: i64,
+}
+
+impl CataloguePage {
+    /// This listing with another category (`None`: all), from its first page.
+    fn category_url(&self, category: Option<&str>) -> String {
+        BrowseParams::url_for(
+            "/",
+            &Browse {
+                category: category.map(str::to_string),
+                page: 1,
+                ..self.browse.clone()
+            },
+        )
+    }
+
+    fn page_url(&self, page: i64) -> String {
+        BrowseParams::url_for(
+            "/",
+            &Browse {
+                page,
+                ..self.browse.clone()
+            },
+        )
+    }
+
+    fn sorts(&self) -> [Sort; 5] {
+        Sort::ALL
+    }
+
+    fn is_category(&self, name: &str) -> bool {
+        self.browse.category.as_deref() == Some(name)
+    }
+
+    /// A narrowed view: a search or a category.
+    fn narrowed(&self) -> bool {
+        !self.browse.q.is_empty() || self.browse.category.is_some()
+    }
 }
 
 #[tracing::instrument(skip_all)]
 pub async fn get_catalogue(
     req: HttpRequest,
     state: web::Data<AppState>,
+    query: web::Query<BrowseParams>,
 ) -> Result<CataloguePage, AppError> {
-    let products = state.catalog.products(&state.db).await?;
+    let browse = query.parse()?;
+    let listing = state.catalog.browse(&state.db, &browse, PER_PAGE).await?;
+    let categories = state.catalog.categories(&state.db).await?;
     Ok(CataloguePage {
         chrome: Chrome::new(&req),
-        products,
+        products: listing.products,
+        pages: ((listing.total + PER_PAGE - 1) / PER_PAGE).max(1),
+        total: listing.total,
+        browse,
+        categories,
     })
 }
 
