@@ -223,14 +223,18 @@ mod tests {
             Sort::Relevance
         );
 
-        let err = |q, c, s, p| Browse::parse(q, c, s, p).unwrap_err().0;
+        let err = |q: Option<&str>, c: Option<&str>, s: Option<&str>, p: Option<&str>| {
+            Browse::parse(q, c, s, p).unwrap_err().0
+        };
         assert!(err(None, None, Some("cheapest"), None).contains("not a sort order"));
         assert!(err(None, None, None, Some("0")).contains("not a page"));
         assert!(err(None, None, None, Some("-1")).contains("not a page"));
         assert!(err(None, None, None, Some("x")).contains("not a page"));
         assert!(err(None, None, None, Some("10001")).contains("not a page"));
-        assert!(err(Some(&"k".repeat(101)), None, None, None).contains("at most 100"));
+        let long = "k".repeat(101);
+        assert!(err(Some(&long), None, None, None).contains("at most 100"));
         assert!(err(Some("a\0b"), None, None, None).contains("control characters"));
-        assert!(err(None, Some(&"c".repeat(41)), None, None).contains("1 to 40"));
+        let long = "c".repeat(41);
+        assert!(err(None, Some(&long), None, None).contains("1 to 40"));
     }
 }

@@ -11,8 +11,10 @@ macro_rules! select_view {
     ($rest:literal) => {
         concat!(
             "select p.sku, p.name, p.description, p.price_cents, p.purchase_limit, p.category, ",
+            "i.image_etag as image, ",
             "coalesce(s.on_hand - s.reserved, 0) as available ",
             "from products p left join stock s on s.sku = p.sku ",
+            "left join product_images i on i.sku = p.sku ",
             $rest
         )
     };
@@ -40,14 +42,14 @@ struct ListedRow {
 #[tracing::instrument(skip_all, fields(sort = browse.sort.as_str(), page = browse.page))]
 pub async fn browse(pool: &PgPool, browse: &Browse, per_page: i64) -> sqlx::Result<Listing> {
     macro_rules! listing {
-        ($from:literal, $order:literal) => {
+        ($order:literal) => {
             concat!(
                 "select p.sku, p.name, p.description, p.price_cents, p.purchase_limit, ",
-                "p.category, coalesce(s.on_hand - s.reserved, 0) as available, ",
+                "p.category, i.image_etag as image, coalesce(s.on_hand - s.reserved, 0) as available, ",
                 "count(*) over () as total ",
                 "from products p left join stock s on s.sku = p.sku ",
-                $from,
-                " where p.active and ($1::text is null or p.category = $1) ",
+                "left join product_images i on i.sku = p.sku ",
+                "where p.active and ($1::text is null or p.category = $1) ",
                 "order by ",
                 $order,
                 " limit $2 offset $3"
@@ -58,11 +60,13 @@ pub async fn browse(pool: &PgPool, browse: &Browse, per_page: i64) -> sqlx::Resu
         ($order:literal) => {
             concat!(
                 "select p.sku, p.name, p.description, p.price_cents, p.purchase_limit, ",
-                "p.category, coalesce(s.on_hand - s.reserved, 0) as available, ",
+                "p.category, i.image_etag as image, coalesce(s.on_hand - s.reserved, 0) as available, ",
                 "count(*) over () as total ",
-                "from products p left join stock s on s.sku = p.sku, ",
-                "to_tsquery('english', $4) q ",
-                "where p.active and p.search @@ q ",
+                "from products p left join stock s on s.sku = p.sku ",
+            "left join product_images i on i.sku = p.sku ",
+                // In the WHERE clause, not a FROM item: the planner folds it to a constant
+                // and can read the GIN index.
+                "where p.active and p.search @@ to_tsquery('english', $4) ",
                 "and ($1::text is null or p.category = $1) ",
                 "order by ",
                 $order,
@@ -72,11 +76,13 @@ pub async fn browse(pool: &PgPool, browse: &Browse, per_page: i64) -> sqlx::Resu
     }
     let tsquery = browse.tsquery();
     let sql = match (tsquery.is_some(), browse.effective_sort()) {
-        (false, Sort::Relevance | Sort::Name) => listing!("", "p.name, p.sku"),
-        (false, Sort::PriceLow) => listing!("", "p.price_cents, p.name, p.sku"),
-        (false, Sort::PriceHigh) => listing!("", "p.price_cents desc, p.name, p.sku"),
-        (false, Sort::Newest) => listing!("", "p.created_at desc, p.sku"),
-        (true, Sort::Relevance) => searched!("ts_rank(p.search, q) desc, p.name, p.sku"),
+        (false, Sort::Relevance | Sort::Name) => listing!("p.name, p.sku"),
+        (false, Sort::PriceLow) => listing!("p.price_cents, p.name, p.sku"),
+        (false, Sort::PriceHigh) => listing!("p.price_cents desc, p.name, p.sku"),
+        (false, Sort::Newest) => listing!("p.created_at desc, p.sku"),
+        (true, Sort::Relevance) => {
+            searched!("ts_rank(p.search, to_tsquery('english', $4)) desc, p.name, p.sku")
+        }
         (true, Sort::Name) => searched!("p.name, p.sku"),
         (true, Sort::PriceLow) => searched!("p.price_cents, p.name, p.sku"),
         (true, Sort::PriceHigh) => searched!("p.price_cents desc, p.name, p.sku"),

@@ -4,6 +4,7 @@
 pub mod browse;
 pub mod cache;
 pub mod db;
+pub mod images;
 mod seed;
 
 pub use seed::{DEMO_CATALOGUE, seed_demo};
@@ -62,6 +63,9 @@ pub struct ProductView {
     pub purchase_limit: Option<i32>,
     /// The shelf it sits on (`null`: none).
     pub category: Option<String>,
+    /// Its picture's ETag, when it has one ([`images`]).
+    #[serde(skip)]
+    pub image: Option<String>,
     /// `on_hand − reserved`: what a shopper can still buy.
     pub available: i32,
 }
@@ -69,6 +73,14 @@ pub struct ProductView {
 impl ProductView {
     pub fn price(&self) -> String {
         format_cents(self.price_cents)
+    }
+
+    /// A short version of the picture for its address, so a new picture is a new URL:
+    /// `/products/{sku}/image?v=…`.
+    pub fn image_version(&self) -> Option<&str> {
+        self.image
+            .as_deref()
+            .map(|etag| etag.trim_matches('"').get(..12).unwrap_or(etag))
     }
 
     pub fn sold_out(&self) -> bool {
@@ -148,6 +160,7 @@ mod tests {
             price_cents: 1,
             purchase_limit: None,
             category: None,
+            image: None,
             available: 0,
         };
         assert_eq!(p.badge(), "Sold out");

@@ -26,7 +26,7 @@ use uuid::Uuid;
 use super::shop::TokenForm;
 use super::{AppState, Chrome, csrf, detached, html, see_other};
 use crate::admin::{self, Admin, Attempt, LoginLimits};
-use crate::catalog::{self, Sku, format_cents};
+use crate::catalog::{self, Sku, format_cents, images};
 use crate::error::AppError;
 use crate::idempotency::{self, Begin, IdempotencyKey, Scope, StoredResponse};
 use crate::inventory::db::{self as stock, Adjusted, Movement};
@@ -64,6 +64,11 @@ pub fn routes() -> Vec<(Method, &'static str, actix_web::Route)> {
             Method::POST,
             "/admin/products/{sku}",
             web::post().to(post_product),
+        ),
+        (
+            Method::POST,
+            "/admin/products/{sku}/image",
+            web::post().to(post_product_image),
         ),
         (
             Method::POST,
@@ -695,6 +700,9 @@ pub struct ProductRow {
     /// At most this many per customer (none: no limit).
     pub purchase_limit: Option<i32>,
     pub category: Option<String>,
+    /// The picture's ETag, when it has one (read on the product page only).
+    #[sqlx(default)]
+    pub image: Option<String>,
 }
 
 impl ProductRow {
@@ -796,8 +804,10 @@ async fn load_product(state: &AppState, raw: &str) -> Result<ProductRow, AppErro
     let sku = Sku::parse(raw).map_err(|_| not_found())?;
     sqlx::query_as(
         r#"select p.sku, p.name, p.description, p.price_cents, p.active, s.on_hand, s.reserved,
-                  p.purchase_limit, p.category
-             from products p join stock s on s.sku = p.sku where p.sku = $1"#,
+                  p.purchase_limit, p.category, i.image_etag as image
+             from products p join stock s on s.sku = p.sku
+             left join product_images i on i.sku = p.sku
+            where p.sku = $1"#,
     )
     .bind(sku.as_str())
     .fetch_optional(&state.db)
@@ -816,6 +826,7 @@ pub async fn get_new_product(req: HttpRequest, admin: Admin) -> Result<HttpRespo
             active: true,
             purchase_limit: None,
             category: None,
+            image: None,
             on_hand: 0,
             reserved: 0,
         },
@@ -936,6 +947,7 @@ fn form_product(form: &ProductForm) -> ProductRow {
         reserved: 0,
         purchase_limit: parse_limit(&form.purchase_limit).ok().flatten(),
         category: Some(form.category.trim().to_string()).filter(|c| !c.is_empty()),
+        image: None,
     }
 }
 
@@ -1065,6 +1077,63 @@ pub async fn post_product(
             Ok(see_other(&format!("/admin/products/{}", product.sku)))
         }
     }
+}
+
+/// Uploads a product's picture (a multipart form: `csrf`, then `image`). A refused file
+/// leaves the product as it was and says why on its page.
+#[tracing::instrument(skip_all, fields(sku = %path))]
+pub async fn post_product_image(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Result<HttpResponse, AppError> {
+    let product = load_product(&state, &path).await?;
+    // The file, plus room for the form's other field and part headers.
+    let cap = images::MAX_UPLOAD_BYTES + 64 * 1024;
+    let parts = super::multipart::read(
+        &req,
+        payload,
+        cap,
+        "The picture is larger than 5 MB; choose a smaller one (it is resized anyway).",
+    )
+    .await?;
+    let field = |name: &str| parts.iter().find(|p| p.name == name).map(|p| &p.data[..]);
+    let csrf = field("csrf")
+        .and_then(|t| std::str::from_utf8(t).ok())
+        .unwrap_or_default();
+    csrf::check_admin(&admin, csrf)?;
+    let upload = field("image").unwrap_or_default().to_vec();
+    // Decoding and encoding take real CPU time: off the request thread.
+    let processed = web::block(move || images::process(&upload))
+        .await
+        .map_err(|e| AppError::Internal(e.into()))?;
+    let processed = match processed {
+        Ok(processed) => processed,
+        Err(refused) => {
+            let page = ProductPage {
+                chrome: page_chrome(&req, &admin),
+                product,
+                is_new: false,
+                notice: Some((
+                    crate::error::sentence(&format!("picture not changed: {refused}")),
+                    true,
+                )),
+                moved: None,
+                restock_key: new_form_key(),
+                adjust_key: new_form_key(),
+            };
+            return html(StatusCode::UNPROCESSABLE_ENTITY, &page);
+        }
+    };
+    let sku = Sku::parse(&product.sku).expect("stored SKUs are valid");
+    if !images::save(&state.db, &sku, &processed, &admin.username).await? {
+        return Err(AppError::not_found(format!("No product with SKU {sku}.")));
+    }
+    state.catalog.forget(&sku);
+    tracing::info!(bytes = processed.image.len(), "product picture replaced");
+    Ok(see_other(&format!("/admin/products/{sku}")))
 }
 
 #[derive(Deserialize)]

@@ -12,6 +12,7 @@ pub mod csrf;
 mod health;
 pub mod limits;
 pub mod middleware;
+mod multipart;
 mod pages;
 pub mod shop;
 
@@ -149,6 +150,8 @@ fn get() -> actix_web::Route {
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/", get().to(pages::get_catalogue))
         .route("/products/{sku}", get().to(pages::get_product))
+        .route("/products/{sku}/image", get().to(pages::get_product_image))
+        .route("/products/{sku}/thumb", get().to(pages::get_product_thumb))
         .route("/cart", get().to(shop::get_cart))
         .route("/cart/add", web::post().to(shop::post_cart_add))
         .route("/cart/update", web::post().to(shop::post_cart_update))
