@@ -8,6 +8,9 @@
 //! never staler than that, and the process that sells the last unit, or changes stock in
 //! the admin, forgets the entry at once, so "sold out" shows there immediately. Orders
 //! never read this cache: the database decides every sale.
+//!
+//! Listings are kept per request (search words, category, order, page, page size): an
+//! entry only ever answers the exact question it was the answer to.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -15,17 +18,24 @@ use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 
+use super::browse::Browse;
+use super::db::Listing;
 use super::{ProductView, Sku};
+
+type Timed<T> = (Instant, T);
 
 /// The product pages' and catalogue's data, per process.
 pub struct CatalogCache {
     ttl: Duration,
-    products: Mutex<HashMap<String, (Instant, Option<ProductView>)>>,
-    list: Mutex<Option<(Instant, Vec<ProductView>)>>,
+    products: Mutex<HashMap<String, Timed<Option<ProductView>>>>,
+    listings: Mutex<HashMap<(Browse, i64), Timed<Listing>>>,
+    categories: Mutex<Option<Timed<Vec<(String, i64)>>>>,
 }
 
 /// Entries kept at most (one per product viewed); past this the map starts afresh.
 const MAX_ENTRIES: usize = 100_000;
+/// Listings kept at most (one per distinct search and page); past this, afresh.
+const MAX_LISTINGS: usize = 1_000;
 
 impl CatalogCache {
     /// A cache whose entries live for `ttl`; zero turns it off.
@@ -33,7 +43,8 @@ impl CatalogCache {
         Self {
             ttl,
             products: Mutex::default(),
-            list: Mutex::default(),
+            listings: Mutex::default(),
+            categories: Mutex::default(),
         }
     }
 
@@ -55,23 +66,49 @@ impl CatalogCache {
         Ok(view)
     }
 
-    /// The active products, by name, as of at most the TTL ago.
-    pub async fn products(&self, db: &PgPool) -> sqlx::Result<Vec<ProductView>> {
-        if let Some((at, list)) = self.list.lock().expect("cache").as_ref()
+    /// One page of a listing ([`super::db::browse`]), as of at most the TTL ago.
+    pub async fn browse(
+        &self,
+        db: &PgPool,
+        browse: &Browse,
+        per_page: i64,
+    ) -> sqlx::Result<Listing> {
+        let key = (browse.clone(), per_page);
+        if let Some((at, listing)) = self.listings.lock().expect("cache").get(&key)
+            && at.elapsed() < self.ttl
+        {
+            return Ok(listing.clone());
+        }
+        let listing = super::db::browse(db, browse, per_page).await?;
+        if !self.ttl.is_zero() {
+            let mut listings = self.listings.lock().expect("cache");
+            if listings.len() >= MAX_LISTINGS {
+                listings.clear();
+            }
+            listings.insert(key, (Instant::now(), listing.clone()));
+        }
+        Ok(listing)
+    }
+
+    /// The categories with products on sale, as of at most the TTL ago.
+    pub async fn categories(&self, db: &PgPool) -> sqlx::Result<Vec<(String, i64)>> {
+        if let Some((at, list)) = self.categories.lock().expect("cache").as_ref()
             && at.elapsed() < self.ttl
         {
             return Ok(list.clone());
         }
-        let list = super::db::list_products(db).await?;
+        let list = super::db::categories(db).await?;
         if !self.ttl.is_zero() {
-            *self.list.lock().expect("cache") = Some((Instant::now(), list.clone()));
+            *self.categories.lock().expect("cache") = Some((Instant::now(), list.clone()));
         }
         Ok(list)
     }
 
-    /// Forgets what is known of `sku` (its stock or details changed here).
+    /// Forgets what is known of `sku` (its stock or details changed here), and every
+    /// listing, which may show it.
     pub fn forget(&self, sku: &Sku) {
         self.products.lock().expect("cache").remove(sku.as_str());
-        *self.list.lock().expect("cache") = None;
+        self.listings.lock().expect("cache").clear();
+        *self.categories.lock().expect("cache") = None;
     }
 }

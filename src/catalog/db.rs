@@ -1,27 +1,144 @@
-//! Catalogue queries. Availability is always `on_hand − reserved`.
+//! Catalogue queries. Availability is always `on_hand − reserved`. Every read takes the
+//! pool it reads from, so the storefront's reads can move to a replica.
 
 use sqlx::PgPool;
 
+use super::browse::{Browse, Sort};
 use super::{ProductView, Sku};
 
 /// The columns of a [`ProductView`]; a macro so queries stay `'static` literals.
 macro_rules! select_view {
     ($rest:literal) => {
         concat!(
-            "select p.sku, p.name, p.description, p.price_cents, p.purchase_limit, ",
+            "select p.sku, p.name, p.description, p.price_cents, p.purchase_limit, p.category, ",
+            "i.image_etag as image, ",
             "coalesce(s.on_hand - s.reserved, 0) as available ",
             "from products p left join stock s on s.sku = p.sku ",
+            "left join product_images i on i.sku = p.sku ",
             $rest
         )
     };
 }
 
-/// Active products, by name.
+/// A page of active products and how many match in all.
+#[derive(Debug, Clone, Default)]
+pub struct Listing {
+    pub products: Vec<ProductView>,
+    pub total: i64,
+}
+
+#[derive(sqlx::FromRow)]
+struct ListedRow {
+    #[sqlx(flatten)]
+    view: ProductView,
+    total: i64,
+}
+
+/// One page of a search, a category or the whole catalogue, in `browse`'s order.
+///
+/// A search reads the GIN index on `products.search` (the query text is a prefix tsquery
+/// made of letters and digits only: [`Browse::tsquery`]); one statement per order keeps
+/// each one a plain literal that PostgreSQL plans well.
+#[tracing::instrument(skip_all, fields(sort = browse.sort.as_str(), page = browse.page))]
+pub async fn browse(pool: &PgPool, browse: &Browse, per_page: i64) -> sqlx::Result<Listing> {
+    macro_rules! listing {
+        ($order:literal) => {
+            concat!(
+                "select p.sku, p.name, p.description, p.price_cents, p.purchase_limit, ",
+                "p.category, i.image_etag as image, coalesce(s.on_hand - s.reserved, 0) as available, ",
+                "count(*) over () as total ",
+                "from products p left join stock s on s.sku = p.sku ",
+                "left join product_images i on i.sku = p.sku ",
+                "where p.active and ($1::text is null or p.category = $1) ",
+                "order by ",
+                $order,
+                " limit $2 offset $3"
+            )
+        };
+    }
+    macro_rules! searched {
+        ($order:literal) => {
+            concat!(
+                "select p.sku, p.name, p.description, p.price_cents, p.purchase_limit, ",
+                "p.category, i.image_etag as image, coalesce(s.on_hand - s.reserved, 0) as available, ",
+                "count(*) over () as total ",
+                "from products p left join stock s on s.sku = p.sku ",
+            "left join product_images i on i.sku = p.sku ",
+                // In the WHERE clause, not a FROM item: the planner folds it to a constant
+                // and can read the GIN index.
+                "where p.active and p.search @@ to_tsquery('english', $4) ",
+                "and ($1::text is null or p.category = $1) ",
+                "order by ",
+                $order,
+                " limit $2 offset $3"
+            )
+        };
+    }
+    let tsquery = browse.tsquery();
+    let sql = match (tsquery.is_some(), browse.effective_sort()) {
+        (false, Sort::Relevance | Sort::Name) => listing!("p.name, p.sku"),
+        (false, Sort::PriceLow) => listing!("p.price_cents, p.name, p.sku"),
+        (false, Sort::PriceHigh) => listing!("p.price_cents desc, p.name, p.sku"),
+        (false, Sort::Newest) => listing!("p.created_at desc, p.sku"),
+        (true, Sort::Relevance) => {
+            searched!("ts_rank(p.search, to_tsquery('english', $4)) desc, p.name, p.sku")
+        }
+        (true, Sort::Name) => searched!("p.name, p.sku"),
+        (true, Sort::PriceLow) => searched!("p.price_cents, p.name, p.sku"),
+        (true, Sort::PriceHigh) => searched!("p.price_cents desc, p.name, p.sku"),
+        (true, Sort::Newest) => searched!("p.created_at desc, p.sku"),
+    };
+    let mut query = sqlx::query_as::<_, ListedRow>(sql)
+        .bind(browse.category.as_deref())
+        .bind(per_page)
+        .bind((browse.page - 1) * per_page);
+    if let Some(tsquery) = &tsquery {
+        query = query.bind(tsquery);
+    }
+    let rows = query.fetch_all(pool).await?;
+    let total = match rows.first() {
+        Some(row) => row.total,
+        // Past the last page the window has no row to count on.
+        None if browse.page > 1 => {
+            let first = Browse {
+                page: 1,
+                ..browse.clone()
+            };
+            Box::pin(self::browse(pool, &first, 1)).await?.total
+        }
+        None => 0,
+    };
+    Ok(Listing {
+        products: rows.into_iter().map(|r| r.view).collect(),
+        total,
+    })
+}
+
+/// The categories with something on sale, by name, with how many products each has.
 #[tracing::instrument(skip_all)]
-pub async fn list_products(pool: &PgPool) -> sqlx::Result<Vec<ProductView>> {
-    sqlx::query_as(select_view!("where p.active order by p.name"))
-        .fetch_all(pool)
-        .await
+pub async fn categories(pool: &PgPool) -> sqlx::Result<Vec<(String, i64)>> {
+    sqlx::query_as(
+        r#"select category, count(*) from products
+            where active and category is not null
+            group by category order by category"#,
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// Sets (or with `None` removes) `sku`'s category; false when there is no such product.
+pub async fn set_category(
+    db: impl sqlx::PgExecutor<'_>,
+    sku: &Sku,
+    category: Option<&str>,
+) -> sqlx::Result<bool> {
+    let updated = sqlx::query("update products set category = $2 where sku = $1")
+        .bind(sku.as_str())
+        .bind(category)
+        .execute(db)
+        .await?
+        .rows_affected();
+    Ok(updated == 1)
 }
 
 /// One active product, or `None`.
@@ -35,14 +152,14 @@ pub async fn find_product(pool: &PgPool, sku: &Sku) -> sqlx::Result<Option<Produ
 
 /// Sets (or with `None` removes) `sku`'s purchase limit; false when there is no such product.
 pub async fn set_purchase_limit(
-    pool: &PgPool,
+    db: impl sqlx::PgExecutor<'_>,
     sku: &Sku,
     limit: Option<i32>,
 ) -> sqlx::Result<bool> {
     let updated = sqlx::query("update products set purchase_limit = $2 where sku = $1")
         .bind(sku.as_str())
         .bind(limit)
-        .execute(pool)
+        .execute(db)
         .await?
         .rows_affected();
     Ok(updated == 1)

@@ -1,8 +1,10 @@
 //! What is for sale: products identified by a [`Sku`], with prices in cents. Stock levels
 //! live in [`crate::inventory`]; this module only joins them in for display.
 
+pub mod browse;
 pub mod cache;
 pub mod db;
+pub mod images;
 mod seed;
 
 pub use seed::{DEMO_CATALOGUE, seed_demo};
@@ -59,6 +61,11 @@ pub struct ProductView {
     pub price_cents: i64,
     /// At most this many per customer; `null` when there is no limit.
     pub purchase_limit: Option<i32>,
+    /// The shelf it sits on (`null`: none).
+    pub category: Option<String>,
+    /// Its picture's ETag, when it has one ([`images`]).
+    #[serde(skip)]
+    pub image: Option<String>,
     /// `on_hand − reserved`: what a shopper can still buy.
     pub available: i32,
 }
@@ -66,6 +73,14 @@ pub struct ProductView {
 impl ProductView {
     pub fn price(&self) -> String {
         format_cents(self.price_cents)
+    }
+
+    /// A short version of the picture for its address, so a new picture is a new URL:
+    /// `/products/{sku}/image?v=…`.
+    pub fn image_version(&self) -> Option<&str> {
+        self.image
+            .as_deref()
+            .map(|etag| etag.trim_matches('"').get(..12).unwrap_or(etag))
     }
 
     pub fn sold_out(&self) -> bool {
@@ -144,6 +159,8 @@ mod tests {
             description: String::new(),
             price_cents: 1,
             purchase_limit: None,
+            category: None,
+            image: None,
             available: 0,
         };
         assert_eq!(p.badge(), "Sold out");

@@ -26,7 +26,7 @@ use uuid::Uuid;
 use super::shop::TokenForm;
 use super::{AppState, Chrome, csrf, detached, html, see_other};
 use crate::admin::{self, Admin, Attempt, LoginLimits};
-use crate::catalog::{self, Sku, format_cents};
+use crate::catalog::{self, Sku, format_cents, images};
 use crate::error::AppError;
 use crate::idempotency::{self, Begin, IdempotencyKey, Scope, StoredResponse};
 use crate::inventory::db::{self as stock, Adjusted, Movement};
@@ -68,6 +68,11 @@ pub fn routes() -> Vec<(Method, &'static str, actix_web::Route)> {
             Method::POST,
             "/admin/products/{sku}",
             web::post().to(post_product),
+        ),
+        (
+            Method::POST,
+            "/admin/products/{sku}/image",
+            web::post().to(post_product_image),
         ),
         (
             Method::POST,
@@ -759,6 +764,10 @@ pub struct ProductRow {
     pub reserved: i32,
     /// At most this many per customer (none: no limit).
     pub purchase_limit: Option<i32>,
+    pub category: Option<String>,
+    /// The picture's ETag, when it has one (read on the product page only).
+    #[sqlx(default)]
+    pub image: Option<String>,
 }
 
 impl ProductRow {
@@ -770,6 +779,9 @@ impl ProductRow {
     }
     pub fn available(&self) -> i32 {
         self.on_hand - self.reserved
+    }
+    pub fn category_input(&self) -> &str {
+        self.category.as_deref().unwrap_or_default()
     }
     pub fn limit_input(&self) -> String {
         self.purchase_limit
@@ -811,7 +823,7 @@ pub async fn get_products(
     );
     let products: Vec<ProductRow> = sqlx::query_as(
         r#"select p.sku, p.name, p.description, p.price_cents, p.active, s.on_hand, s.reserved,
-                  p.purchase_limit
+                  p.purchase_limit, p.category
              from products p join stock s on s.sku = p.sku
             where p.sku ilike $1 or p.name ilike $1
             order by p.sku limit $2 offset $3"#,
@@ -857,8 +869,10 @@ async fn load_product(state: &AppState, raw: &str) -> Result<ProductRow, AppErro
     let sku = Sku::parse(raw).map_err(|_| not_found())?;
     sqlx::query_as(
         r#"select p.sku, p.name, p.description, p.price_cents, p.active, s.on_hand, s.reserved,
-                  p.purchase_limit
-             from products p join stock s on s.sku = p.sku where p.sku = $1"#,
+                  p.purchase_limit, p.category, i.image_etag as image
+             from products p join stock s on s.sku = p.sku
+             left join product_images i on i.sku = p.sku
+            where p.sku = $1"#,
     )
     .bind(sku.as_str())
     .fetch_optional(&state.db)
@@ -876,6 +890,8 @@ pub async fn get_new_product(req: HttpRequest, admin: Admin) -> Result<HttpRespo
             price_cents: 0,
             active: true,
             purchase_limit: None,
+            category: None,
+            image: None,
             on_hand: 0,
             reserved: 0,
         },
@@ -904,6 +920,8 @@ pub struct ProductForm {
     on_hand: String,
     #[serde(default)]
     purchase_limit: String,
+    #[serde(default)]
+    category: String,
     active: Option<String>,
 }
 
@@ -948,6 +966,17 @@ struct ProductFields {
     description: String,
     price_cents: i64,
     purchase_limit: Option<i32>,
+    category: Option<String>,
+}
+
+/// A category as typed: empty for none.
+fn parse_category(raw: &str) -> Result<Option<String>, String> {
+    match raw.trim() {
+        "" => Ok(None),
+        c => catalog::browse::parse_category(c)
+            .map(Some)
+            .map_err(|e| e.0),
+    }
 }
 
 /// Checks a product form.
@@ -968,6 +997,7 @@ fn check_product(form: &ProductForm) -> Result<ProductFields, String> {
         description,
         price_cents: parse_price(&form.price)?,
         purchase_limit: parse_limit(&form.purchase_limit)?,
+        category: parse_category(&form.category)?,
     })
 }
 
@@ -981,6 +1011,8 @@ fn form_product(form: &ProductForm) -> ProductRow {
         on_hand: form.on_hand.trim().parse().unwrap_or(0),
         reserved: 0,
         purchase_limit: parse_limit(&form.purchase_limit).ok().flatten(),
+        category: Some(form.category.trim().to_string()).filter(|c| !c.is_empty()),
+        image: None,
     }
 }
 
@@ -1017,8 +1049,9 @@ pub async fn post_products(
     };
     let mut tx = state.db.begin().await?;
     let created = sqlx::query(
-        r#"insert into products (sku, name, description, price_cents, active, purchase_limit)
-           values ($1, $2, $3, $4, $5, $6) on conflict (sku) do nothing"#,
+        r#"insert into products (sku, name, description, price_cents, active, purchase_limit,
+                                 category)
+           values ($1, $2, $3, $4, $5, $6, $7) on conflict (sku) do nothing"#,
     )
     .bind(sku.as_str())
     .bind(&fields.name)
@@ -1026,6 +1059,7 @@ pub async fn post_products(
     .bind(fields.price_cents)
     .bind(form.active.is_some())
     .bind(fields.purchase_limit)
+    .bind(&fields.category)
     .execute(&mut *tx)
     .await?
     .rows_affected()
@@ -1035,6 +1069,7 @@ pub async fn post_products(
     }
     stock::create_stock(&mut tx, &sku, on_hand, &admin.username).await?;
     tx.commit().await?;
+    state.catalog.forget(&sku);
     Ok(see_other(&format!("/admin/products/{sku}")))
 }
 
@@ -1074,6 +1109,7 @@ pub async fn post_product(
         Err(message) => {
             product.name = form.name.clone();
             product.description = form.description.clone();
+            product.category = Some(form.category.clone());
             let page = ProductPage {
                 chrome: page_chrome(&req, &admin),
                 product,
@@ -1088,7 +1124,7 @@ pub async fn post_product(
         Ok(fields) => {
             sqlx::query(
                 r#"update products set name = $2, description = $3, price_cents = $4, active = $5,
-                          purchase_limit = $6
+                          purchase_limit = $6, category = $7
                     where sku = $1"#,
             )
             .bind(&product.sku)
@@ -1097,11 +1133,72 @@ pub async fn post_product(
             .bind(fields.price_cents)
             .bind(form.active.is_some())
             .bind(fields.purchase_limit)
+            .bind(fields.category)
             .execute(&state.db)
             .await?;
+            state
+                .catalog
+                .forget(&Sku::parse(&product.sku).expect("stored SKUs are valid"));
             Ok(see_other(&format!("/admin/products/{}", product.sku)))
         }
     }
+}
+
+/// Uploads a product's picture (a multipart form: `csrf`, then `image`). A refused file
+/// leaves the product as it was and says why on its page.
+#[tracing::instrument(skip_all, fields(sku = %path))]
+pub async fn post_product_image(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Result<HttpResponse, AppError> {
+    let product = load_product(&state, &path).await?;
+    // The file, plus room for the form's other field and part headers.
+    let cap = images::MAX_UPLOAD_BYTES + 64 * 1024;
+    let parts = super::multipart::read(
+        &req,
+        payload,
+        cap,
+        "The picture is larger than 5 MB; choose a smaller one (it is resized anyway).",
+    )
+    .await?;
+    let field = |name: &str| parts.iter().find(|p| p.name == name).map(|p| &p.data[..]);
+    let csrf = field("csrf")
+        .and_then(|t| std::str::from_utf8(t).ok())
+        .unwrap_or_default();
+    csrf::check_admin(&admin, csrf)?;
+    let upload = field("image").unwrap_or_default().to_vec();
+    // Decoding and encoding take real CPU time: off the request thread.
+    let processed = web::block(move || images::process(&upload))
+        .await
+        .map_err(|e| AppError::Internal(e.into()))?;
+    let processed = match processed {
+        Ok(processed) => processed,
+        Err(refused) => {
+            let page = ProductPage {
+                chrome: page_chrome(&req, &admin),
+                product,
+                is_new: false,
+                notice: Some((
+                    crate::error::sentence(&format!("picture not changed: {refused}")),
+                    true,
+                )),
+                moved: None,
+                restock_key: new_form_key(),
+                adjust_key: new_form_key(),
+            };
+            return html(StatusCode::UNPROCESSABLE_ENTITY, &page);
+        }
+    };
+    let sku = Sku::parse(&product.sku).expect("stored SKUs are valid");
+    if !images::save(&state.db, &sku, &processed, &admin.username).await? {
+        return Err(AppError::not_found(format!("No product with SKU {sku}.")));
+    }
+    state.catalog.forget(&sku);
+    tracing::info!(bytes = processed.image.len(), "product picture replaced");
+    Ok(see_other(&format!("/admin/products/{sku}")))
 }
 
 #[derive(Deserialize)]
@@ -1706,19 +1803,24 @@ pub async fn patch_api_product(
     let fields = body
         .as_object()
         .ok_or_else(|| AppError::Unprocessable("The body must be a JSON object.".into()))?;
-    if let Some(other) = fields.keys().find(|k| k.as_str() != "purchase_limit") {
+    const FIELDS: [&str; 2] = ["purchase_limit", "category"];
+    if let Some(other) = fields.keys().find(|k| !FIELDS.contains(&k.as_str())) {
         return Err(AppError::Unprocessable(format!(
-            "{other:?} cannot be changed here; only \"purchase_limit\" can."
+            "{other:?} cannot be changed here; only \"purchase_limit\" and \"category\" can."
         )));
     }
+    if fields.is_empty() {
+        return Err(AppError::Unprocessable(
+            "Send {\"purchase_limit\": n} (or null for no limit) and/or {\"category\": \"…\"} \
+             (or null for none)."
+                .into(),
+        ));
+    }
+    // Both are checked before either is written.
     let limit = match fields.get("purchase_limit") {
-        None => {
-            return Err(AppError::Unprocessable(
-                "Send {\"purchase_limit\": n} (or null for no limit).".into(),
-            ));
-        }
-        Some(serde_json::Value::Null) => None,
-        Some(value) => Some(
+        None => None,
+        Some(serde_json::Value::Null) => Some(None),
+        Some(value) => Some(Some(
             value
                 .as_i64()
                 .filter(|n| (1..=1_000_000).contains(n))
@@ -1728,13 +1830,43 @@ pub async fn patch_api_product(
                         "purchase_limit is a whole number from 1 to 1,000,000, or null.".into(),
                     )
                 })?,
-        ),
+        )),
     };
-    if !catalog::db::set_purchase_limit(&state.db, &sku, limit).await? {
-        return Err(AppError::not_found(format!("No product with SKU {sku}.")));
+    let category = match fields.get("category") {
+        None => None,
+        Some(serde_json::Value::Null) => Some(None),
+        Some(serde_json::Value::String(c)) => {
+            Some(Some(catalog::browse::parse_category(c).map_err(|e| {
+                AppError::Unprocessable(crate::error::sentence(&e.0))
+            })?))
+        }
+        Some(_) => {
+            return Err(AppError::Unprocessable(
+                "category is a text of 1 to 40 characters, or null.".into(),
+            ));
+        }
+    };
+    let not_found = || AppError::not_found(format!("No product with SKU {sku}."));
+    let mut tx = state.db.begin().await?;
+    if let Some(limit) = limit
+        && !catalog::db::set_purchase_limit(&mut *tx, &sku, limit).await?
+    {
+        return Err(not_found());
     }
+    if let Some(category) = &category
+        && !catalog::db::set_category(&mut *tx, &sku, category.as_deref()).await?
+    {
+        return Err(not_found());
+    }
+    tx.commit().await?;
+    let (limit, category): (Option<i32>, Option<String>) =
+        sqlx::query_as("select purchase_limit, category from products where sku = $1")
+            .bind(sku.as_str())
+            .fetch_one(&state.db)
+            .await?;
     state.catalog.forget(&sku);
-    Ok(HttpResponse::Ok().json(serde_json::json!({"sku": sku, "purchase_limit": limit})))
+    Ok(HttpResponse::Ok()
+        .json(serde_json::json!({"sku": sku, "purchase_limit": limit, "category": category})))
 }
 
 pub async fn post_api_restock(

@@ -32,6 +32,7 @@ struct ProductJson {
     available: i32,
     /// At most this many per customer; `null` when there is no limit.
     purchase_limit: Option<i32>,
+    category: Option<String>,
 }
 
 impl From<ProductView> for ProductJson {
@@ -43,19 +44,49 @@ impl From<ProductView> for ProductJson {
             price_cents: p.price_cents,
             available: p.available.max(0),
             purchase_limit: p.purchase_limit,
+            category: p.category,
         }
     }
 }
 
-pub async fn get_products(state: web::Data<AppState>) -> Result<HttpResponse, AppError> {
-    let products: Vec<ProductJson> = state
-        .catalog
-        .products(&state.db)
-        .await?
+/// Products per page when the API is asked for a `page`.
+const API_PER_PAGE: i64 = 100;
+
+/// The product list: every active product by name, or with `?q=`, `?category=`, `?sort=`
+/// a search; `?page=` pages it ([`API_PER_PAGE`] a page). The body stays the plain array
+/// clients rely on; `X-Total-Count` says how many match, and `Link: <…>; rel="next"`
+/// points to the next page when there is one.
+#[tracing::instrument(skip_all)]
+pub async fn get_products(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    query: web::Query<super::pages::BrowseParams>,
+) -> Result<HttpResponse, AppError> {
+    let browse = query.parse()?;
+    // Without `?page=` the whole list, as before paging existed.
+    let per_page = match query.page {
+        Some(_) => API_PER_PAGE,
+        None => i64::MAX,
+    };
+    let listing = state.catalog.browse(&state.db, &browse, per_page).await?;
+    let mut res = HttpResponse::Ok();
+    res.insert_header(("X-Total-Count", listing.total));
+    if query.page.is_some() && browse.page * per_page < listing.total {
+        let next = super::pages::BrowseParams::url_for(
+            req.path(),
+            &crate::catalog::browse::Browse {
+                page: browse.page + 1,
+                ..browse.clone()
+            },
+        );
+        res.insert_header((header::LINK, format!("<{next}>; rel=\"next\"")));
+    }
+    let products: Vec<ProductJson> = listing
+        .products
         .into_iter()
         .map(ProductJson::from)
         .collect();
-    Ok(HttpResponse::Ok().json(products))
+    Ok(res.json(products))
 }
 
 pub async fn get_product(

@@ -13,6 +13,7 @@ pub mod csrf;
 mod health;
 pub mod limits;
 pub mod middleware;
+mod multipart;
 mod pages;
 pub mod shop;
 
@@ -154,6 +155,16 @@ fn public_routes() -> Vec<(Method, &'static str, actix_web::Route)> {
     vec![
         (M::GET, "/", get().to(pages::get_catalogue)),
         (M::GET, "/products/{sku}", get().to(pages::get_product)),
+        (
+            M::GET,
+            "/products/{sku}/image",
+            get().to(pages::get_product_image),
+        ),
+        (
+            M::GET,
+            "/products/{sku}/thumb",
+            get().to(pages::get_product_thumb),
+        ),
         (M::GET, "/cart", get().to(shop::get_cart)),
         (M::POST, "/cart/add", web::post().to(shop::post_cart_add)),
         (

@@ -3,6 +3,7 @@
 
 mod admin;
 mod bench;
+mod browse;
 mod browser;
 mod catalogue;
 mod clients;
