@@ -366,6 +366,8 @@ pub struct Dashboard {
     pub strategy: String,
     /// `up`, or `degraded` while Redis is unreachable.
     pub lease_layer: String,
+    /// How far the read replica is behind ("no replica", "down", or its lag).
+    pub replica: String,
 }
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
@@ -388,7 +390,7 @@ pub struct RecentOrder {
 }
 
 async fn dashboard(state: &AppState) -> Result<Dashboard, AppError> {
-    let db = &state.db;
+    let db = state.read_pool();
     let (on_hand, reserved): (i64, i64) = sqlx::query_as(
         "select coalesce(sum(on_hand), 0)::bigint, coalesce(sum(reserved), 0)::bigint from stock",
     )
@@ -433,6 +435,13 @@ async fn dashboard(state: &AppState) -> Result<Dashboard, AppError> {
         recent_orders: recent.into_iter().map(recent_order).collect(),
         strategy: state.settings.order_strategy.to_string(),
         lease_layer: if redis_up { "up" } else { "degraded" }.into(),
+        replica: match &state.replica {
+            None => "none".into(),
+            Some(r) => match r.lag() {
+                Some((ms, bytes)) => format!("{ms} ms behind ({bytes} bytes of WAL)"),
+                None => "down; reads on the primary".into(),
+            },
+        },
     })
 }
 

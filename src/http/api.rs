@@ -50,7 +50,7 @@ impl From<ProductView> for ProductJson {
 pub async fn get_products(state: web::Data<AppState>) -> Result<HttpResponse, AppError> {
     let products: Vec<ProductJson> = state
         .catalog
-        .products(&state.db)
+        .products(state.read_pool())
         .await?
         .into_iter()
         .map(ProductJson::from)
@@ -66,7 +66,7 @@ pub async fn get_product(
     let sku = Sku::parse(&path).map_err(|_| not_found())?;
     let product = state
         .catalog
-        .product(&state.db, &sku)
+        .product(state.read_pool(), &sku)
         .await?
         .ok_or_else(not_found)?;
     Ok(HttpResponse::Ok().json(ProductJson::from(product)))

@@ -20,7 +20,7 @@ pub async fn get_catalogue(
     req: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<CataloguePage, AppError> {
-    let products = state.catalog.products(&state.db).await?;
+    let products = state.catalog.products(state.read_pool()).await?;
     Ok(CataloguePage {
         chrome: Chrome::new(&req),
         products,
@@ -45,7 +45,7 @@ pub async fn get_product(
     let sku = Sku::parse(&path).map_err(|_| not_found())?;
     let product = state
         .catalog
-        .product(&state.db, &sku)
+        .product(state.read_pool(), &sku)
         .await?
         .ok_or_else(not_found)?;
     Ok(ProductPage {
