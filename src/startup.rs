@@ -358,23 +358,19 @@ impl Replica {
         });
     }
 
-    /// (milliseconds, bytes) the replica's replay is behind the primary.
+    /// Checks the replica answers, then reads from the primary how far its replicas'
+    /// replay is behind (`pg_stat_replication`, which needs a superuser or `pg_monitor`):
+    /// (milliseconds, bytes), the worst replica's. Caught up and quiet reads as 0 ms.
     async fn measure(&self) -> sqlx::Result<(i64, i64)> {
-        let primary_lsn: String = sqlx::query_scalar("select pg_current_wal_lsn()::text")
-            .fetch_one(&self.primary)
-            .await?;
-        // Caught up: no lag, however long ago the last commit was. Behind: the time since
-        // the last transaction it replayed was committed on the primary.
-        let (bytes, ms): (i64, i64) = sqlx::query_as(
-            r#"select greatest(pg_wal_lsn_diff($1::pg_lsn, pg_last_wal_replay_lsn()), 0)::bigint,
-                      case when pg_last_wal_replay_lsn() >= $1::pg_lsn then 0
-                           else coalesce((extract(epoch from now() - pg_last_xact_replay_timestamp()) * 1000)::bigint, 0)
-                      end"#,
+        sqlx::query("select 1").execute(&self.pool).await?;
+        let (ms, bytes): (Option<i64>, Option<i64>) = sqlx::query_as(
+            r#"select max(extract(epoch from replay_lag) * 1000)::bigint,
+                      max(pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn))::bigint
+                 from pg_stat_replication"#,
         )
-        .bind(&primary_lsn)
-        .fetch_one(&self.pool)
+        .fetch_one(&self.primary)
         .await?;
-        Ok((ms, bytes))
+        Ok((ms.unwrap_or(0), bytes.unwrap_or(0).max(0)))
     }
 }
 

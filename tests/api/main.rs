@@ -6,6 +6,7 @@ mod bench;
 mod browser;
 mod catalogue;
 mod clients;
+mod cluster;
 mod faults;
 mod health;
 mod helpers;
