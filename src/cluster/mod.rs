@@ -192,6 +192,12 @@ impl Cluster {
         };
 
         let pgbouncer = start_pgbouncer(&dir, owner.clone(), &primary, &options)?;
+        wait_for_server_connections(
+            &primary.url(PG_DATABASE),
+            &pgbouncer_url(&primary, pgbouncer.port),
+            options.pgbouncer_pool,
+        )
+        .await?;
 
         let redis_password = redis_password(&dir)?;
         let (pw, a_dir) = (redis_password.clone(), dir.join("redis-a"));
@@ -478,6 +484,8 @@ fn start_pgbouncer(
         &config,
         &format!(
             "[databases]\n\
+             {PG_DATABASE} = host=127.0.0.1 port={pg} dbname={PG_DATABASE} user={PG_USER} \
+             connect_query='{connect_query}'\n\
              * = host=127.0.0.1 port={pg} connect_query='{connect_query}'\n\
              [pgbouncer]\n\
              listen_addr = 127.0.0.1\n\
@@ -487,7 +495,7 @@ fn start_pgbouncer(
              auth_file = {userlist}\n\
              pool_mode = session\n\
              default_pool_size = {pool}\n\
-             min_pool_size = 0\n\
+             min_pool_size = {pool}\n\
              reserve_pool_size = 4\n\
              reserve_pool_timeout = 1\n\
              query_wait_timeout = 5\n\
@@ -511,6 +519,46 @@ fn start_pgbouncer(
         run_as(&mut cmd, owner.as_ref());
         cmd
     })
+}
+
+/// Waits until PgBouncer has opened its server connections (`min_pool_size`, a few a
+/// second, once a first client has made it open the pool): apps started before would
+/// wait for them at their first requests, and give up.
+async fn wait_for_server_connections(
+    primary_url: &str,
+    pgbouncer_url: &str,
+    pool: u32,
+) -> anyhow::Result<()> {
+    use sqlx::Connection;
+    let first = sqlx::PgConnection::connect(pgbouncer_url)
+        .await
+        .context("cannot connect through PgBouncer")?;
+    let db = sqlx::PgPool::connect(primary_url).await?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        // This check's own session is one of the client backends.
+        let open: i64 = sqlx::query_scalar(
+            "select count(*) - 1 from pg_stat_activity where backend_type = 'client backend' and datname = $1",
+        )
+        .bind(PG_DATABASE)
+        .fetch_one(&db)
+        .await?;
+        if open >= i64::from(pool) {
+            break;
+        }
+        if Instant::now() > deadline {
+            tracing::warn!(
+                open,
+                pool,
+                "PgBouncer has not opened all its server connections yet"
+            );
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    db.close().await;
+    first.close().await?;
+    Ok(())
 }
 
 /// A Sentinel watching the master at `master_port`. Its configuration file is its own to
@@ -611,9 +659,10 @@ async fn wait_for_sentinels(ports: &[u16]) -> anyhow::Result<()> {
 }
 
 /// HAProxy in front of the apps: round robin, each checked on `/readyz` every half
-/// second. An app is taken out when its PostgreSQL check fails (two checks in a row); a
+/// second. An app is taken out when its PostgreSQL check fails (three checks in a row); a
 /// Redis outage leaves it in, as orders go on under the database guard. A request whose
-/// connection is refused (a dead app) is sent to another app.
+/// connection is refused (a dead app) is sent to another app. If every app fails its
+/// check, all of them get traffic again, unchecked (fail open).
 fn start_haproxy(dir: &Path, port: u16, apps: &[ServerProcess]) -> anyhow::Result<Daemon> {
     let bin = find_binary("haproxy")
         .or_else(|| Some(PathBuf::from("/usr/sbin/haproxy")).filter(|p| p.is_file()))
@@ -624,6 +673,13 @@ fn start_haproxy(dir: &Path, port: u16, apps: &[ServerProcess]) -> anyhow::Resul
     for (i, app) in apps.iter().enumerate() {
         let addr = app.address.trim_start_matches("http://");
         servers.push_str(&format!("  server app{} {addr} check\n", i + 1));
+    }
+    // When every app fails its check at once (overload makes the checks wait for a
+    // database connection too), failing open beats answering 503 to everyone: the same
+    // apps, unchecked, as backups.
+    for (i, app) in apps.iter().enumerate() {
+        let addr = app.address.trim_start_matches("http://");
+        servers.push_str(&format!("  server app{}-open {addr} backup\n", i + 1));
     }
     let config = dir.join("haproxy.cfg");
     write_private(
@@ -648,7 +704,8 @@ fn start_haproxy(dir: &Path, port: u16, apps: &[ServerProcess]) -> anyhow::Resul
              \x20 balance roundrobin\n\
              \x20 option httpchk GET /readyz\n\
              \x20 http-check expect rstring postgres.:.ok\n\
-             \x20 default-server inter 500ms fall 2 rise 2\n\
+             \x20 option allbackups\n\
+             \x20 default-server inter 500ms fall 3 rise 2\n\
              {servers}"
         ),
     )?;
