@@ -683,6 +683,32 @@ mod tests {
     }
 
     #[test]
+    fn sentinels_replace_redis_url_and_must_each_be_host_and_port() {
+        let s = Settings::from_vars(vars(&[
+            ("DATABASE_URL", "postgres://u@h/db"),
+            (
+                "STOCKADE_REDIS_SENTINELS",
+                "10.0.0.1:26379, sentinel-2:26379,",
+            ),
+            ("STOCKADE_REDIS_MASTER", "shop"),
+        ]))
+        .unwrap();
+        assert_eq!(s.redis_sentinels, ["10.0.0.1:26379", "sentinel-2:26379"]);
+        assert_eq!(s.redis_master, "shop");
+        assert!(!s.local_mode(), "Sentinels stand in for REDIS_URL");
+        for bad in ["sentinel-1", ":26379", "host:port", "host:70000"] {
+            let err = Settings::from_vars(vars(&[("STOCKADE_REDIS_SENTINELS", bad)])).unwrap_err();
+            assert!(
+                err.to_string().contains("STOCKADE_REDIS_SENTINELS"),
+                "{bad}: {err}"
+            );
+        }
+        let err = Settings::from_vars(vars(&[("STOCKADE_DATABASE_REPLICA_URL", "mysql://x")]))
+            .unwrap_err();
+        assert!(err.to_string().contains("STOCKADE_DATABASE_REPLICA_URL"));
+    }
+
+    #[test]
     fn defaults_apply_when_nothing_is_set() {
         let s = Settings::from_vars(vars(&[("PATH", "/bin")])).unwrap();
         assert_eq!(s.listen.port(), 8080);
