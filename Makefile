@@ -5,7 +5,7 @@ SHELL := /bin/bash
 APT := DEBIAN_FRONTEND=noninteractive apt-get
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test bench build deps-run deps-test deps-bench lint clean
+.PHONY: run test bench cluster build deps-run deps-test deps-bench deps-cluster lint clean
 
 ## run: install PostgreSQL and Redis if missing, build, start the shop in local mode
 run: deps-run
@@ -15,6 +15,11 @@ run: deps-run
 ## test: install test dependencies if missing, then lint and run the whole suite
 test: deps-test lint
 	cargo test --locked --all-targets
+
+## cluster: HAProxy, three app processes, PgBouncer, a PostgreSQL replica, Redis Sentinel
+cluster: deps-cluster
+	cargo build --release --locked
+	./target/release/stockade cluster
 
 ## bench: the app's rates next to pgbench's on its own durable PostgreSQL (bench-report/)
 bench: deps-bench
@@ -34,8 +39,8 @@ clean:
 	cargo clean
 
 # Installs what is missing with one apt-get run (Debian/Ubuntu); elsewhere names it.
-# $(1): "run" (servers), "bench" (servers, pgbench) or "test" (servers, pgbench, browser,
-# docker-compose). pgbench comes with the server on Debian 12; newer releases ship it in
+# $(1): "run" (servers), "bench" (servers, pgbench), "cluster" (servers, HAProxy, PgBouncer,
+# Redis Sentinel) or "test" (all of these, browser, docker-compose). pgbench comes with the server on Debian 12; newer releases ship it in
 # postgresql-client.
 define install_missing
 	@missing=""; \
@@ -43,6 +48,11 @@ define install_missing
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
 	if [ "$(1)" != run ]; then \
 	  ( command -v pgbench || ls /usr/lib/postgresql/*/bin/pgbench ) >/dev/null 2>&1 || missing="$$missing postgresql-client"; \
+	fi; \
+	if [ "$(1)" = test ] || [ "$(1)" = cluster ]; then \
+	  ( command -v haproxy || test -x /usr/sbin/haproxy ) >/dev/null 2>&1 || missing="$$missing haproxy"; \
+	  ( command -v pgbouncer || test -x /usr/sbin/pgbouncer ) >/dev/null 2>&1 || missing="$$missing pgbouncer"; \
+	  command -v redis-sentinel >/dev/null 2>&1 || missing="$$missing redis-sentinel"; \
 	fi; \
 	if [ "$(1)" = test ]; then \
 	  ( command -v chromium && command -v chromedriver ) >/dev/null 2>&1 || missing="$$missing chromium chromium-driver"; \
@@ -57,7 +67,7 @@ define install_missing
 	    $(SUDO) $(APT) install -y -q $$missing | (grep --line-buffered '^Setting up ' | sed 's/^/  /' || true) || exit 1; \
 	  else \
 	    echo "Please install:$$missing"; \
-	    echo "(a PostgreSQL server with postgres and initdb; a Redis server; for the tests and the bench pgbench; for the tests Chromium with ChromeDriver and docker-compose)"; \
+	    echo "(a PostgreSQL server with postgres and initdb; a Redis server; for the tests and the bench pgbench; for the tests and the cluster HAProxy, PgBouncer and Redis Sentinel; for the tests Chromium with ChromeDriver and docker-compose)"; \
 	    exit 1; \
 	  fi; \
 	fi
@@ -71,3 +81,6 @@ deps-test:
 
 deps-bench:
 	$(call install_missing,bench)
+
+deps-cluster:
+	$(call install_missing,cluster)

@@ -44,6 +44,26 @@ enum Command {
     Check(CheckArgs),
     /// Measure each workload and strategy against pgbench on the same durable PostgreSQL.
     Bench(Box<BenchArgs>),
+    /// Start the scaled-out topology on this machine (development and tests): HAProxy,
+    /// several app processes, PgBouncer, a PostgreSQL primary and streaming replica, a
+    /// Redis master and replica with three Sentinels.
+    Cluster(ClusterArgs),
+}
+
+#[derive(Debug, Args)]
+struct ClusterArgs {
+    /// How many `stockade serve` processes run behind HAProxy.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=32))]
+    apps: u16,
+    /// HAProxy's port (a free one when not given).
+    #[arg(long)]
+    port: Option<u16>,
+    /// Where the servers keep their files.
+    #[arg(long, default_value = "./.stockade/cluster")]
+    data_dir: PathBuf,
+    /// Server connections PgBouncer keeps to the primary, shared equally by the apps.
+    #[arg(long, default_value_t = 48, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pgbouncer_pool: u32,
 }
 
 #[derive(Debug, Subcommand)]
@@ -153,6 +173,7 @@ impl Cli {
                 }
                 Command::Check(args) => verdict(loadtest::check_command(args).await),
                 Command::Bench(args) => verdict(until_interrupted(bench::bench(*args)).await),
+                Command::Cluster(args) => cluster(settings, args).await,
             }
         });
         match result {
@@ -319,6 +340,46 @@ async fn shutdown_signal() {
         _ = term.recv() => {}
         _ = int.recv() => {}
     }
+}
+
+/// Settings of this process that the app processes of `stockade cluster` inherit; the
+/// cluster sets where they listen and what they connect to itself.
+const CLUSTER_SETS: &[&str] = &[
+    "DATABASE_URL",
+    "REDIS_URL",
+    "STOCKADE_LISTEN",
+    "STOCKADE_DATA_DIR",
+    "STOCKADE_LOCAL_PG_PORT",
+    "STOCKADE_LOCAL_REDIS_PORT",
+    "STOCKADE_DATABASE_PGBOUNCER",
+    "STOCKADE_DATABASE_REPLICA_URL",
+    "STOCKADE_REDIS_SENTINELS",
+    "STOCKADE_REDIS_MASTER",
+    "STOCKADE_REDIS_PASSWORD",
+];
+
+async fn cluster(settings: Settings, args: ClusterArgs) -> anyhow::Result<()> {
+    use crate::cluster::{Cluster, ClusterOptions};
+    let app_env = std::env::vars()
+        .filter(|(k, _)| k.starts_with("STOCKADE_") && !CLUSTER_SETS.contains(&k.as_str()))
+        .collect();
+    let options = ClusterOptions {
+        dir: args.data_dir,
+        apps: usize::from(args.apps),
+        exe: std::env::current_exe()?,
+        app_env,
+        port: args.port,
+        pgbouncer_pool: args.pgbouncer_pool,
+        ephemeral: false,
+        settings,
+    };
+    let cluster = until_interrupted(Cluster::start(options)).await?;
+    print!("{}", cluster.describe());
+    println!("Press Ctrl-C to stop.");
+    shutdown_signal().await;
+    println!("stopping the cluster");
+    tokio::task::spawn_blocking(move || cluster.stop()).await?;
+    Ok(())
 }
 
 async fn admin_command(settings: Settings, command: AdminCommand) -> anyhow::Result<()> {

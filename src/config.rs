@@ -206,6 +206,21 @@ pub struct Settings {
     /// `STOCKADE_PUBLIC_URL`: the shop's address as shoppers reach it, for links in
     /// receipts. Unset: `http://` + the listen address.
     pub public_url: Option<String>,
+    /// `STOCKADE_REDIS_SENTINELS`: `host:port` of Redis Sentinels; when set, the Redis
+    /// master is found through them (and followed across a failover) instead of `REDIS_URL`.
+    pub redis_sentinels: Vec<String>,
+    /// `STOCKADE_REDIS_MASTER`: the master's name the Sentinels monitor.
+    pub redis_master: String,
+    /// `STOCKADE_REDIS_PASSWORD`: the password of the Redis master and replicas found
+    /// through Sentinel (`REDIS_URL` carries its own).
+    pub redis_password: Option<String>,
+    /// `STOCKADE_DATABASE_REPLICA_URL`: a streaming replica that takes the reads which may
+    /// lag (catalogue, product pages, product API, admin reports); unset: the primary.
+    pub database_replica_url: Option<String>,
+    /// `STOCKADE_DATABASE_PGBOUNCER`: `DATABASE_URL` is a PgBouncer (session pooling): the
+    /// session timeouts are not sent at connect (PgBouncer refuses startup options) but
+    /// set by PgBouncer's `connect_query`.
+    pub database_pgbouncer: bool,
     /// `STOCKADE_LOG_FORMAT`: `pretty` or `json`.
     pub log_format: LogFormat,
     /// `STOCKADE_LOG`: tracing filter, e.g. `info` or `stockade=debug`.
@@ -262,6 +277,11 @@ impl Default for Settings {
             mail_from: "Stockade <shop@localhost>".into(),
             mail_dir: None,
             public_url: None,
+            redis_sentinels: Vec::new(),
+            redis_master: "stockade".into(),
+            redis_password: None,
+            database_replica_url: None,
+            database_pgbouncer: false,
             log_format: LogFormat::Pretty,
             log_filter: "info".into(),
         }
@@ -316,6 +336,11 @@ pub const VARIABLES: &[&str] = &[
     "STOCKADE_MAIL_FROM",
     "STOCKADE_MAIL_DIR",
     "STOCKADE_PUBLIC_URL",
+    "STOCKADE_REDIS_SENTINELS",
+    "STOCKADE_REDIS_MASTER",
+    "STOCKADE_REDIS_PASSWORD",
+    "STOCKADE_DATABASE_REPLICA_URL",
+    "STOCKADE_DATABASE_PGBOUNCER",
     "STOCKADE_LOG_FORMAT",
     "STOCKADE_LOG",
 ];
@@ -535,6 +560,40 @@ impl Settings {
             }
             s.public_url = Some(v.trim().trim_end_matches('/').to_string());
         }
+        if let Some(v) = take("STOCKADE_REDIS_SENTINELS") {
+            s.redis_sentinels = v
+                .split(',')
+                .map(str::trim)
+                .filter(|a| !a.is_empty())
+                .map(|a| match a.rsplit_once(':') {
+                    Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
+                        Ok(a.to_string())
+                    }
+                    _ => Err(malformed(
+                        "STOCKADE_REDIS_SENTINELS",
+                        &v,
+                        "expected host:port,host:port,…",
+                    )),
+                })
+                .collect::<Result<_, _>>()?;
+        }
+        if let Some(v) = take("STOCKADE_REDIS_MASTER") {
+            s.redis_master = v.trim().to_string();
+        }
+        s.redis_password = take("STOCKADE_REDIS_PASSWORD");
+        s.database_replica_url = take("STOCKADE_DATABASE_REPLICA_URL");
+        if let Some(url) = &s.database_replica_url
+            && !(url.starts_with("postgres://") || url.starts_with("postgresql://"))
+        {
+            return Err(malformed(
+                "STOCKADE_DATABASE_REPLICA_URL",
+                url,
+                "expected postgres://user:password@host:port/database",
+            ));
+        }
+        if let Some(v) = take("STOCKADE_DATABASE_PGBOUNCER") {
+            s.database_pgbouncer = boolean("STOCKADE_DATABASE_PGBOUNCER", &v)?;
+        }
         if let Some(v) = take("STOCKADE_LOG_FORMAT") {
             s.log_format = v
                 .parse()
@@ -586,9 +645,10 @@ impl Settings {
         self.trusted_proxies.iter().any(|net| net.contains(addr))
     }
 
-    /// Local mode runs when either URL is missing.
+    /// Local mode runs when the database or Redis is not given (Redis is given by
+    /// `REDIS_URL` or by Sentinels).
     pub fn local_mode(&self) -> bool {
-        self.database_url.is_none() || self.redis_url.is_none()
+        self.database_url.is_none() || (self.redis_url.is_none() && self.redis_sentinels.is_empty())
     }
 }
 
@@ -704,6 +764,32 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn sentinels_replace_redis_url_and_must_each_be_host_and_port() {
+        let s = Settings::from_vars(vars(&[
+            ("DATABASE_URL", "postgres://u@h/db"),
+            (
+                "STOCKADE_REDIS_SENTINELS",
+                "10.0.0.1:26379, sentinel-2:26379,",
+            ),
+            ("STOCKADE_REDIS_MASTER", "shop"),
+        ]))
+        .unwrap();
+        assert_eq!(s.redis_sentinels, ["10.0.0.1:26379", "sentinel-2:26379"]);
+        assert_eq!(s.redis_master, "shop");
+        assert!(!s.local_mode(), "Sentinels stand in for REDIS_URL");
+        for bad in ["sentinel-1", ":26379", "host:port", "host:70000"] {
+            let err = Settings::from_vars(vars(&[("STOCKADE_REDIS_SENTINELS", bad)])).unwrap_err();
+            assert!(
+                err.to_string().contains("STOCKADE_REDIS_SENTINELS"),
+                "{bad}: {err}"
+            );
+        }
+        let err = Settings::from_vars(vars(&[("STOCKADE_DATABASE_REPLICA_URL", "mysql://x")]))
+            .unwrap_err();
+        assert!(err.to_string().contains("STOCKADE_DATABASE_REPLICA_URL"));
     }
 
     #[test]

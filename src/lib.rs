@@ -14,6 +14,9 @@ pub mod catalog;
 pub mod cli;
 /// API clients: their keys, rate-limit overrides, and what each may read.
 pub mod clients;
+/// `stockade cluster`: HAProxy, app processes, PgBouncer, a PostgreSQL replica, Redis
+/// with Sentinel, all as child processes.
+pub mod cluster;
 /// Settings: defaults in code, then `STOCKADE_*` environment variables.
 pub mod config;
 /// The one application error and how it becomes a status code.

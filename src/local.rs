@@ -116,6 +116,79 @@ impl LocalPostgres {
         }
 
         let port = port.map_or_else(|| remembered_port(wanted, "postgres"), Ok)?;
+        let password = fs::read_to_string(&password_file)
+            .ok()
+            .map(|p| p.trim().to_string());
+        Self::spawn(
+            &bin,
+            owner.as_ref(),
+            dir,
+            port,
+            ephemeral,
+            created,
+            password,
+        )
+    }
+
+    /// Starts a streaming replica of the primary on `primary_port` with its data in `wanted`: on first use a
+    /// base backup of the primary (`pg_basebackup -R`, which also writes how to follow it).
+    /// It takes the primary's password and answers read-only queries.
+    pub fn start_replica_of(
+        primary_port: u16,
+        primary_password: Option<String>,
+        wanted: &Path,
+        port: Option<u16>,
+        ephemeral: bool,
+    ) -> anyhow::Result<Self> {
+        let bin = postgres_bin_dir()?;
+        let owner = service_user()?;
+        let dir = private_dir(wanted, owner.as_ref())?;
+        stop_leftover(&dir.join("postmaster.pid"), "postgres", &dir)?;
+        let created = !dir.join("PG_VERSION").exists();
+        if created {
+            tracing::info!(dir = %dir.display(), "copying the primary for a streaming replica");
+            let mut backup = Command::new(bin.join("pg_basebackup"));
+            backup
+                .arg("-D")
+                .arg(&dir)
+                .args(["-h", "127.0.0.1", "-p", &primary_port.to_string()])
+                .args(["-U", PG_USER, "-R", "-X", "stream", "--checkpoint=fast"]);
+            if ephemeral {
+                backup.arg("--no-sync");
+            }
+            if let Some(pw) = &primary_password {
+                backup.env("PGPASSWORD", pw);
+            }
+            run_as(&mut backup, owner.as_ref());
+            let out = backup.output().context("could not run pg_basebackup")?;
+            if !out.status.success() {
+                bail!(
+                    "pg_basebackup failed:\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+        let port = port.map_or_else(|| remembered_port(wanted, "replica"), Ok)?;
+        Self::spawn(
+            &bin,
+            owner.as_ref(),
+            dir,
+            port,
+            ephemeral,
+            created,
+            primary_password,
+        )
+    }
+
+    fn spawn(
+        bin: &Path,
+        owner: Option<&User>,
+        dir: PathBuf,
+        port: u16,
+        ephemeral: bool,
+        created: bool,
+        password: Option<String>,
+    ) -> anyhow::Result<Self> {
         let log = fs::File::create(dir.join("postgres.log")).context("postgres.log")?;
         let mut cmd = Command::new(bin.join("postgres"));
         cmd.arg("-D")
@@ -132,11 +205,8 @@ impl LocalPostgres {
             cmd.args(["-c", "fsync=off", "-c", "synchronous_commit=off"])
                 .args(["-c", "full_page_writes=off"]);
         }
-        run_as(&mut cmd, owner.as_ref());
+        run_as(&mut cmd, owner);
         let child = cmd.spawn().context("could not start postgres")?;
-        let password = fs::read_to_string(&password_file)
-            .ok()
-            .map(|p| p.trim().to_string());
         let mut pg = Self {
             child: Some(child),
             port,
@@ -174,7 +244,8 @@ impl LocalPostgres {
             // The server answers on TCP before it accepts logins; pg_isready's job, done by
             // reading the startup log line instead of adding a client dependency here.
             let log = fs::read_to_string(self.data_dir.join("postgres.log")).unwrap_or_default();
-            if log.contains("database system is ready to accept connections") {
+            // A standby says "ready to accept read-only connections".
+            if log.contains("database system is ready to accept") {
                 return Ok(());
             }
             if Instant::now() > deadline {
@@ -182,6 +253,18 @@ impl LocalPostgres {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// The superuser's password, if the cluster has one.
+    pub fn password(&self) -> Option<&str> {
+        self.password.as_deref()
+    }
+
+    /// Whether the server process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
     }
 
     /// Fast shutdown (SIGINT): open transactions roll back, data is kept.
@@ -215,6 +298,18 @@ impl LocalRedis {
     /// persisted. As root it runs as the unprivileged service user; it always requires a
     /// password, kept beside the folder.
     pub fn start(wanted: &Path, port: Option<u16>) -> anyhow::Result<Self> {
+        Self::start_with(wanted, port, None, "")
+    }
+
+    /// [`LocalRedis::start`] with a given password (instead of the one kept beside the
+    /// folder) and more configuration lines, e.g. `replicaof 127.0.0.1 6379`. Its
+    /// `masterauth` is its own password, so servers sharing one can replicate each other.
+    pub fn start_with(
+        wanted: &Path,
+        port: Option<u16>,
+        password: Option<&str>,
+        config_lines: &str,
+    ) -> anyhow::Result<Self> {
         let bin = find_binary("redis-server").context(
             "redis-server not found: install Redis (Debian/Ubuntu: apt-get install redis-server)",
         )?;
@@ -229,8 +324,12 @@ impl LocalRedis {
                 .and_then(|n| n.to_str())
                 .unwrap_or("redis")
         ));
-        let password = match fs::read_to_string(&password_file) {
-            Ok(p) if !p.trim().is_empty() => p.trim().to_string(),
+        let password = match (password, fs::read_to_string(&password_file)) {
+            (Some(given), _) => {
+                write_private(&password_file, given)?;
+                given.to_string()
+            }
+            (None, Ok(p)) if !p.trim().is_empty() => p.trim().to_string(),
             _ => {
                 let p = uuid::Uuid::new_v4().simple().to_string();
                 write_private(&password_file, &p)?;
@@ -239,7 +338,10 @@ impl LocalRedis {
         };
         // The password goes in a config file, not the command line other users can read.
         let config = dir.join("redis.conf");
-        write_private(&config, &format!("requirepass {password}\n"))?;
+        write_private(
+            &config,
+            &format!("requirepass {password}\nmasterauth {password}\n{config_lines}\n"),
+        )?;
         if let Some(owner) = &owner {
             nix::unistd::chown(&config, Some(owner.uid), Some(owner.gid))?;
         }
@@ -273,6 +375,18 @@ impl LocalRedis {
 
     pub fn url(&self) -> String {
         format!("redis://:{}@127.0.0.1:{}", self.password, self.port)
+    }
+
+    pub fn password(&self) -> &str {
+        &self.password
+    }
+
+    /// Kills the server at once (SIGKILL), as a crash would, and waits for it.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 
     fn wait_until_accepting(&mut self) -> anyhow::Result<()> {
@@ -410,7 +524,7 @@ pub fn find_binary(name: &str) -> Option<PathBuf> {
 }
 
 /// The folder holding `postgres` and `initdb`: `PATH` first, then Debian's versioned folders.
-fn postgres_bin_dir() -> anyhow::Result<PathBuf> {
+pub(crate) fn postgres_bin_dir() -> anyhow::Result<PathBuf> {
     if let Some(p) = find_binary("postgres").and_then(|p| fs::canonicalize(p).ok())
         && let Some(dir) = p.parent()
         && dir.join("initdb").is_file()
@@ -437,7 +551,7 @@ fn postgres_bin_dir() -> anyhow::Result<PathBuf> {
 }
 
 /// The unprivileged user PostgreSQL runs as when this process is root.
-fn service_user() -> anyhow::Result<Option<User>> {
+pub(crate) fn service_user() -> anyhow::Result<Option<User>> {
     if !nix::unistd::geteuid().is_root() {
         return Ok(None);
     }
@@ -449,7 +563,7 @@ fn service_user() -> anyhow::Result<Option<User>> {
     bail!("running as root, but neither a `postgres` nor a `nobody` user exists to run PostgreSQL")
 }
 
-fn run_as(cmd: &mut Command, user: Option<&User>) {
+pub(crate) fn run_as(cmd: &mut Command, user: Option<&User>) {
     if let Some(user) = user {
         cmd.uid(user.uid.as_raw()).gid(user.gid.as_raw());
         cmd.env("HOME", &user.dir);
@@ -457,7 +571,7 @@ fn run_as(cmd: &mut Command, user: Option<&User>) {
 }
 
 /// Writes `content` to `path`, readable and writable by its owner only.
-fn write_private(path: &Path, content: &str) -> anyhow::Result<()> {
+pub(crate) fn write_private(path: &Path, content: &str) -> anyhow::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let mut file = fs::OpenOptions::new()
@@ -474,7 +588,7 @@ fn write_private(path: &Path, content: &str) -> anyhow::Result<()> {
 
 /// A server's folder, created with the right owner and mode 0700. As root, falls back to
 /// `/var/lib/stockade/<hash>` when `owner` cannot reach `wanted`.
-fn private_dir(wanted: &Path, owner: Option<&User>) -> anyhow::Result<PathBuf> {
+pub(crate) fn private_dir(wanted: &Path, owner: Option<&User>) -> anyhow::Result<PathBuf> {
     fs::create_dir_all(wanted).with_context(|| format!("cannot create {}", wanted.display()))?;
     let wanted = wanted.canonicalize()?;
     let Some(owner) = owner else {
@@ -521,7 +635,7 @@ fn reachable(dir: &Path, user: &User) -> bool {
 
 /// Stops a server an earlier, killed run left behind, found through its pid file. The
 /// process must be `command` working in `dir`, so a reused pid is never signalled.
-fn stop_leftover(pidfile: &Path, command: &str, dir: &Path) -> anyhow::Result<()> {
+pub(crate) fn stop_leftover(pidfile: &Path, command: &str, dir: &Path) -> anyhow::Result<()> {
     let Ok(text) = fs::read_to_string(pidfile) else {
         return Ok(());
     };
@@ -555,7 +669,7 @@ fn stop_leftover(pidfile: &Path, command: &str, dir: &Path) -> anyhow::Result<()
 }
 
 /// Signals `child` and waits for it, killing it after 20 s.
-fn stop_child(mut child: Child, signal: Signal, name: &str) {
+pub(crate) fn stop_child(mut child: Child, signal: Signal, name: &str) {
     let pid = Pid::from_raw(child.id() as i32);
     if kill(pid, signal).is_err() {
         let _ = child.wait();

@@ -4,6 +4,7 @@
 
 use std::net::TcpListener;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use actix_web::dev::{Server, ServerHandle};
@@ -40,12 +41,16 @@ impl Application {
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
         migrate(&settings).await?;
         let db = connect_database(&settings).await?;
-        let redis_url = settings
-            .redis_url
-            .as_deref()
-            .context("REDIS_URL is not set")?;
-        let redis = Redis::connect(redis_url, &settings.redis_prefix, settings.redis_timeout)
-            .with_context(|| format!("REDIS_URL {redis_url:?} cannot be used"))?;
+        let redis = connect_redis(&settings).await?;
+        redis.set_fence_source(db.clone());
+        let replica = match &settings.database_replica_url {
+            Some(url) => {
+                let replica = Arc::new(Replica::connect(&settings, url, db.clone())?);
+                replica.spawn_check();
+                Some(replica)
+            }
+            None => None,
+        };
 
         let listener = TcpListener::bind(settings.listen)
             .with_context(|| format!("STOCKADE_LISTEN: cannot listen on {}", settings.listen))?;
@@ -105,6 +110,7 @@ impl Application {
             catalog,
             metrics_addr,
             api_keys: Arc::default(),
+            replica,
         });
         let app_state = state.clone();
         let mut server = HttpServer::new(move || {
@@ -170,22 +176,71 @@ async fn not_found() -> Result<actix_web::HttpResponse, AppError> {
     ))
 }
 
+/// The process's Redis: through the Sentinels when `STOCKADE_REDIS_SENTINELS` is set,
+/// else `REDIS_URL`.
+pub async fn connect_redis(settings: &Settings) -> anyhow::Result<Redis> {
+    if !settings.redis_sentinels.is_empty() {
+        return Redis::connect_sentinel(
+            &settings.redis_sentinels,
+            &settings.redis_master,
+            settings.redis_password.as_deref(),
+            &settings.redis_prefix,
+            settings.redis_timeout,
+        )
+        .await
+        .context("STOCKADE_REDIS_SENTINELS: cannot find the Redis master");
+    }
+    let redis_url = settings
+        .redis_url
+        .as_deref()
+        .context("REDIS_URL is not set")?;
+    Redis::connect(redis_url, &settings.redis_prefix, settings.redis_timeout)
+        .with_context(|| format!("REDIS_URL {redis_url:?} cannot be used"))
+}
+
 /// A pool whose sessions carry the configured statement timeout.
 pub async fn connect_database(settings: &Settings) -> anyhow::Result<PgPool> {
     let url = settings
         .database_url
         .as_deref()
         .context("DATABASE_URL is not set")?;
+    let options = connect_options(settings, url, "DATABASE_URL")?;
+    // The first connection may take longer than a request may wait for one (a server or
+    // PgBouncer busy with other processes' logins): it is tried for a while.
+    let deadline = std::time::Instant::now() + FIRST_CONNECTION_WITHIN;
+    loop {
+        match pool_options(settings, settings.db_acquire_timeout)
+            .connect_with(options.clone())
+            .await
+        {
+            Ok(pool) => return Ok(pool),
+            Err(sqlx::Error::PoolTimedOut) if std::time::Instant::now() < deadline => {}
+            Err(e) => return Err(e).context("could not connect to PostgreSQL (DATABASE_URL)"),
+        }
+    }
+}
+
+/// How long a process tries to open its first database connection.
+const FIRST_CONNECTION_WITHIN: Duration = Duration::from_secs(10);
+
+/// How this process's sessions are opened: with the statement, lock and idle-transaction
+/// timeouts as startup options, or, through PgBouncer (which refuses startup options),
+/// without: PgBouncer sets them on its server connections (`connect_query`).
+fn connect_options(settings: &Settings, url: &str, var: &str) -> anyhow::Result<PgConnectOptions> {
     let options: PgConnectOptions = url
         .parse()
-        .with_context(|| "DATABASE_URL cannot be parsed".to_string())?;
+        .with_context(|| format!("{var} cannot be parsed"))?;
+    let options = options.application_name("stockade");
+    if settings.database_pgbouncer && var == "DATABASE_URL" {
+        return Ok(options);
+    }
     // Every statement ends before the transaction's own deadline; a session left idle in a
     // transaction (a frozen process) is ended by the server, releasing its row locks.
     let statement_ms = settings.statement_timeout.as_millis().to_string();
     let tx_ms = settings.tx_timeout.as_millis().to_string();
     // The server also probes an idle client and drops one that stops acknowledging, so a
     // vanished process does not keep its backend and locks for TCP's default minutes.
-    let options = options.application_name("stockade").options([
+    Ok(options.options([
         ("statement_timeout", statement_ms.as_str()),
         ("lock_timeout", statement_ms.as_str()),
         ("idle_in_transaction_session_timeout", tx_ms.as_str()),
@@ -193,7 +248,10 @@ pub async fn connect_database(settings: &Settings) -> anyhow::Result<PgPool> {
         ("tcp_keepalives_interval", "1"),
         ("tcp_keepalives_count", "3"),
         ("tcp_user_timeout", "5000"),
-    ]);
+    ]))
+}
+
+fn pool_options(settings: &Settings, acquire_timeout: Duration) -> PgPoolOptions {
     // A request cut off by its budget drops its connection mid-call; before such a
     // connection is reused it must answer a ping, and one that does not (the network
     // died under it) is closed at once rather than left holding a pool slot.
@@ -203,9 +261,9 @@ pub async fn connect_database(settings: &Settings) -> anyhow::Result<PgPool> {
     let ping_within = settings.statement_timeout;
     PgPoolOptions::new()
         .max_connections(settings.db_pool_size)
-        .acquire_timeout(settings.db_acquire_timeout)
+        .acquire_timeout(acquire_timeout)
         // A wait that long ends in a 503, which is logged; no second warning for it.
-        .acquire_slow_threshold(settings.db_acquire_timeout)
+        .acquire_slow_threshold(acquire_timeout)
         .test_before_acquire(false)
         .before_acquire(move |conn, meta| {
             Box::pin(async move {
@@ -227,9 +285,104 @@ pub async fn connect_database(settings: &Settings) -> anyhow::Result<PgPool> {
                 }
             })
         })
-        .connect_with(options)
-        .await
-        .context("could not connect to PostgreSQL (DATABASE_URL)")
+}
+
+/// How long a read waits for a replica connection before the replica counts as down.
+const REPLICA_ACQUIRE_TIMEOUT: Duration = Duration::from_millis(250);
+/// How often each process measures the replica's lag (and whether it answers).
+pub const REPLICA_CHECK_EVERY: Duration = Duration::from_millis(250);
+
+/// A streaming replica taking the reads that may lag, watched by a background check:
+/// while it does not answer, [`Replica::pool`] hands out the primary instead.
+pub struct Replica {
+    pool: PgPool,
+    primary: PgPool,
+    up: AtomicBool,
+    /// Replay lag at the last check, in milliseconds and bytes of WAL (-1: unknown).
+    lag_ms: AtomicI64,
+    lag_bytes: AtomicI64,
+}
+
+impl Replica {
+    /// A lazily connected pool on `url`, and its check every [`REPLICA_CHECK_EVERY`].
+    fn connect(settings: &Settings, url: &str, primary: PgPool) -> anyhow::Result<Self> {
+        let options = connect_options(settings, url, "STOCKADE_DATABASE_REPLICA_URL")?;
+        let pool = pool_options(settings, REPLICA_ACQUIRE_TIMEOUT).connect_lazy_with(options);
+        let replica = Self {
+            pool,
+            primary,
+            up: AtomicBool::new(false),
+            lag_ms: AtomicI64::new(-1),
+            lag_bytes: AtomicI64::new(-1),
+        };
+        Ok(replica)
+    }
+
+    /// The replica while it answers, else the primary.
+    pub fn pool(&self) -> &PgPool {
+        if self.up.load(Ordering::Relaxed) {
+            &self.pool
+        } else {
+            &self.primary
+        }
+    }
+
+    /// Whether reads go to the replica now.
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Relaxed)
+    }
+
+    /// Replay lag at the last check: milliseconds behind the primary's last commit, and
+    /// bytes of WAL not yet replayed. `None` while the replica does not answer.
+    pub fn lag(&self) -> Option<(i64, i64)> {
+        let (ms, bytes) = (
+            self.lag_ms.load(Ordering::Relaxed),
+            self.lag_bytes.load(Ordering::Relaxed),
+        );
+        (self.is_up() && ms >= 0).then_some((ms, bytes))
+    }
+
+    /// Measures the lag every [`REPLICA_CHECK_EVERY`]; a replica that fails to answer
+    /// within [`REPLICA_ACQUIRE_TIMEOUT`] is marked down until it answers again.
+    pub fn spawn_check(self: &Arc<Self>) {
+        let replica = self.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(REPLICA_CHECK_EVERY);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                let measured =
+                    tokio::time::timeout(REPLICA_ACQUIRE_TIMEOUT * 2, replica.measure()).await;
+                let up = matches!(measured, Ok(Ok(_)));
+                if let Ok(Ok((ms, bytes))) = measured {
+                    replica.lag_ms.store(ms, Ordering::Relaxed);
+                    replica.lag_bytes.store(bytes, Ordering::Relaxed);
+                }
+                if replica.up.swap(up, Ordering::Relaxed) != up {
+                    if up {
+                        tracing::info!("the read replica answers; reads go to it");
+                    } else {
+                        tracing::warn!("the read replica does not answer; reads go to the primary");
+                    }
+                }
+            }
+        });
+    }
+
+    /// Checks the replica answers, then reads from the primary how far its replicas'
+    /// replay is behind (`pg_stat_replication`, which needs a superuser or `pg_monitor`):
+    /// (milliseconds, bytes), the worst replica's. Caught up and quiet reads as 0 ms.
+    async fn measure(&self) -> sqlx::Result<(i64, i64)> {
+        sqlx::query("select 1").execute(&self.pool).await?;
+        let (ms, bytes): (Option<i64>, Option<i64>) = sqlx::query_as(
+            r#"select max(extract(epoch from replay_lag) * 1000)::bigint,
+                      max(pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn))::bigint
+                 from pg_stat_replication"#,
+        )
+        .fetch_one(&self.primary)
+        .await?;
+        Ok((ms.unwrap_or(0), bytes.unwrap_or(0).max(0)))
+    }
 }
 
 fn json_error(e: actix_web::error::JsonPayloadError) -> AppError {

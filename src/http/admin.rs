@@ -435,6 +435,8 @@ pub struct Dashboard {
     pub lease_layer: String,
     /// Events out: deliveries pending, sent, failed, and the oldest pending's age.
     pub events: crate::events::db::Stats,
+    /// How far the read replica is behind ("no replica", "down", or its lag).
+    pub replica: String,
 }
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
@@ -457,7 +459,7 @@ pub struct RecentOrder {
 }
 
 async fn dashboard(state: &AppState) -> Result<Dashboard, AppError> {
-    let db = &state.db;
+    let db = state.read_pool();
     let (on_hand, reserved): (i64, i64) = sqlx::query_as(
         "select coalesce(sum(on_hand), 0)::bigint, coalesce(sum(reserved), 0)::bigint from stock",
     )
@@ -503,6 +505,13 @@ async fn dashboard(state: &AppState) -> Result<Dashboard, AppError> {
         strategy: state.settings.order_strategy.to_string(),
         lease_layer: if redis_up { "up" } else { "degraded" }.into(),
         events: crate::events::db::stats(db).await?,
+        replica: match &state.replica {
+            None => "none".into(),
+            Some(r) => match r.lag() {
+                Some((ms, bytes)) => format!("{ms} ms behind ({bytes} bytes of WAL)"),
+                None => "down; reads on the primary".into(),
+            },
+        },
     })
 }
 

@@ -68,7 +68,7 @@ pub async fn get_products(
         Some(_) => API_PER_PAGE,
         None => i64::MAX,
     };
-    let listing = state.catalog.browse(&state.db, &browse, per_page).await?;
+    let listing = state.catalog.browse(state.read_pool(), &browse, per_page).await?;
     let mut res = HttpResponse::Ok();
     res.insert_header(("X-Total-Count", listing.total));
     if query.page.is_some() && browse.page * per_page < listing.total {
@@ -97,7 +97,7 @@ pub async fn get_product(
     let sku = Sku::parse(&path).map_err(|_| not_found())?;
     let product = state
         .catalog
-        .product(&state.db, &sku)
+        .product(state.read_pool(), &sku)
         .await?
         .ok_or_else(not_found)?;
     Ok(HttpResponse::Ok().json(ProductJson::from(product)))

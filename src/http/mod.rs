@@ -46,9 +46,18 @@ pub struct AppState {
     pub limiter: Arc<crate::ratelimit::RateLimiter>,
     /// API keys looked up lately.
     pub api_keys: Arc<crate::clients::KeyCache>,
+    /// The streaming replica for reads that may lag (`STOCKADE_DATABASE_REPLICA_URL`).
+    pub replica: Option<Arc<crate::startup::Replica>>,
 }
 
 impl AppState {
+    /// Where reads that may lag go (catalogue, product pages, product API, admin
+    /// reports): the replica while it answers, else the primary. Stock decisions, orders,
+    /// holds, idempotency records and admin writes use [`AppState::db`].
+    pub fn read_pool(&self) -> &PgPool {
+        self.replica.as_ref().map_or(&self.db, |r| r.pool())
+    }
+
     /// Whether `req` came in on the metrics listener.
     pub fn on_metrics_listener(&self, req: &HttpRequest) -> bool {
         self.metrics_addr == Some(req.app_config().local_addr())

@@ -111,8 +111,8 @@ pub async fn get_catalogue(
     query: web::Query<BrowseParams>,
 ) -> Result<CataloguePage, AppError> {
     let browse = query.parse()?;
-    let listing = state.catalog.browse(&state.db, &browse, PER_PAGE).await?;
-    let categories = state.catalog.categories(&state.db).await?;
+    let listing = state.catalog.browse(state.read_pool(), &browse, PER_PAGE).await?;
+    let categories = state.catalog.categories(state.read_pool()).await?;
     Ok(CataloguePage {
         chrome: Chrome::new(&req),
         products: listing.products,
@@ -141,7 +141,7 @@ pub async fn get_product(
     let sku = Sku::parse(&path).map_err(|_| not_found())?;
     let product = state
         .catalog
-        .product(&state.db, &sku)
+        .product(state.read_pool(), &sku)
         .await?
         .ok_or_else(not_found)?;
     Ok(ProductPage {

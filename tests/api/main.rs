@@ -8,6 +8,7 @@ mod browser;
 mod catalogue;
 mod clients;
 mod events;
+mod cluster;
 mod faults;
 mod health;
 mod helpers;

@@ -1,0 +1,295 @@
+//! The scaled-out topology (`stockade cluster`) losing parts during flash sales: every
+//! sale goes through HAProxy to three app processes behind PgBouncer, with Redis found
+//! through Sentinel and reads on the streaming replica, and is checked with the invariant
+//! checker (I1–I6) and the client log. One cluster serves every phase, in turn.
+
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use sqlx::PgPool;
+use stockade::cluster::{Cluster, ClusterOptions};
+use stockade::config::Settings;
+use stockade::loadtest::report::StrategyRun;
+use stockade::loadtest::{LoadtestArgs, run_report};
+use stockade::locking::FENCE_EPOCH;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    args: LoadtestArgs,
+}
+
+async fn start_cluster() -> Cluster {
+    let dir = std::env::temp_dir().join(format!("stockade-cluster-{}", uuid::Uuid::new_v4()));
+    let env = [
+        ("STOCKADE_LOG", "warn"),
+        ("STOCKADE_WORKERS", "2"),
+        ("STOCKADE_API_ANONYMOUS_ORDERS", "true"),
+        ("STOCKADE_RATE_LIMIT_PER_MINUTE", "1000000"),
+        ("STOCKADE_RATE_LIMIT_BURST", "1000000"),
+    ];
+    Cluster::start(ClusterOptions {
+        dir,
+        apps: 3,
+        exe: env!("CARGO_BIN_EXE_stockade").into(),
+        app_env: env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        port: None,
+        // A small server pool: three apps share twelve primary connections.
+        pgbouncer_pool: 12,
+        ephemeral: true,
+        settings: Settings::default(),
+    })
+    .await
+    .expect("start the cluster")
+}
+
+/// A flash sale of `stock` units through HAProxy; `redis_port` is where leftover leases
+/// are looked for at the end (the master by then).
+fn sale(cluster: &Cluster, stock: i32, buyers: u64, redis_port: u16, seed: u64) -> LoadtestArgs {
+    let out = std::env::temp_dir().join(format!("stockade-lt-{}", uuid::Uuid::new_v4().simple()));
+    let argv = [
+        "loadtest".to_string(),
+        "--target".into(),
+        cluster.url(),
+        "--database-url".into(),
+        cluster.primary_url(),
+        "--redis-url".into(),
+        cluster.redis_url(redis_port),
+        "--out".into(),
+        out.display().to_string(),
+        "--quiet".into(),
+        "--stock".into(),
+        stock.to_string(),
+        "--buyers".into(),
+        buyers.to_string(),
+        "--concurrency".into(),
+        "24".into(),
+        "--duration".into(),
+        "30".into(),
+        "--hold-share".into(),
+        "0".into(),
+        "--seed".into(),
+        seed.to_string(),
+    ];
+    Cli::parse_from(argv).args
+}
+
+/// The run passed I1–I6, sold exactly the stock, and no key was answered two ways.
+fn assert_sold_exactly(run: &StrategyRun, stock: i32, phase: &str) {
+    assert!(run.passed(), "{phase}: {:#?}", run.verdicts);
+    assert_eq!(
+        run.result.units_acknowledged,
+        i64::from(stock),
+        "{phase}: every unit sold once, none twice: {:?}",
+        run.result.outcomes
+    );
+}
+
+async fn max_fence(db: &PgPool) -> i64 {
+    sqlx::query_scalar("select coalesce(max(last_fence), 0)::bigint from stock")
+        .fetch_one(db)
+        .await
+        .unwrap()
+}
+
+/// The fence counter on the Redis server at `port` (0 when it cannot be read).
+async fn fence_counter(cluster: &Cluster, port: u16) -> i64 {
+    let Ok(client) = redis::Client::open(cluster.redis_url(port)) else {
+        return 0;
+    };
+    let Ok(Ok(mut conn)) = tokio::time::timeout(
+        Duration::from_millis(300),
+        client.get_multiplexed_async_connection(),
+    )
+    .await
+    else {
+        return 0;
+    };
+    redis::cmd("GET")
+        .arg("stockade:fence")
+        .query_async::<Option<i64>>(&mut conn)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(0)
+}
+
+/// (ms, bytes) the replica's replay is behind the primary, as the primary sees it.
+async fn replica_lag(primary: &PgPool) -> (i64, i64) {
+    let (ms, bytes): (Option<i64>, Option<i64>) = sqlx::query_as(
+        r#"select max(extract(epoch from replay_lag) * 1000)::bigint,
+                  max(pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn))::bigint
+             from pg_stat_replication"#,
+    )
+    .fetch_one(primary)
+    .await
+    .unwrap();
+    (ms.unwrap_or(0), bytes.unwrap_or(0))
+}
+
+#[tokio::test]
+async fn a_flash_sale_through_haproxy_survives_losing_a_redis_master_an_app_the_replica_and_pgbouncer()
+ {
+    let started = Instant::now();
+    let mut cluster = start_cluster().await;
+    eprintln!("cluster up in {:.1} s", started.elapsed().as_secs_f64());
+    let primary = PgPool::connect(&cluster.primary_url()).await.unwrap();
+    let standby = cluster.redis[1].port;
+
+    // 1. The Redis master dies mid-sale: Sentinel promotes the replica, orders go on under
+    //    the database guard meanwhile, and leases resume on the new master with its fence
+    //    counter raised past every fence the database has seen.
+    let stock = 400;
+    let args = sale(&cluster, stock, 2_000, standby, 1);
+    let sale_started = Instant::now();
+    let (report, (killed_at, fence_before, leases_back)) = tokio::join!(run_report(&args), async {
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        let fence_before = max_fence(&primary).await;
+        let killed_at = Instant::now();
+        cluster.redis[0].kill9();
+        // Leases are usable again once the promoted replica's counter has been raised.
+        let mut leases_back = None;
+        while killed_at.elapsed() < Duration::from_secs(20) {
+            if fence_counter(&cluster, standby).await > fence_before + FENCE_EPOCH / 2 {
+                leases_back = Some(killed_at.elapsed());
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        (killed_at, fence_before, leases_back)
+    });
+    let run = &report.unwrap().runs[0];
+    assert_sold_exactly(run, stock, "Redis master killed");
+    assert_eq!(cluster.current_master_port().await.unwrap(), standby);
+    let leases_back = leases_back.expect("the new master's fence counter was raised");
+    assert!(
+        max_fence(&primary).await >= fence_before + FENCE_EPOCH,
+        "orders after the failover wrote under leases of the new master"
+    );
+    // Orders were acknowledged while the master was gone, before leases came back.
+    let kill_ms = killed_at.duration_since(sale_started).as_secs_f64() * 1e3;
+    let back_ms = kill_ms + leases_back.as_secs_f64() * 1e3;
+    let created_in = |from: f64, to: f64| {
+        run.result
+            .log
+            .iter()
+            .filter(|e| e.status == 201 && e.at_ms >= from && e.at_ms < to)
+            .count()
+    };
+    let during = created_in(kill_ms, back_ms);
+    let before = created_in(0.0, kill_ms);
+    eprintln!(
+        "Redis master killed at {kill_ms:.0} ms: leases in use again after {:.2} s; \
+         {before} orders before ({:.0}/s), {during} while without leases ({:.0}/s); \
+         outcomes {:?}",
+        leases_back.as_secs_f64(),
+        before as f64 / (kill_ms / 1e3),
+        during as f64 / leases_back.as_secs_f64(),
+        run.result.outcomes
+    );
+    if run.result.orders_acknowledged > before as u64 + during as u64 {
+        // The sale outlasted the failover: some orders came after it too.
+        assert!(during > 0, "orders kept flowing while Redis failed over");
+    }
+
+    // 2. An app process dies mid-sale: HAProxy sends its requests elsewhere, and clients
+    //    retrying the same key get one order.
+    let stock = 300;
+    let args = sale(&cluster, stock, 1_500, standby, 2);
+    let selling = std::sync::atomic::AtomicBool::new(true);
+    let sale_run = async {
+        let report = run_report(&args).await;
+        selling.store(false, std::sync::atomic::Ordering::Relaxed);
+        report
+    };
+    // Meanwhile the replica's lag is sampled, as the dashboard shows it.
+    let lag_samples = async {
+        let mut samples = Vec::new();
+        while selling.load(std::sync::atomic::Ordering::Relaxed) {
+            samples.push(replica_lag(&primary).await);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        samples
+    };
+    let (report, (), lags) = tokio::join!(
+        sale_run,
+        async {
+            tokio::time::sleep(Duration::from_millis(1_000)).await;
+            cluster.apps[0].kill9();
+        },
+        lag_samples
+    );
+    let run = &report.unwrap().runs[0];
+    assert_sold_exactly(run, stock, "app killed");
+    eprintln!("app killed: outcomes {:?}", run.result.outcomes);
+    let mut lag_ms: Vec<i64> = lags.iter().map(|(ms, _)| *ms).collect();
+    lag_ms.sort_unstable();
+    eprintln!(
+        "replica lag during the sale: median {} ms, max {} ms, max {} bytes ({} samples)",
+        lag_ms.get(lag_ms.len() / 2).unwrap_or(&0),
+        lag_ms.last().unwrap_or(&0),
+        lags.iter().map(|(_, b)| *b).max().unwrap_or(0),
+        lags.len()
+    );
+
+    // 3. The replica stops: the catalogue and the product API answer from the primary.
+    let client = reqwest::Client::new();
+    let base = cluster.url();
+    let catalogue_ok = async || {
+        let page = client.get(format!("{base}/")).send().await;
+        let api = client.get(format!("{base}/api/v1/products")).send().await;
+        page.is_ok_and(|r| r.status() == 200) && api.is_ok_and(|r| r.status() == 200)
+    };
+    assert!(catalogue_ok().await, "the catalogue answers before");
+    let replica = PgPool::connect(&cluster.replica_url()).await.unwrap();
+    let in_recovery: bool = sqlx::query_scalar("select pg_is_in_recovery()")
+        .fetch_one(&replica)
+        .await
+        .unwrap();
+    assert!(in_recovery, "the replica is a standby");
+    let app_sessions: i64 = sqlx::query_scalar(
+        "select count(*) from pg_stat_activity where application_name = 'stockade'",
+    )
+    .fetch_one(&replica)
+    .await
+    .unwrap();
+    assert!(app_sessions > 0, "the apps read from the replica");
+    replica.close().await;
+    cluster.replica.stop();
+    let stopped = Instant::now();
+    let (mut failures, mut answered) = (0, 0);
+    while stopped.elapsed() < Duration::from_secs(3) {
+        if catalogue_ok().await {
+            answered += 1;
+        } else {
+            failures += 1;
+            assert!(
+                stopped.elapsed() < Duration::from_secs(1),
+                "reads fall back to the primary within a second of the replica stopping"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!("replica stopped: {failures} failed catalogue reads, then {answered} answered");
+
+    // 4. PgBouncer restarts mid-sale: orders stop for a moment and resume, nothing is
+    //    oversold or doubled.
+    let stock = 300;
+    let args = sale(&cluster, stock, 1_500, standby, 3);
+    let (report, ()) = tokio::join!(run_report(&args), async {
+        tokio::time::sleep(Duration::from_millis(1_000)).await;
+        cluster.pgbouncer.restart().expect("PgBouncer starts again");
+    });
+    let run = &report.unwrap().runs[0];
+    assert_sold_exactly(run, stock, "PgBouncer restarted");
+    eprintln!("PgBouncer restarted: outcomes {:?}", run.result.outcomes);
+
+    primary.close().await;
+    tokio::task::spawn_blocking(move || cluster.stop())
+        .await
+        .unwrap();
+    eprintln!("all phases in {:.1} s", started.elapsed().as_secs_f64());
+}
