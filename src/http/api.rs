@@ -68,7 +68,10 @@ pub async fn get_products(
         Some(_) => API_PER_PAGE,
         None => i64::MAX,
     };
-    let listing = state.catalog.browse(state.read_pool(), &browse, per_page).await?;
+    let listing = state
+        .catalog
+        .browse(state.read_pool(), &browse, per_page)
+        .await?;
     let mut res = HttpResponse::Ok();
     res.insert_header(("X-Total-Count", listing.total));
     if query.page.is_some() && browse.page * per_page < listing.total {

@@ -111,7 +111,10 @@ pub async fn get_catalogue(
     query: web::Query<BrowseParams>,
 ) -> Result<CataloguePage, AppError> {
     let browse = query.parse()?;
-    let listing = state.catalog.browse(state.read_pool(), &browse, PER_PAGE).await?;
+    let listing = state
+        .catalog
+        .browse(state.read_pool(), &browse, PER_PAGE)
+        .await?;
     let categories = state.catalog.categories(state.read_pool()).await?;
     Ok(CataloguePage {
         chrome: Chrome::new(&req),

@@ -58,7 +58,10 @@ fn a_quick_bench_measures_the_app_and_pgbench_and_passes_the_checker() {
         .iter()
         .find(|p| !p["offered_rate"].is_null())
         .expect("an open-loop pgbench run");
-    assert!(pgbench_open["p99_ms"].as_f64().unwrap() > 0.0, "{pgbench_open}");
+    assert!(
+        pgbench_open["p99_ms"].as_f64().unwrap() > 0.0,
+        "{pgbench_open}"
+    );
     assert!(out.path().join("bench.html").is_file());
     eprintln!("bench took {:?}", started.elapsed());
 }
