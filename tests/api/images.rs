@@ -146,6 +146,10 @@ async fn an_uploaded_picture_is_resized_and_served_with_an_etag_and_304() {
         "{html}"
     );
     assert!(!html.contains(r#"aria-hidden="true">W</span>"#));
+    assert!(
+        html.contains("<span class=\"card-name\">Walnut Tray, 30\u{a0}cm</span>"),
+        "the number keeps its unit: {html}"
+    );
     let (_, html) = app.get_text("/products/PIC-1").await;
     assert!(html.contains(r#"src="/products/PIC-1/image?v="#), "{html}");
 
