@@ -235,16 +235,28 @@ async fn a_non_image_an_oversized_file_and_a_decompression_bomb_are_refused_and_
         res.status()
     );
     assert_eq!(stored(&app, "PIC-3").await, None);
-    // A body that is not a multipart form is refused as such.
-    let res = app
-        .client
-        .post(app.url("/admin/products/PIC-3/image"))
-        .header("Content-Type", "text/plain")
-        .body("hello")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status().as_u16(), 415);
+    // A body that is not a multipart form is refused: as cross-site without the token,
+    // as the wrong kind of body with it.
+    let not_a_form = |token: String| {
+        app.client
+            .post(app.url("/admin/products/PIC-3/image"))
+            .header("Content-Type", "text/plain")
+            .header(
+                "X-CSRF-Token",
+                if token.is_empty() { "none" } else { token },
+            )
+            .body("hello")
+            .send()
+    };
+    assert_eq!(
+        not_a_form("none".into()).await.unwrap().status().as_u16(),
+        403
+    );
+    assert_eq!(
+        not_a_form(csrf.clone()).await.unwrap().status().as_u16(),
+        415
+    );
+    assert_eq!(stored(&app, "PIC-3").await, None);
 }
 
 #[tokio::test]
