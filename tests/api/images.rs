@@ -241,10 +241,7 @@ async fn a_non_image_an_oversized_file_and_a_decompression_bomb_are_refused_and_
         app.client
             .post(app.url("/admin/products/PIC-3/image"))
             .header("Content-Type", "text/plain")
-            .header(
-                "X-CSRF-Token",
-                if token.is_empty() { "none" } else { token },
-            )
+            .header("X-CSRF-Token", token)
             .body("hello")
             .send()
     };
