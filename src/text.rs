@@ -37,6 +37,34 @@ pub fn multi_line(field: &str, value: &str) -> Result<(), InvalidText> {
     }
 }
 
+/// Units that read as one with the number before them ("2 m", "250 g", "90 × 40 cm").
+const UNITS: &[&str] = &[
+    "mm", "cm", "m", "km", "in", "ft", "g", "kg", "oz", "lb", "ml", "l", "L", "W", "kW", "V",
+    "mAh", "Wh", "Hz", "kHz", "GB", "TB", "MB", "Gbit", "Mbit", "gsm", "°C", "°F", "%", "×", "x",
+    "pcs", "h", "min", "s",
+];
+
+/// A product name as displayed: the space between a number and its unit becomes a
+/// no-break space, so a narrow screen never leaves "2" at the end of one line and "m" at
+/// the start of the next. The stored name is left as typed.
+pub fn keep_units_together(name: &str) -> String {
+    let words: Vec<&str> = name.split(' ').collect();
+    let mut out = String::with_capacity(name.len() + 8);
+    for (i, word) in words.iter().enumerate() {
+        if i > 0 {
+            let before = words[i - 1];
+            let unit: &str = word.trim_end_matches([',', '.', ';', ':', ')', '/']);
+            let unit = unit.split('/').next().unwrap_or(unit);
+            let glued = before.ends_with(|c: char| c.is_ascii_digit()) && UNITS.contains(&unit);
+            // "90 × 40": the number after a multiplication sign stays with it too.
+            let times = before == "×" && word.starts_with(|c: char| c.is_ascii_digit());
+            out.push(if glued || times { '\u{a0}' } else { ' ' });
+        }
+        out.push_str(word);
+    }
+    out
+}
+
 impl From<InvalidText> for crate::error::AppError {
     fn from(e: InvalidText) -> Self {
         Self::Unprocessable(crate::error::sentence(&e.to_string()))
@@ -46,6 +74,36 @@ impl From<InvalidText> for crate::error::AppError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn numbers_keep_their_units_on_the_same_line() {
+        let nb = |s: &str| s.replace('~', "\u{a0}");
+        assert_eq!(
+            keep_units_together("Braided USB-C Cable, 2 m"),
+            nb("Braided USB-C Cable, 2~m")
+        );
+        assert_eq!(
+            keep_units_together("Screws 10 mm, 50 pcs"),
+            nb("Screws 10~mm, 50~pcs")
+        );
+        assert_eq!(
+            keep_units_together("Stoneware Mug, 350 ml"),
+            nb("Stoneware Mug, 350~ml")
+        );
+        assert_eq!(keep_units_together("Mat 90 × 40 cm"), nb("Mat 90~×~40~cm"));
+        assert_eq!(
+            keep_units_together("Cable 240 W/40 Gbit/s"),
+            nb("Cable 240~W/40~Gbit/s")
+        );
+        // Words that merely follow a number, and units without one, are left alone.
+        assert_eq!(keep_units_together("Top 10 mugs"), "Top 10 mugs");
+        assert_eq!(keep_units_together("m and g"), "m and g");
+        assert_eq!(
+            keep_units_together("Alpine 75 Keyboard"),
+            "Alpine 75 Keyboard"
+        );
+        assert_eq!(keep_units_together(""), "");
+    }
 
     #[test]
     fn control_characters_are_refused_naming_the_field() {

@@ -23,13 +23,15 @@ use super::db::Listing;
 use super::{ProductView, Sku};
 
 type Timed<T> = (Instant, T);
+/// Category names with how many products each has on sale.
+type Categories = Vec<(String, i64)>;
 
 /// The product pages' and catalogue's data, per process.
 pub struct CatalogCache {
     ttl: Duration,
     products: Mutex<HashMap<String, Timed<Option<ProductView>>>>,
     listings: Mutex<HashMap<(Browse, i64), Timed<Listing>>>,
-    categories: Mutex<Option<Timed<Vec<(String, i64)>>>>,
+    categories: Mutex<Option<Timed<Categories>>>,
 }
 
 /// Entries kept at most (one per product viewed); past this the map starts afresh.
@@ -91,7 +93,7 @@ impl CatalogCache {
     }
 
     /// The categories with products on sale, as of at most the TTL ago.
-    pub async fn categories(&self, db: &PgPool) -> sqlx::Result<Vec<(String, i64)>> {
+    pub async fn categories(&self, db: &PgPool) -> sqlx::Result<Categories> {
         if let Some((at, list)) = self.categories.lock().expect("cache").as_ref()
             && at.elapsed() < self.ttl
         {

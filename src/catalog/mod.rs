@@ -75,6 +75,11 @@ impl ProductView {
         format_cents(self.price_cents)
     }
 
+    /// The name as shown: numbers and their units never split across lines.
+    pub fn display_name(&self) -> String {
+        crate::text::keep_units_together(&self.name)
+    }
+
     /// A short version of the picture for its address, so a new picture is a new URL:
     /// `/products/{sku}/image?v=…`.
     pub fn image_version(&self) -> Option<&str> {

@@ -1166,13 +1166,22 @@ pub async fn post_product_image(
     let product = load_product(&state, &path).await?;
     // The file, plus room for the form's other field and part headers.
     let cap = images::MAX_UPLOAD_BYTES + 64 * 1024;
-    let parts = super::multipart::read(
+    let parts = match super::multipart::read(
         &req,
         payload,
         cap,
         "The picture is larger than 5 MB; choose a smaller one (it is resized anyway).",
     )
-    .await?;
+    .await
+    {
+        // No form to find the token in: only a caller with the token in its header
+        // learns more than that this was refused.
+        Err(not_a_form @ AppError::UnsupportedMediaType(_)) => {
+            check_api_csrf(&req, &admin)?;
+            return Err(not_a_form);
+        }
+        read => read?,
+    };
     let field = |name: &str| parts.iter().find(|p| p.name == name).map(|p| &p.data[..]);
     let csrf = field("csrf")
         .and_then(|t| std::str::from_utf8(t).ok())

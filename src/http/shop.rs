@@ -178,6 +178,11 @@ pub struct CartLine {
 }
 
 impl CartLine {
+    /// The name as shown: numbers and their units kept on one line.
+    pub fn display_name(&self) -> String {
+        crate::text::keep_units_together(&self.name)
+    }
+
     pub fn price(&self) -> String {
         format_cents(self.price_cents)
     }

@@ -13,6 +13,7 @@ mod faults;
 mod health;
 mod helpers;
 mod holds;
+mod images;
 mod limits;
 mod loadtest;
 mod orders;
