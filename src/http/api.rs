@@ -33,11 +33,17 @@ struct ProductJson {
     /// At most this many per customer; `null` when there is no limit.
     purchase_limit: Option<i32>,
     category: Option<String>,
+    /// The picture's address (`null`: none); `…/thumb` for the thumbnail.
+    image_url: Option<String>,
 }
 
 impl From<ProductView> for ProductJson {
     fn from(p: ProductView) -> Self {
+        let image_url = p
+            .image_version()
+            .map(|v| format!("/products/{}/image?v={v}", p.sku));
         Self {
+            image_url,
             sku: p.sku,
             name: p.name,
             description: p.description,

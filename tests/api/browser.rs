@@ -876,6 +876,7 @@ async fn every_page_fits_a_phone_and_a_desktop() {
 
     let pages = [
         "/".to_string(),
+        "/?q=coffee&category=Coffee&sort=price-high".into(),
         "/products/CB-BRAID-2M".into(),
         "/cart".into(),
         format!("/checkout/{hold}"),
@@ -912,10 +913,18 @@ async fn every_page_fits_a_phone_and_a_desktop() {
             if scroll > inner {
                 wider.push(format!("{page} at {width} px: {scroll} px wide"));
             }
-            match (width, page.as_str()) {
-                (390, "/") => save_screenshot(&b, "catalogue-phone.png").await,
-                (390, "/cart") => save_screenshot(&b, "cart-phone.png").await,
-                _ => {}
+            // The README's screenshots: each page on a phone and on a desktop.
+            let shown = match page.as_str() {
+                "/" => Some("catalogue"),
+                "/products/CB-BRAID-2M" => Some("product"),
+                "/cart" => Some("cart"),
+                "/admin" => Some("dashboard"),
+                checkout if checkout.starts_with("/checkout/") => Some("checkout"),
+                _ => None,
+            };
+            if let Some(name) = shown {
+                let device = if width == 390 { "phone" } else { "desktop" };
+                save_screenshot(&b, &format!("{name}-{device}.png")).await;
             }
         }
     }

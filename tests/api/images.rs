@@ -153,6 +153,20 @@ async fn an_uploaded_picture_is_resized_and_served_with_an_etag_and_304() {
     let (_, html) = app.get_text("/products/PIC-1").await;
     assert!(html.contains(r#"src="/products/PIC-1/image?v="#), "{html}");
 
+    let api: serde_json::Value = app
+        .get("/api/v1/products/PIC-1")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        api["image_url"]
+            .as_str()
+            .unwrap()
+            .starts_with("/products/PIC-1/image?v="),
+        "{api}"
+    );
+
     // A new picture is a new ETag.
     let res = upload(&app, "PIC-1", &csrf, &png(300, 300)).await;
     assert_eq!(res.status().as_u16(), 303);
