@@ -245,8 +245,8 @@ async fn serve(mut settings: Settings, args: ServeArgs) -> anyhow::Result<()> {
             local = LocalServices::start(&settings.data_dir, &options) => local?,
             () = &mut shutdown => return Ok(()),
         };
-        settings.database_url = Some(local.database_url());
-        settings.redis_url = Some(local.redis_url());
+        settings.database_url = Some(local.database_url().into());
+        settings.redis_url = Some(local.redis_url().into());
         // Receipts land in a folder the admin shows, unless SMTP is set up.
         if settings.mail_dir.is_none() {
             settings.mail_dir = Some(settings.data_dir.join("mail"));
@@ -312,8 +312,14 @@ async fn run_server(
         println!("  Metrics:     {metrics}");
     }
     if local_mode {
-        println!("  PostgreSQL:  {}", database_url.unwrap_or_default());
-        println!("  Redis:       {}", redis_url.unwrap_or_default());
+        println!(
+            "  PostgreSQL:  {}",
+            database_url.as_deref().unwrap_or_default()
+        );
+        println!(
+            "  Redis:       {}",
+            redis_url.as_deref().unwrap_or_default()
+        );
     }
     println!("Press Ctrl-C to stop.");
     let handle = app.handle();

@@ -85,6 +85,54 @@ impl FromStr for LogFormat {
     }
 }
 
+/// A setting that must not reach a log or an error page: passwords, tokens, keys, and URLs
+/// that may carry a password. Its `Debug` shows `"***"`, or for a URL everything but the
+/// password; the value itself is read through `Deref` (`&str`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl From<String> for Secret {
+    fn from(value: String) -> Self {
+        Self(value)
+    }
+}
+
+impl From<&str> for Secret {
+    fn from(value: &str) -> Self {
+        Self(value.to_string())
+    }
+}
+
+impl std::ops::Deref for Secret {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for Secret {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.0.as_ref()
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.split_once("://") {
+            // A URL: its user and password sit before the last `@` of what follows.
+            Some((scheme, rest)) => match rest.rsplit_once('@') {
+                Some((credentials, host)) => {
+                    let user = credentials.split_once(':').map_or(credentials, |(u, _)| u);
+                    write!(f, "\"{scheme}://{user}:***@{host}\"")
+                }
+                None => write!(f, "{:?}", self.0),
+            },
+            None => f.write_str("\"***\""),
+        }
+    }
+}
+
 /// All settings of a Stockade process.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -93,9 +141,9 @@ pub struct Settings {
     /// `STOCKADE_DATA_DIR`: local mode keeps PostgreSQL and Redis data here.
     pub data_dir: PathBuf,
     /// `DATABASE_URL`: connect to this PostgreSQL instead of starting one.
-    pub database_url: Option<String>,
+    pub database_url: Option<Secret>,
     /// `REDIS_URL`: connect to this Redis instead of starting one.
-    pub redis_url: Option<String>,
+    pub redis_url: Option<Secret>,
     /// `STOCKADE_LOCAL_PG_PORT`: local mode's PostgreSQL port (free port when unset).
     pub local_pg_port: Option<u16>,
     /// `STOCKADE_LOCAL_REDIS_PORT`: local mode's Redis port (free port when unset).
@@ -165,7 +213,7 @@ pub struct Settings {
     pub metrics_listen: Option<SocketAddr>,
     /// `STOCKADE_METRICS_TOKEN`: serve `/metrics` on the public port too, to requests with
     /// `Authorization: Bearer <token>`. Unset: `/metrics` is 404 on the public port.
-    pub metrics_token: Option<String>,
+    pub metrics_token: Option<Secret>,
     /// `STOCKADE_IDEMPOTENCY_TTL_HOURS`: completed idempotency keys are kept this long.
     pub idempotency_ttl_hours: u32,
     /// `STOCKADE_API_ANONYMOUS_ORDERS`: accept API orders and holds without an API key
@@ -178,7 +226,7 @@ pub struct Settings {
     pub rate_limit_burst: u32,
     /// `STOCKADE_API_KEY`: the API key `stockade loadtest` sends to servers it did not
     /// start (read by the tools, not by the server).
-    pub api_key: Option<String>,
+    pub api_key: Option<Secret>,
     /// Fault injection for tests: pause this long after taking leases, before the
     /// transaction, as a stalled process would. Not settable from the environment.
     pub fault_pause_after_lease: Duration,
@@ -197,7 +245,7 @@ pub struct Settings {
     pub webhook_allow_private: bool,
     /// `STOCKADE_SMTP_URL`: send receipts through this SMTP server, e.g.
     /// `smtps://user:pass@smtp.example.com` or `smtp://127.0.0.1:2525`.
-    pub smtp_url: Option<String>,
+    pub smtp_url: Option<Secret>,
     /// `STOCKADE_MAIL_FROM`: the receipts' sender.
     pub mail_from: String,
     /// `STOCKADE_MAIL_DIR`: without SMTP, write receipts as `.eml` files here (local mode:
@@ -213,10 +261,10 @@ pub struct Settings {
     pub redis_master: String,
     /// `STOCKADE_REDIS_PASSWORD`: the password of the Redis master and replicas found
     /// through Sentinel (`REDIS_URL` carries its own).
-    pub redis_password: Option<String>,
+    pub redis_password: Option<Secret>,
     /// `STOCKADE_DATABASE_REPLICA_URL`: a streaming replica that takes the reads which may
     /// lag (catalogue, product pages, product API, admin reports); unset: the primary.
-    pub database_replica_url: Option<String>,
+    pub database_replica_url: Option<Secret>,
     /// `STOCKADE_DATABASE_PGBOUNCER`: `DATABASE_URL` is a PgBouncer (session pooling): the
     /// session timeouts are not sent at connect (PgBouncer refuses startup options) but
     /// set by PgBouncer's `connect_query`.
@@ -378,7 +426,7 @@ impl Settings {
         if let Some(v) = take("STOCKADE_DATA_DIR") {
             s.data_dir = PathBuf::from(v);
         }
-        s.database_url = take("DATABASE_URL");
+        s.database_url = take("DATABASE_URL").map(Secret::from);
         if let Some(url) = &s.database_url
             && !(url.starts_with("postgres://") || url.starts_with("postgresql://"))
         {
@@ -388,7 +436,7 @@ impl Settings {
                 "expected postgres://user:password@host:port/database",
             ));
         }
-        s.redis_url = take("REDIS_URL");
+        s.redis_url = take("REDIS_URL").map(Secret::from);
         if let Some(url) = &s.redis_url
             && !(url.starts_with("redis://") || url.starts_with("rediss://"))
         {
@@ -464,7 +512,7 @@ impl Settings {
         if let Some(v) = take("STOCKADE_RATE_LIMIT_BURST") {
             s.rate_limit_burst = bounded("STOCKADE_RATE_LIMIT_BURST", &v, 1, 1_000_000)?;
         }
-        s.api_key = take("STOCKADE_API_KEY");
+        s.api_key = take("STOCKADE_API_KEY").map(Secret::from);
         if let Some(v) = take("STOCKADE_HOLD_SECONDS") {
             s.hold_ttl = Duration::from_secs(bounded("STOCKADE_HOLD_SECONDS", &v, 1, 86_400)?);
         }
@@ -516,7 +564,7 @@ impl Settings {
                     "expected at least 16 printable characters without spaces",
                 ));
             }
-            s.metrics_token = Some(v.trim().to_string());
+            s.metrics_token = Some(Secret::from(v.trim()));
         }
         if let Some(v) = take("STOCKADE_DISPATCH_INTERVAL_MS") {
             s.dispatch_interval = millis("STOCKADE_DISPATCH_INTERVAL_MS", &v)?;
@@ -542,7 +590,7 @@ impl Settings {
                     "expected smtp://… or smtps://…",
                 ));
             }
-            s.smtp_url = Some(v.trim().to_string());
+            s.smtp_url = Some(Secret::from(v.trim()));
         }
         if let Some(v) = take("STOCKADE_MAIL_FROM") {
             s.mail_from = v.trim().to_string();
@@ -580,8 +628,8 @@ impl Settings {
         if let Some(v) = take("STOCKADE_REDIS_MASTER") {
             s.redis_master = v.trim().to_string();
         }
-        s.redis_password = take("STOCKADE_REDIS_PASSWORD");
-        s.database_replica_url = take("STOCKADE_DATABASE_REPLICA_URL");
+        s.redis_password = take("STOCKADE_REDIS_PASSWORD").map(Secret::from);
+        s.database_replica_url = take("STOCKADE_DATABASE_REPLICA_URL").map(Secret::from);
         if let Some(url) = &s.database_replica_url
             && !(url.starts_with("postgres://") || url.starts_with("postgresql://"))
         {
@@ -929,6 +977,43 @@ mod tests {
             let err = Settings::from_vars(vars(&[(var, value)])).unwrap_err();
             assert!(err.to_string().starts_with(var), "{var}={value}: {err}");
         }
+    }
+
+    #[test]
+    fn secrets_do_not_print_through_debug() {
+        let s = Settings::from_vars(vars(&[
+            ("DATABASE_URL", "postgres://shop:hunter2@db:5432/stockade"),
+            ("REDIS_URL", "redis://:s3cret@cache:6379"),
+            ("STOCKADE_API_KEY", "sk_abc"),
+            ("STOCKADE_METRICS_TOKEN", "0123456789abcdef0123"),
+            ("STOCKADE_SMTP_URL", "smtps://mailer:pa55@smtp.example.com"),
+            ("STOCKADE_REDIS_PASSWORD", "sentinel-pw"),
+            (
+                "STOCKADE_DATABASE_REPLICA_URL",
+                "postgres://shop:hunter3@replica/stockade",
+            ),
+        ]))
+        .unwrap();
+        let printed = format!("{s:?}");
+        for secret in [
+            "hunter2",
+            "s3cret",
+            "sk_abc",
+            "0123456789abcdef0123",
+            "pa55",
+            "sentinel-pw",
+            "hunter3",
+        ] {
+            assert!(!printed.contains(secret), "{secret} printed in {printed}");
+        }
+        assert!(
+            printed.contains(r#""postgres://shop:***@db:5432/stockade""#),
+            "{printed}"
+        );
+        assert_eq!(
+            s.database_url.as_deref(),
+            Some("postgres://shop:hunter2@db:5432/stockade")
+        );
     }
 
     #[test]

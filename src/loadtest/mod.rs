@@ -297,7 +297,7 @@ async fn self_hosted(args: &LoadtestArgs) -> anyhow::Result<Report> {
             Err(_) => database_url.clone(),
         };
         crate::startup::migrate(&crate::config::Settings {
-            database_url: Some(database_url.clone()),
+            database_url: Some(database_url.clone().into()),
             ..crate::config::Settings::default()
         })
         .await?;

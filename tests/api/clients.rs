@@ -258,7 +258,10 @@ async fn stockade_api_key_makes_lists_and_revokes_keys() {
             .args(args)
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("DATABASE_URL", app.settings.database_url.clone().unwrap())
+            .env(
+                "DATABASE_URL",
+                app.settings.database_url.as_deref().unwrap(),
+            )
             .env("STOCKADE_LOG", "error")
             .output()
             .unwrap();

@@ -657,7 +657,7 @@ async fn smtp_sink() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
 async fn a_receipt_goes_out_through_smtp_and_the_confirmation_page_says_so() {
     let (addr, got) = smtp_sink().await;
     let mut settings = test_settings().await;
-    settings.smtp_url = Some(format!("smtp://{addr}"));
+    settings.smtp_url = Some(format!("smtp://{addr}").into());
     let app = spawn_app_with(settings).await;
     app.add_product("EV-S", "Sent by SMTP", 4_200, 5).await;
     let id = order_id(order_with_email(&app, "ev-smtp", "EV-S", "grace@example.com").await).await;

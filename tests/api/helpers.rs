@@ -118,8 +118,8 @@ pub async fn test_settings() -> Settings {
     let log = std::env::var("TEST_LOG").ok();
     Settings {
         listen: "127.0.0.1:0".parse().unwrap(),
-        database_url: Some(fresh_database().await),
-        redis_url: Some(servers.redis_url.clone()),
+        database_url: Some(fresh_database().await.into()),
+        redis_url: Some(servers.redis_url.clone().into()),
         redis_prefix: format!("test:{}:", Uuid::new_v4().simple()),
         workers: 2,
         db_pool_size: 8,
@@ -220,7 +220,7 @@ pub async fn spawn_app_with_own_redis_and(mut settings: Settings) -> TestApp {
     let redis = tokio::task::spawn_blocking(move || LocalRedis::start(&dir, None).unwrap())
         .await
         .unwrap();
-    settings.redis_url = Some(redis.url());
+    settings.redis_url = Some(redis.url().into());
     let mut app = spawn_app_with(settings).await;
     app.own_redis = Some(redis);
     app
@@ -350,7 +350,7 @@ impl TestApp {
 
     /// A direct Redis connection to this app's server.
     pub async fn redis(&self) -> redis::aio::MultiplexedConnection {
-        redis::Client::open(self.settings.redis_url.clone().unwrap())
+        redis::Client::open(self.settings.redis_url.as_deref().unwrap().to_string())
             .unwrap()
             .get_multiplexed_async_connection()
             .await
@@ -530,8 +530,11 @@ pub async fn serve(env: &[(&str, String)], args: &[&str]) -> ServerProcess {
 pub async fn serve_app(app: &TestApp, extra: &[(&str, String)], args: &[&str]) -> ServerProcess {
     let s = &app.settings;
     let mut env = vec![
-        ("DATABASE_URL", s.database_url.clone().unwrap()),
-        ("REDIS_URL", s.redis_url.clone().unwrap()),
+        (
+            "DATABASE_URL",
+            s.database_url.as_deref().unwrap().to_string(),
+        ),
+        ("REDIS_URL", s.redis_url.as_deref().unwrap().to_string()),
         ("STOCKADE_REDIS_PREFIX", s.redis_prefix.clone()),
         ("STOCKADE_LISTEN", "127.0.0.1:0".into()),
         ("STOCKADE_WORKERS", "2".into()),

@@ -24,9 +24,9 @@ fn args(app: &TestApp, targets: &[String], extra: &[&str]) -> LoadtestArgs {
     }
     argv.extend([
         "--database-url".into(),
-        app.settings.database_url.clone().unwrap(),
+        app.settings.database_url.as_deref().unwrap().to_string(),
         "--redis-url".into(),
-        app.settings.redis_url.clone().unwrap(),
+        app.settings.redis_url.as_deref().unwrap().to_string(),
         "--redis-prefix".into(),
         app.settings.redis_prefix.clone(),
         "--out".into(),
@@ -264,7 +264,7 @@ async fn the_checker_names_each_kind_of_violation() {
     let app = spawn_app().await;
     app.add_product("CHK-1", "Checked", 100, 5).await;
     let redis = RedisTarget {
-        url: app.settings.redis_url.clone().unwrap(),
+        url: app.settings.redis_url.as_deref().unwrap().to_string(),
         prefix: app.settings.redis_prefix.clone(),
     };
     // A clean state passes.
@@ -560,7 +560,10 @@ async fn the_loadtest_command_runs_against_targets_and_writes_its_report() {
         .arg(&out)
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap())
-        .env("DATABASE_URL", app.settings.database_url.clone().unwrap())
+        .env(
+            "DATABASE_URL",
+            app.settings.database_url.as_deref().unwrap(),
+        )
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);

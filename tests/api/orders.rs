@@ -502,8 +502,11 @@ async fn naive_unsafe_refuses_to_start_without_allow_unsafe() {
         .arg("serve")
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap())
-        .env("DATABASE_URL", app.settings.database_url.clone().unwrap())
-        .env("REDIS_URL", app.settings.redis_url.clone().unwrap())
+        .env(
+            "DATABASE_URL",
+            app.settings.database_url.as_deref().unwrap(),
+        )
+        .env("REDIS_URL", app.settings.redis_url.as_deref().unwrap())
         .env("STOCKADE_ORDER_STRATEGY", "naive-unsafe")
         .env("STOCKADE_LISTEN", "127.0.0.1:0")
         .output()

@@ -186,7 +186,10 @@ fn unlock(app: &TestApp, args: &[&str]) -> String {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_stockade"))
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("DATABASE_URL", app.settings.database_url.clone().unwrap())
+        .env(
+            "DATABASE_URL",
+            app.settings.database_url.as_deref().unwrap(),
+        )
         .env("STOCKADE_LOG", "off")
         .args(["admin", "unlock"])
         .args(args)

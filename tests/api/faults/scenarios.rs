@@ -88,9 +88,9 @@ async fn order_id(res: reqwest::Response) -> String {
 /// An app whose database connections go through a fault proxy (the test's own pool
 /// does not), with 100 units of [`SKU`].
 async fn behind_database_proxy(mut settings: Settings) -> (TestApp, FaultProxy) {
-    let direct = settings.database_url.clone().unwrap();
+    let direct = settings.database_url.as_deref().unwrap().to_string();
     let proxy = FaultProxy::in_front_of(&direct);
-    settings.database_url = Some(proxy.url(&direct));
+    settings.database_url = Some(proxy.url(&direct).into());
     let mut app = spawn_app_with(settings).await;
     app.db = PgPool::connect(&direct).await.unwrap();
     app.add_product(SKU, "Drop", 5_000, 100).await;
@@ -209,9 +209,9 @@ async fn orders_stay_fast_on_the_database_guard_while_redis_stops_answering() {
         request_budget: Duration::from_secs(8),
         ..tight(test_settings().await)
     };
-    let redis_url = settings.redis_url.clone().unwrap();
+    let redis_url = settings.redis_url.as_deref().unwrap().to_string();
     let proxy = FaultProxy::in_front_of(&redis_url);
-    settings.redis_url = Some(proxy.url(&redis_url));
+    settings.redis_url = Some(proxy.url(&redis_url).into());
     let app = spawn_app_with(settings).await;
     app.add_product(SKU, "Drop", 5_000, 1_000).await;
     assert_eq!(post(&app, "before").await.0, 201);
@@ -493,7 +493,7 @@ async fn postgres_restarted_mid_sale_loses_no_acknowledged_order() {
         .unwrap();
     create_database(&pg.url("postgres"), "shop").await.unwrap();
     let settings = Settings {
-        database_url: Some(pg.url("shop")),
+        database_url: Some(pg.url("shop").into()),
         ..tight(test_settings().await)
     };
     let app = spawn_app_with(settings).await;
