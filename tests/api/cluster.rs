@@ -19,8 +19,7 @@ struct Cli {
     args: LoadtestArgs,
 }
 
-async fn start_cluster() -> Cluster {
-    let dir = std::env::temp_dir().join(format!("stockade-cluster-{}", uuid::Uuid::new_v4()));
+async fn start_cluster(dir: std::path::PathBuf) -> Cluster {
     let env = [
         ("STOCKADE_LOG", "warn"),
         ("STOCKADE_WORKERS", "2"),
@@ -134,7 +133,8 @@ async fn replica_lag(primary: &PgPool) -> (i64, i64) {
 async fn a_flash_sale_through_haproxy_survives_losing_a_redis_master_an_app_the_replica_and_pgbouncer()
  {
     let started = Instant::now();
-    let mut cluster = start_cluster().await;
+    let dir = std::env::temp_dir().join(format!("stockade-cluster-{}", uuid::Uuid::new_v4()));
+    let mut cluster = start_cluster(dir.clone()).await;
     eprintln!("cluster up in {:.1} s", started.elapsed().as_secs_f64());
     let primary = PgPool::connect(&cluster.primary_url()).await.unwrap();
     let standby = cluster.redis[1].port;
@@ -291,5 +291,6 @@ async fn a_flash_sale_through_haproxy_survives_losing_a_redis_master_an_app_the_
     tokio::task::spawn_blocking(move || cluster.stop())
         .await
         .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
     eprintln!("all phases in {:.1} s", started.elapsed().as_secs_f64());
 }
