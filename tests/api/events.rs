@@ -716,6 +716,17 @@ async fn webhook_urls_on_private_addresses_are_refused_when_not_allowed() {
         let res = create(url, types).await.unwrap();
         assert_eq!(res.status().as_u16(), 422, "{url}");
     }
+    let res = app
+        .client
+        .post(app.url("/api/v1/admin/webhooks"))
+        .header("x-csrf-token", &csrf)
+        .json(&json!({ "address": "https://example.com/x" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 422);
+    let body: Value = res.json().await.unwrap();
+    assert!(body["detail"].as_str().unwrap().contains("url"), "{body}");
     assert_eq!(app.count("select count(*) from webhook_endpoints").await, 0);
 
     // An endpoint already pointing inside (added before, or its name moved there) is
