@@ -885,3 +885,50 @@ async fn the_checker_finds_an_order_without_its_event_and_an_event_without_its_o
         "{rows}"
     );
 }
+
+#[tokio::test]
+async fn three_dispatchers_in_three_processes_send_each_event_exactly_once_when_nothing_fails() {
+    let app = spawn_app().await;
+    for sku in ["EV-3A", "EV-3B", "EV-3C"] {
+        app.add_product(sku, "Three processes", 100, 500).await;
+    }
+    let receiver = Receiver::start().await;
+    endpoint(&app, &receiver.url(), &["order.placed"]).await;
+    let (one, two) = tokio::join!(serve_app(&app, &[], &[]), serve_app(&app, &[], &[]));
+    let targets = [
+        app.address.clone(),
+        one.address.clone(),
+        two.address.clone(),
+    ];
+    join_all((0..90).map(|i| {
+        let (client, base) = (&app.client, &targets[i % 3]);
+        let sku = ["EV-3A", "EV-3B", "EV-3C"][i % 3];
+        async move {
+            // A 503 (busy) writes nothing; the orders made are counted below.
+            crate::helpers::post_order_to(client, base, &format!("ev-3p-{i}"), &[(sku, 1)]).await
+        }
+    }))
+    .await;
+    let orders = app.count("select count(*) from orders").await;
+    assert!(orders > 30, "{orders} orders");
+    let started = Instant::now();
+    while app
+        .count("select count(*) from deliveries where status = 'sent'")
+        .await
+        < orders
+    {
+        assert!(started.elapsed() < Duration::from_secs(20), "not all sent");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let got = receiver.got();
+    let ids: std::collections::BTreeSet<&String> =
+        got.iter().map(|r| &r.headers["webhook-id"]).collect();
+    assert_eq!(ids.len() as i64, orders, "every event arrived");
+    assert_eq!(got.len() as i64, orders, "and none twice");
+    assert_eq!(
+        app.count("select count(*) from deliveries where attempts <> 1")
+            .await,
+        0
+    );
+}
