@@ -888,19 +888,30 @@ async fn the_checker_finds_an_order_without_its_event_and_an_event_without_its_o
 
 #[tokio::test]
 async fn three_dispatchers_in_three_processes_send_each_event_exactly_once_when_nothing_fails() {
-    let app = spawn_app().await;
+    // Patient leases and sends: on a busy machine a slow send must not pass its lease
+    // (which would send it again, as it should, but this test is about nothing failing).
+    let mut settings = test_settings().await;
+    settings.webhook_timeout = Duration::from_secs(20);
+    let app = spawn_app_with(settings).await;
     for sku in ["EV-3A", "EV-3B", "EV-3C"] {
         app.add_product(sku, "Three processes", 100, 500).await;
     }
     let receiver = Receiver::start().await;
     endpoint(&app, &receiver.url(), &["order.placed"]).await;
-    let (one, two) = tokio::join!(serve_app(&app, &[], &[]), serve_app(&app, &[], &[]));
+    let patient = [
+        ("STOCKADE_WEBHOOK_TIMEOUT_MS", "20000".to_string()),
+        ("STOCKADE_LEASE_WAIT_MS", "5000".to_string()),
+    ];
+    let (one, two) = tokio::join!(
+        serve_app(&app, &patient, &[]),
+        serve_app(&app, &patient, &[])
+    );
     let targets = [
         app.address.clone(),
         one.address.clone(),
         two.address.clone(),
     ];
-    join_all((0..90).map(|i| {
+    join_all((0..60).map(|i| {
         let (client, base) = (&app.client, &targets[i % 3]);
         let sku = ["EV-3A", "EV-3B", "EV-3C"][i % 3];
         async move {
@@ -910,14 +921,14 @@ async fn three_dispatchers_in_three_processes_send_each_event_exactly_once_when_
     }))
     .await;
     let orders = app.count("select count(*) from orders").await;
-    assert!(orders > 30, "{orders} orders");
+    assert!(orders >= 20, "{orders} orders");
     let started = Instant::now();
     while app
         .count("select count(*) from deliveries where status = 'sent'")
         .await
         < orders
     {
-        assert!(started.elapsed() < Duration::from_secs(20), "not all sent");
+        assert!(started.elapsed() < Duration::from_secs(60), "not all sent");
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
