@@ -54,6 +54,8 @@ create table deliveries (
 );
 create index deliveries_due on deliveries (next_attempt_at) where status = 'pending';
 create index deliveries_recent on deliveries (id desc);
+-- The dashboard counts the last day's deliveries (polled every second: never a full scan).
+create index deliveries_created_at on deliveries (created_at);
 create index deliveries_event on deliveries (event_id);
 
 -- stock.low and stock.sold_out are emitted when what is available (on_hand - reserved)

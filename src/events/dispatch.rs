@@ -1,6 +1,6 @@
 //! The dispatcher: a task in every process that routes new events to deliveries and
-//! sends due deliveries, every `STOCKADE_DISPATCH_INTERVAL_MS` (at once again while there
-//! is more to do).
+//! sends due deliveries, up to 64 at once, looking every `STOCKADE_DISPATCH_INTERVAL_MS`
+//! (at once again while there is more to do).
 //!
 //! A delivery is claimed with `for update skip locked` and a lease (the send timeout plus
 //! a margin): no two dispatchers send it at the same time, and one that dies mid-send
@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
+use tokio::sync::Semaphore;
 
 use super::db::{self, Attempt, Claimed};
 use super::mail::{MailError, Mailer};
@@ -21,8 +22,8 @@ use crate::metrics::Metrics;
 
 /// Events routed per statement.
 const ROUTE_BATCH: i64 = 500;
-/// Deliveries claimed (and sent concurrently) per round.
-const SEND_BATCH: i64 = 64;
+/// Deliveries one process sends at the same time.
+const SENDS_AT_ONCE: usize = 64;
 /// The longest wait between two attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(3_600);
 /// How much of a receiver's answer is kept.
@@ -64,14 +65,22 @@ impl Dispatcher {
     /// Runs rounds for the life of the process.
     pub fn spawn(self) {
         tokio::spawn(async move {
+            let slots = Arc::new(Semaphore::new(SENDS_AT_ONCE));
+            let mut gauges_at = Instant::now();
             loop {
-                let busy = match self.round().await {
+                let busy = match self.round(&slots).await {
                     Ok(busy) => busy,
                     Err(e) => {
                         tracing::warn!(error = %e, "event dispatch failed");
                         false
                     }
                 };
+                if gauges_at.elapsed() >= self.settings.dispatch_interval {
+                    gauges_at = Instant::now();
+                    if let Err(e) = self.refresh_gauges().await {
+                        tracing::warn!(error = %e, "reading the outbox's gauges failed");
+                    }
+                }
                 if !busy {
                     tokio::time::sleep(self.settings.dispatch_interval).await;
                 }
@@ -79,27 +88,38 @@ impl Dispatcher {
         });
     }
 
-    /// One round: route new events, send what is due, refresh the gauges. True when
-    /// there may be more to do right away.
-    pub async fn round(&self) -> sqlx::Result<bool> {
+    /// One round: route new events, then claim as many due deliveries as there are free
+    /// send slots and start sending them. Sends run on their own, so one slow receiver
+    /// holds up only its own slot. True when there may be more to do right away.
+    async fn round(&self, slots: &Arc<Semaphore>) -> sqlx::Result<bool> {
         let routed = db::route(&self.db, ROUTE_BATCH, self.mailer.is_some()).await?;
+        let free = slots.available_permits();
+        if free == 0 {
+            // Every slot is sending: go on when one is free.
+            drop(slots.acquire().await);
+            return Ok(true);
+        }
         let lease = self.settings.webhook_timeout + Duration::from_secs(1);
-        let claimed = db::claim(&self.db, SEND_BATCH, lease).await?;
-        let sent = claimed.len() as i64;
-        let mut sends = tokio::task::JoinSet::new();
+        let claimed = db::claim(&self.db, free as i64, lease).await?;
+        let full = claimed.len() == free;
         for delivery in claimed {
+            let slot = slots.clone().acquire_owned().await.expect("never closed");
             let me = self.clone();
-            sends.spawn(async move { me.deliver(delivery).await });
+            tokio::spawn(async move {
+                if let Err(e) = me.deliver(delivery).await {
+                    tracing::warn!(error = %e, "recording a delivery failed");
+                }
+                drop(slot);
+            });
         }
-        while let Some(done) = sends.join_next().await {
-            if let Ok(Err(e)) = done {
-                tracing::warn!(error = %e, "recording a delivery failed");
-            }
-        }
+        Ok(routed == ROUTE_BATCH || full)
+    }
+
+    async fn refresh_gauges(&self) -> sqlx::Result<()> {
         let (pending, oldest) = db::pending(&self.db).await?;
         self.metrics.events_pending.set(pending);
         self.metrics.events_oldest_pending.set(oldest);
-        Ok(routed == ROUTE_BATCH || sent == SEND_BATCH)
+        Ok(())
     }
 
     /// Sends one claimed delivery and records what came of it.

@@ -291,9 +291,15 @@ pub async fn post_api_webhooks(
     req: HttpRequest,
     admin: Admin,
     state: web::Data<AppState>,
-    body: web::Json<NewEndpointBody>,
+    body: web::Json<serde_json::Value>,
 ) -> Result<HttpResponse, AppError> {
+    // The token first: a forged request learns nothing, not even how its body is wrong.
     check_api_csrf(&req, &admin)?;
+    let body: NewEndpointBody = serde_json::from_value(body.into_inner()).map_err(|e| {
+        AppError::Unprocessable(format!(
+            "The body must be {{\"url\": \"https://…\", \"event_types\": [\"order.placed\", …]}}: {e}."
+        ))
+    })?;
     let new = check_new(&state, &body.url, &body.event_types, &body.description)
         .await
         .map_err(AppError::Unprocessable)?;

@@ -716,6 +716,17 @@ async fn webhook_urls_on_private_addresses_are_refused_when_not_allowed() {
         let res = create(url, types).await.unwrap();
         assert_eq!(res.status().as_u16(), 422, "{url}");
     }
+    let res = app
+        .client
+        .post(app.url("/api/v1/admin/webhooks"))
+        .header("x-csrf-token", &csrf)
+        .json(&json!({ "address": "https://example.com/x" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 422);
+    let body: Value = res.json().await.unwrap();
+    assert!(body["detail"].as_str().unwrap().contains("url"), "{body}");
     assert_eq!(app.count("select count(*) from webhook_endpoints").await, 0);
 
     // An endpoint already pointing inside (added before, or its name moved there) is
@@ -872,5 +883,63 @@ async fn the_checker_finds_an_order_without_its_event_and_an_event_without_its_o
     assert!(
         rows.contains(&format!("for order {ghost}, which does not exist")),
         "{rows}"
+    );
+}
+
+#[tokio::test]
+async fn three_dispatchers_in_three_processes_send_each_event_exactly_once_when_nothing_fails() {
+    // Patient leases and sends: on a busy machine a slow send must not pass its lease
+    // (which would send it again, as it should, but this test is about nothing failing).
+    let mut settings = test_settings().await;
+    settings.webhook_timeout = Duration::from_secs(20);
+    let app = spawn_app_with(settings).await;
+    for sku in ["EV-3A", "EV-3B", "EV-3C"] {
+        app.add_product(sku, "Three processes", 100, 500).await;
+    }
+    let receiver = Receiver::start().await;
+    endpoint(&app, &receiver.url(), &["order.placed"]).await;
+    let patient = [
+        ("STOCKADE_WEBHOOK_TIMEOUT_MS", "20000".to_string()),
+        ("STOCKADE_LEASE_WAIT_MS", "5000".to_string()),
+    ];
+    let (one, two) = tokio::join!(
+        serve_app(&app, &patient, &[]),
+        serve_app(&app, &patient, &[])
+    );
+    let targets = [
+        app.address.clone(),
+        one.address.clone(),
+        two.address.clone(),
+    ];
+    join_all((0..60).map(|i| {
+        let (client, base) = (&app.client, &targets[i % 3]);
+        let sku = ["EV-3A", "EV-3B", "EV-3C"][i % 3];
+        async move {
+            // A 503 (busy) writes nothing; the orders made are counted below.
+            crate::helpers::post_order_to(client, base, &format!("ev-3p-{i}"), &[(sku, 1)]).await
+        }
+    }))
+    .await;
+    let orders = app.count("select count(*) from orders").await;
+    assert!(orders >= 20, "{orders} orders");
+    let started = Instant::now();
+    while app
+        .count("select count(*) from deliveries where status = 'sent'")
+        .await
+        < orders
+    {
+        assert!(started.elapsed() < Duration::from_secs(60), "not all sent");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let got = receiver.got();
+    let ids: std::collections::BTreeSet<&String> =
+        got.iter().map(|r| &r.headers["webhook-id"]).collect();
+    assert_eq!(ids.len() as i64, orders, "every event arrived");
+    assert_eq!(got.len() as i64, orders, "and none twice");
+    assert_eq!(
+        app.count("select count(*) from deliveries where attempts <> 1")
+            .await,
+        0
     );
 }

@@ -137,9 +137,10 @@ pub async fn test_settings() -> Settings {
         api_anonymous_orders: true,
         rate_limit_per_minute: UNLIMITED_RATE,
         rate_limit_burst: UNLIMITED_RATE,
-        // Webhook receivers in tests listen on 127.0.0.1, and events go out quickly.
+        // Webhook receivers in tests listen on 127.0.0.1, and events go out quickly (but an
+        // idle dispatcher, one per test app, costs the shared machine little).
         webhook_allow_private: true,
-        dispatch_interval: Duration::from_millis(50),
+        dispatch_interval: Duration::from_millis(200),
         delivery_backoff: Duration::from_millis(50),
         log_format: LogFormat::Pretty,
         log_filter: log.clone().unwrap_or_else(|| "off".into()),
@@ -551,7 +552,7 @@ pub async fn serve_app(app: &TestApp, extra: &[(&str, String)], args: &[&str]) -
         ("STOCKADE_METRICS_TOKEN", METRICS_TOKEN.into()),
         // As in `test_settings`.
         ("STOCKADE_WEBHOOK_ALLOW_PRIVATE", "true".into()),
-        ("STOCKADE_DISPATCH_INTERVAL_MS", "50".into()),
+        ("STOCKADE_DISPATCH_INTERVAL_MS", "200".into()),
         ("STOCKADE_DELIVERY_BACKOFF_MS", "50".into()),
     ];
     env.extend(extra.iter().cloned());
