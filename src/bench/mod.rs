@@ -896,8 +896,7 @@ fn derived_lines(rows: &[Row], pgbench: &[pgbench::PgbenchResult]) -> Vec<Derive
                 shown: format!("{:.2}×", row.p99_ms / pg_p99),
                 detail: format!(
                     "each at the same share of its own closed-loop peak: the app {:.1} ms at \
-                     {:.0}/s, pgbench {pg_p99:.1} ms at {:.0}/s (the same disk's commit stalls \
-                     reach both)",
+                     {:.0}/s, pgbench {pg_p99:.1} ms at {:.0}/s on the same server and disk",
                     row.p99_ms,
                     row.offered_rate.unwrap_or_default(),
                     pg.offered_rate.unwrap_or_default()
