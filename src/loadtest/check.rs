@@ -270,9 +270,13 @@ pub async fn check(
     .await?;
     rows.extend(
         sqlx::query_scalar::<_, String>(
-            r#"select format('session %s idle in transaction since %s', pid, xact_start)
+            // Between two statements of a live transaction (a dispatcher's or a sweeper's
+            // pass) a session is idle in transaction for a moment; one left there for
+            // seconds is stuck.
+            r#"select format('session %s idle in transaction since %s', pid, state_change)
                  from pg_stat_activity
                 where state like 'idle in transaction%' and datname = current_database()
+                  and state_change < now() - interval '2 seconds'
                   and pid <> pg_backend_pid()"#,
         )
         .fetch_all(db)

@@ -319,7 +319,11 @@ async fn the_checker_names_each_kind_of_violation() {
     assert_eq!(failed(&verdicts), ["I3", "I4", "I5"], "{verdicts:#?}");
 
     // I6: an expired hold still active, a lease left behind, an idle transaction, a key
-    // in flight for an hour.
+    // in flight for an hour. The transaction first: it counts once idle for seconds (the
+    // hold is checked before the app's sweeper releases it).
+    let mut idle = app.db.begin().await.unwrap();
+    sqlx::query("select 1").execute(&mut *idle).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(2_500)).await;
     sqlx::query(
         "insert into holds (id, state, expires_at, idempotency_scope, idempotency_key) \
          values (gen_random_uuid(), 'active', now() - interval '1 minute', 't', 'stale')",
@@ -341,8 +345,6 @@ async fn the_checker_names_each_kind_of_violation() {
     .execute(&app.db)
     .await
     .unwrap();
-    let mut idle = app.db.begin().await.unwrap();
-    sqlx::query("select 1").execute(&mut *idle).await.unwrap();
     let verdicts = check(&app.db, None, Some(&redis), default_stale_after())
         .await
         .unwrap();
