@@ -383,12 +383,12 @@ async fn search_p99(app: &TestApp, words: &[String], n: usize) -> Duration {
     took[(n * 99).div_ceil(100) - 1]
 }
 
-/// Prints the search p99 on 10,000 products with the GIN index and without it, side by
-/// side, and proves PostgreSQL plans a selective search on the index. Run it alone:
-/// `cargo test --test api -- --ignored search_on_ten_thousand --nocapture`.
+/// Proves PostgreSQL plans a selective search on 10,000 products on the GIN index, and
+/// prints the search p99 through the API with the index and without it, side by side (a
+/// figure to read, not a timed assertion): `cargo test --test api -- search_on_ten_thousand
+/// --nocapture`.
 #[tokio::test]
-#[ignore = "a measurement; run it alone"]
-async fn search_on_ten_thousand_products_uses_the_index_and_stays_fast() {
+async fn search_on_ten_thousand_products_uses_the_index() {
     let app = spawn_app().await;
     let adjectives = [
         "Alpine",
@@ -478,17 +478,18 @@ async fn search_on_ten_thousand_products_uses_the_index_and_stays_fast() {
         );
     }
 
-    search_p99(&app, &words, 50).await; // warm up
-    let indexed = search_p99(&app, &words, 690).await;
+    const SEARCHES: usize = 200;
+    search_p99(&app, &words, 20).await; // warm up
+    let indexed = search_p99(&app, &words, SEARCHES).await;
     sqlx::query("drop index products_search")
         .execute(&app.db)
         .await
         .unwrap();
-    let scanned = search_p99(&app, &words, 690).await;
+    let scanned = search_p99(&app, &words, SEARCHES).await;
     println!(
         "search p99 over {} searches on 10,000 products, through the API: {indexed:?} with \
          the GIN index, {scanned:?} without (ratio without/with {:.2})",
-        690,
+        SEARCHES,
         scanned.as_secs_f64() / indexed.as_secs_f64()
     );
 }
