@@ -310,7 +310,14 @@ pub async fn check(
     ));
 
     // I7: the outbox — every order announced exactly once, and no announcement of an
-    // order that does not exist (one written by a transaction that rolled back).
+    // order that does not exist (one written by a transaction that rolled back). Not asked
+    // of a database migrated by a build that had no outbox (`stockade bench --server-exe`).
+    let has_outbox: bool = sqlx::query_scalar("select to_regclass('events') is not null")
+        .fetch_one(db)
+        .await?;
+    if !has_outbox {
+        return Ok(verdicts);
+    }
     let rows = sqlx::query_scalar::<_, String>(
         r#"select format('order %s has %s order.placed events', o.id, count(e.id))
              from orders o
