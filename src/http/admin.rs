@@ -206,13 +206,7 @@ pub fn register(cfg: &mut web::ServiceConfig) {
         (Method::POST, "/admin/login", web::post().to(post_login)),
         (Method::POST, "/admin/logout", web::post().to(post_logout)),
     ];
-    for (path, methods, list) in super::resources(open) {
-        let mut resource = web::resource(path).default_service(super::method_not_allowed(methods));
-        for route in list {
-            resource = resource.route(route);
-        }
-        cfg.service(resource);
-    }
+    super::register(cfg, open);
     // One resource per path, in the order listed (so `/products/new` wins over `{sku}`).
     for (path, methods, list) in super::resources(routes()) {
         let mut resource = web::resource(path)

@@ -222,7 +222,15 @@ fn public_routes() -> Vec<(Method, &'static str, actix_web::Route)> {
 /// taken for a SKU), then the public ones.
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.configure(admin::register);
-    for (path, methods, list) in resources(public_routes()) {
+    register(cfg, public_routes());
+}
+
+/// Registers `routes` as one resource per path, each answering 405 to other methods.
+pub fn register(
+    cfg: &mut web::ServiceConfig,
+    routes: Vec<(Method, &'static str, actix_web::Route)>,
+) {
+    for (path, methods, list) in resources(routes) {
         let mut resource = web::resource(path).default_service(method_not_allowed(methods));
         for route in list {
             resource = resource.route(route);
