@@ -17,6 +17,7 @@ mod images;
 mod limits;
 mod loadtest;
 mod orders;
+mod plans;
 mod process;
 mod security;
 mod shop;
