@@ -1,7 +1,8 @@
 //! Admin changes applied once per idempotency key, by [`idempotency::run`]: the stock
 //! forms, the cancel and release forms and the stock API claim a key (in the admin's own
-//! key space), run their change, and store its answer in the change's transaction; a form answers 303 to the page that shows the result, and that page
-//! finds the result again by `?done=<key>`.
+//! key space), run their change, and store its answer in the change's transaction. A form
+//! answers 303 to the page that shows the result, and that page finds the result again by
+//! `?done=<key>`; the API answers the stored JSON ([`super::api`]).
 
 use std::time::Duration;
 
