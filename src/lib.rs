@@ -1,15 +1,17 @@
 //! Stockade: an inventory and checkout-reservation web app that never oversells.
 //!
 //! Read in this order: [`startup`] wires everything, [`http`] holds every route,
-//! [`orders`] places orders, [`inventory`] guards stock, [`catalog`] describes what is for sale.
+//! [`checkout`] places orders and holds, [`inventory`] guards stock, [`catalog`] describes what is for sale.
 #![forbid(unsafe_code)]
 
 /// Admins: accounts, password hashes, sessions, login throttling.
 pub mod admin;
 /// `stockade bench`: the app's rates next to PostgreSQL's own (pgbench), one machine, one run.
 pub mod bench;
-/// What is for sale: products, SKUs, prices, the demo catalogue.
+/// What is for sale: products, SKUs, prices, pictures.
 pub mod catalog;
+/// Checkout: placing an order or a hold without overselling or doubling (the argument).
+pub mod checkout;
 /// Command-line interface: `serve`, `migrate`, `seed`.
 pub mod cli;
 /// API clients: their keys, rate-limit overrides, and what each may read.
@@ -37,12 +39,16 @@ pub mod loadtest;
 pub mod local;
 /// Redis: the shared connection and the per-SKU leases.
 pub mod locking;
+/// Which PostgreSQL failures are passing ones (worth a retry, or a 503).
+pub mod pg;
 /// Prometheus metrics of one process.
 pub mod metrics;
-/// Orders: parsing requests and placing them without overselling or doubling.
+/// Orders: placed orders, their lines, cancelling one.
 pub mod orders;
 /// Rate limits on placing orders and holds: GCRA in Redis, per process when Redis is away.
 pub mod ratelimit;
+/// The demo shop: its products, pictures and opening stock.
+pub mod seed;
 /// `Application::build`: pools, migrations, the HTTP server.
 pub mod startup;
 /// Tracing subscriber: pretty for people, JSON for machines.

@@ -602,7 +602,7 @@ where
     F: AsyncFnOnce(&PgPool) -> Result<Changed, E> + 'static,
 {
     let fingerprint = idempotency::Fingerprint::of(fingerprint);
-    let stale = orders::stale_after(&state.settings);
+    let stale = crate::checkout::stale_after(&state.settings);
     let db = state.db.clone();
     detached(async move {
         let deadline = Instant::now() + wait;
@@ -1669,7 +1669,7 @@ pub async fn post_cancel(
             {
                 Some(Cancelled::Now) => {
                     for line in &order.lines {
-                        shared.stock_changed(&line.sku()).await;
+                        shared.stock_changed(&line.sku).await;
                     }
                     "Order cancelled; its units are back in stock."
                 }

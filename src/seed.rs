@@ -1,10 +1,13 @@
-//! The demo catalogue: a dozen products a small desk-and-coffee shop might sell, with one
+//! The demo shop: a dozen products a small desk-and-coffee shop might sell, with one
 //! limited drop that sells out in seconds during a flash sale. Each product comes with a
-//! small picture of its own, drawn by a test in this module and committed.
+//! small picture of its own, drawn by a test in this module and committed, and its
+//! opening stock. It sits above [`crate::catalog`] (the products and pictures) and
+//! [`crate::inventory`] (the stock rows and their first ledger entries), which know
+//! nothing of it.
 
 use sqlx::PgPool;
 
-use super::{Sku, images};
+use crate::catalog::{Sku, images};
 use crate::inventory;
 
 /// `(sku, name, description, price in cents, units on hand)`.
@@ -161,51 +164,48 @@ pub async fn seed_demo(pool: &PgPool) -> anyhow::Result<usize> {
 const PICTURES: &[(&str, &[u8])] = &[
     (
         "KB-ALPINE-75",
-        include_bytes!("../../static/demo/KB-ALPINE-75.jpg"),
+        include_bytes!("../static/demo/KB-ALPINE-75.jpg"),
     ),
     (
         "KB-DROP-ORCA",
-        include_bytes!("../../static/demo/KB-DROP-ORCA.jpg"),
+        include_bytes!("../static/demo/KB-DROP-ORCA.jpg"),
     ),
     (
         "MS-DRIFT-WL",
-        include_bytes!("../../static/demo/MS-DRIFT-WL.jpg"),
+        include_bytes!("../static/demo/MS-DRIFT-WL.jpg"),
     ),
     (
         "DM-WALNUT-90",
-        include_bytes!("../../static/demo/DM-WALNUT-90.jpg"),
+        include_bytes!("../static/demo/DM-WALNUT-90.jpg"),
     ),
     (
         "LT-ARC-LAMP",
-        include_bytes!("../../static/demo/LT-ARC-LAMP.jpg"),
+        include_bytes!("../static/demo/LT-ARC-LAMP.jpg"),
     ),
     (
         "HP-STUDIO-01",
-        include_bytes!("../../static/demo/HP-STUDIO-01.jpg"),
+        include_bytes!("../static/demo/HP-STUDIO-01.jpg"),
     ),
     (
         "CF-KETTLE-GN",
-        include_bytes!("../../static/demo/CF-KETTLE-GN.jpg"),
+        include_bytes!("../static/demo/CF-KETTLE-GN.jpg"),
     ),
     (
         "CF-GRINDER-M",
-        include_bytes!("../../static/demo/CF-GRINDER-M.jpg"),
+        include_bytes!("../static/demo/CF-GRINDER-M.jpg"),
     ),
     (
         "CF-BEANS-ETH",
-        include_bytes!("../../static/demo/CF-BEANS-ETH.jpg"),
+        include_bytes!("../static/demo/CF-BEANS-ETH.jpg"),
     ),
     (
         "MG-STONE-350",
-        include_bytes!("../../static/demo/MG-STONE-350.jpg"),
+        include_bytes!("../static/demo/MG-STONE-350.jpg"),
     ),
-    (
-        "NB-DOT-A5",
-        include_bytes!("../../static/demo/NB-DOT-A5.jpg"),
-    ),
+    ("NB-DOT-A5", include_bytes!("../static/demo/NB-DOT-A5.jpg")),
     (
         "CB-BRAID-2M",
-        include_bytes!("../../static/demo/CB-BRAID-2M.jpg"),
+        include_bytes!("../static/demo/CB-BRAID-2M.jpg"),
     ),
 ];
 
