@@ -39,12 +39,12 @@ pub mod loadtest;
 pub mod local;
 /// Redis: the shared connection and the per-SKU leases.
 pub mod locking;
-/// Which PostgreSQL failures are passing ones (worth a retry, or a 503).
-pub mod pg;
 /// Prometheus metrics of one process.
 pub mod metrics;
 /// Orders: placed orders, their lines, cancelling one.
 pub mod orders;
+/// Which PostgreSQL failures are passing ones (worth a retry, or a 503).
+pub mod pg;
 /// Rate limits on placing orders and holds: GCRA in Redis, per process when Redis is away.
 pub mod ratelimit;
 /// The demo shop: its products, pictures and opening stock.

@@ -7,7 +7,8 @@
 //! cap, lines merged per SKU and sorted by it, contact details checked. Unknown SKUs are
 //! refused before anything is stored.
 //!
-//! **Placing** (in [`place`]) takes these steps, for an order and a hold alike:
+//! **Placing** (in `place.rs`) takes these steps, for an order and a hold alike; a
+//! [`Kind`](kind::Kind) (an order, a hold) says only what differs between the two:
 //!
 //! 1. *claim check*: a key already decided is answered from its record — the stored
 //!    answer replayed, 422 ([`OrderError::KeyReused`]) for another request under it,
@@ -16,7 +17,7 @@
 //!    so, stored under the key by one statement;
 //! 3. *leases* (strategy `redis-lock`): the SKUs' leases are taken all or nothing, in SKU
 //!    order, with a fence, and renewed while the transaction runs;
-//! 4. *transact*: one transaction, one commit — the key claimed, conditional decrements in
+//! 4. *transact* (`transact.rs`): one transaction, one commit — the key claimed, conditional decrements in
 //!    SKU order, the order or hold and its lines, the ledger rows, the outbox event, and
 //!    the key completed with the answer;
 //! 5. *release*: the leases are released by compare-and-delete.
@@ -34,7 +35,7 @@
 //! a request that dies leaves no claim behind. The answer (the order or hold, or the
 //! shortages) is stored in the same commit as the stock change, so a client told "placed"
 //! finds it placed after any crash, and one told nothing converges on retry: a request that
-//! timed out reads its key once more before answering ([`place`]'s `answer_or_settled`).
+//! timed out reads its key once more before answering (`decided.rs`: `answer_or_settled`).
 //! A replay returns the order or hold as it is now (it may have been confirmed or
 //! cancelled since). Should the key's record be purged, the key's unique column on the
 //! order or hold still refuses a second one.
@@ -48,9 +49,12 @@
 //! (answers for SKUs known sold out kept in Redis, copied into PostgreSQL).
 
 pub mod batch;
+mod decided;
+mod kind;
 mod place;
 mod request;
 pub mod sold_out;
+mod transact;
 
 use std::time::Duration;
 
@@ -149,7 +153,7 @@ pub async fn place_order(
     key: &IdempotencyKey,
     request: &OrderRequest,
 ) -> Result<OrderOutcome, OrderError> {
-    let keyed = place::Keyed::new(deps.settings, scope, key, request);
+    let keyed = decided::Keyed::new(deps.settings, scope, key, request);
     // A single-SKU order under `batched` goes straight to the process's queue: the
     // batch's transaction reads its key and its stock along with everyone else's.
     let placed =
@@ -159,10 +163,10 @@ pub async fn place_order(
             place::place::<Order>(deps, &keyed, request).await
         };
     let outcome = match &placed {
-        Ok(place::Outcome::Made { replayed: true, .. })
-        | Ok(place::Outcome::Insufficient { replayed: true, .. }) => "replayed",
-        Ok(place::Outcome::Made { .. }) => "placed",
-        Ok(place::Outcome::Insufficient { .. }) => "insufficient",
+        Ok(decided::Outcome::Made { replayed: true, .. })
+        | Ok(decided::Outcome::Insufficient { replayed: true, .. }) => "replayed",
+        Ok(decided::Outcome::Made { .. }) => "placed",
+        Ok(decided::Outcome::Insufficient { .. }) => "insufficient",
         Err(e) => e.outcome(),
     };
     deps.metrics.orders.with_label_values(&[outcome]).inc();
@@ -186,7 +190,7 @@ pub async fn place_hold(
             line.quantity.get()
         )));
     }
-    let keyed = place::Keyed::new(deps.settings, scope, key, request);
+    let keyed = decided::Keyed::new(deps.settings, scope, key, request);
     place::place::<Hold>(deps, &keyed, request)
         .await
         .map(HoldOutcome::from)

@@ -22,7 +22,6 @@ pub mod target;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-
 /// The kinds of event, as receivers see them in `type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventType {
