@@ -33,6 +33,9 @@ pub mod http;
 pub mod idempotency;
 /// Stock levels and the append-only ledger of every movement.
 pub mod inventory;
+/// The module graph, checked (tests only).
+#[cfg(test)]
+mod layering;
 /// The load tester, the invariant checker and the report.
 pub mod loadtest;
 /// Local mode: PostgreSQL and Redis as child processes.

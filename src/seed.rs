@@ -7,7 +7,7 @@
 
 use sqlx::PgPool;
 
-use crate::catalog::{Sku, images};
+use crate::catalog::{self, Sku, images};
 use crate::inventory;
 
 /// `(sku, name, description, price in cents, units on hand)`.
@@ -124,31 +124,21 @@ pub async fn seed_demo(pool: &PgPool) -> anyhow::Result<usize> {
     let mut added = 0;
     for &(sku, name, description, price_cents, on_hand) in DEMO_CATALOGUE {
         let sku = Sku::parse(sku)?;
-        let inserted = sqlx::query(
-            r#"insert into products (sku, name, description, price_cents, purchase_limit, category)
-               values ($1, $2, $3, $4, $5, $6)
-               on conflict (sku) do nothing"#,
-        )
-        .bind(sku.as_str())
-        .bind(name)
-        .bind(description)
-        .bind(price_cents)
-        .bind(
-            LIMITS
+        let product = catalog::db::NewProduct {
+            sku: &sku,
+            name,
+            description,
+            price_cents,
+            purchase_limit: LIMITS
                 .iter()
                 .find(|(s, _)| *s == sku.as_str())
                 .map(|(_, n)| *n),
-        )
-        .bind(
-            CATEGORIES
+            category: CATEGORIES
                 .iter()
                 .find(|(s, _)| *s == sku.as_str())
                 .map(|(_, c)| *c),
-        )
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if inserted == 1 {
+        };
+        if catalog::db::insert_product_if_new(&mut *tx, &product).await? {
             inventory::db::create_stock(&mut tx, &sku, on_hand, "seed").await?;
             added += 1;
         }
@@ -215,12 +205,7 @@ async fn seed_pictures(tx: &mut sqlx::Transaction<'_, sqlx::Postgres>) -> anyhow
         let sku = Sku::parse(sku)?;
         let picture =
             images::Processed::stored(image.to_vec(), image.to_vec(), DEMO_SIDE, DEMO_SIDE);
-        let has_one: bool =
-            sqlx::query_scalar("select exists (select 1 from product_images where sku = $1)")
-                .bind(sku.as_str())
-                .fetch_one(&mut **tx)
-                .await?;
-        if !has_one {
+        if !catalog::db::has_picture(&mut **tx, &sku).await? {
             images::save(&mut **tx, &sku, &picture, "seed").await?;
         }
     }

@@ -250,3 +250,67 @@ pub(super) async fn store_insufficient<K: Kind>(
         Some(found) => decided_elsewhere(deps, keyed, found).await,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use uuid::Uuid;
+
+    use super::*;
+    use crate::catalog::Sku;
+    use crate::holds::HoldState;
+    use crate::orders::{OrderLine, OrderStatus};
+
+    fn line() -> OrderLine {
+        OrderLine {
+            sku: Sku::parse("A-1").unwrap(),
+            name: "A thing".into(),
+            quantity: 2,
+            unit_price_cents: 150,
+        }
+    }
+
+    #[test]
+    fn a_record_is_read_back_by_its_shape_as_what_was_decided() {
+        let at = chrono::DateTime::from_timestamp_micros(1_700_000_000_123_456).unwrap();
+        let order = Order {
+            id: Uuid::new_v4(),
+            status: OrderStatus::Placed,
+            lines: vec![line()],
+            total_cents: 300,
+            email: Some("a@b.co".into()),
+            customer_name: None,
+            created_at: at,
+        };
+        match serde_json::from_value(Stored::made(&order).body).unwrap() {
+            Stored::Made(read) => assert_eq!(read, order),
+            Stored::<Order>::Insufficient { .. } => panic!("an order read back as shortages"),
+        }
+        let hold = Hold {
+            id: Uuid::new_v4(),
+            state: HoldState::Active,
+            expires_at: at,
+            lines: vec![line()],
+            total_cents: 300,
+            email: None,
+            customer_name: Some("Ada".into()),
+            order_id: None,
+        };
+        match serde_json::from_value(Stored::made(&hold).body).unwrap() {
+            Stored::Made(read) => assert_eq!(read, hold),
+            Stored::<Hold>::Insufficient { .. } => panic!("a hold read back as shortages"),
+        }
+        let short = vec![Shortage {
+            sku: "A-1".into(),
+            requested: 3,
+            available: 1,
+        }];
+        match serde_json::from_value(Stored::<Order>::insufficient(&short).body).unwrap() {
+            Stored::<Order>::Insufficient { shortages } => assert_eq!(shortages, short),
+            Stored::Made(_) => panic!("shortages read back as an order"),
+        }
+        match serde_json::from_value(Stored::<Hold>::insufficient(&short).body).unwrap() {
+            Stored::<Hold>::Insufficient { shortages } => assert_eq!(shortages, short),
+            Stored::Made(_) => panic!("shortages read back as a hold"),
+        }
+    }
+}

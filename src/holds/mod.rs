@@ -336,3 +336,19 @@ pub fn spawn_sweeper(db: PgPool, redis: Redis, interval: Duration) {
         }
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hold_state_is_stored_and_shown_by_a_name_its_column_allows() {
+        let names: Vec<String> = HoldState::ALL.iter().map(|s| s.as_str().into()).collect();
+        let allowed = crate::orders::tests::allowed("20261130000003_holds.sql", "state");
+        assert_eq!(names, allowed);
+        for s in HoldState::ALL {
+            assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
+            assert_eq!(s.to_string(), s.as_str());
+        }
+    }
+}

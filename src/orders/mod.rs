@@ -186,3 +186,45 @@ pub async fn cancel(
     tx.commit().await?;
     Ok(Some(Cancelled::Now))
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// The names a `check (column in (…))` constraint of `migration` allows.
+    pub(crate) fn allowed(migration: &str, column: &str) -> Vec<String> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("migrations")
+            .join(migration);
+        let sql = std::fs::read_to_string(path).unwrap();
+        let from = sql
+            .find(&format!("check ({column} in ("))
+            .expect("a check constraint");
+        let list = &sql[from..];
+        let list = &list[list.find("in (").unwrap() + 4..list.find(')').unwrap()];
+        list.split(',')
+            .map(|s| s.trim().trim_matches('\'').to_string())
+            .collect()
+    }
+
+    #[test]
+    fn an_order_status_is_stored_and_shown_by_a_name_its_column_allows() {
+        let names: Vec<String> = OrderStatus::ALL.iter().map(|s| s.as_str().into()).collect();
+        assert_eq!(names, allowed("20261130000002_orders.sql", "status"));
+        for s in OrderStatus::ALL {
+            assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
+            assert_eq!(s.to_string(), s.as_str());
+        }
+    }
+
+    #[test]
+    fn a_sku_from_json_is_checked_like_any_other_input() {
+        let line: OrderLine = serde_json::from_value(
+            serde_json::json!({"sku": "kb-1", "name": "K", "quantity": 1, "unit_price_cents": 5}),
+        )
+        .unwrap();
+        assert_eq!(line.sku.as_str(), "KB-1");
+        let bad = serde_json::json!({"sku": "no such", "name": "K", "quantity": 1, "unit_price_cents": 5});
+        assert!(serde_json::from_value::<OrderLine>(bad).is_err());
+    }
+}
