@@ -13,7 +13,7 @@ use crate::loadtest::{self, CheckArgs, LoadtestArgs};
 use crate::local::{LocalOptions, LocalServices};
 use crate::startup::{self, Application, connect_database};
 use crate::telemetry;
-use crate::{admin, catalog};
+use crate::{admin, seed};
 
 /// Stockade: inventory and checkout reservations that never oversell.
 #[derive(Debug, Parser)]
@@ -278,7 +278,7 @@ async fn run_server(
             .fetch_one(app.db())
             .await?;
         if products == 0 {
-            let added = catalog::seed_demo(app.db()).await?;
+            let added = seed::seed_demo(app.db()).await?;
             tracing::info!(added, "seeded the demo catalogue");
         }
     }
@@ -494,7 +494,7 @@ async fn migrate(settings: Settings) -> anyhow::Result<()> {
 async fn seed(settings: Settings) -> anyhow::Result<()> {
     startup::migrate(&settings).await?;
     let db = connect_database(&settings).await?;
-    let added = catalog::seed_demo(&db).await?;
+    let added = seed::seed_demo(&db).await?;
     println!("added {added} demo products");
     Ok(())
 }

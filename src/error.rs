@@ -218,25 +218,13 @@ pub fn is_check_violation(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("23514"))
 }
 
-/// Database failures that load or a passing fault causes, and a retry may not meet: no
-/// free connection, a timeout, a lock or serialisation conflict, a dropped connection.
-pub fn is_transient(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => true,
-        sqlx::Error::Database(db) => matches!(
-            db.code().as_deref(),
-            // query_canceled (statement timeout), lock_not_available, serialization_failure,
-            // deadlock_detected, too_many_connections, idle-in-transaction timeout,
-            // admin_shutdown, cannot_connect_now
-            Some("57014" | "55P03" | "40001" | "40P01" | "53300" | "25P03" | "57P01" | "57P03")
-        ),
-        _ => false,
-    }
-}
+/// Database failures that load or a passing fault causes (defined below the domain, which
+/// asks the same question).
+pub use crate::pg::is_transient;
 
-impl From<crate::orders::OrderError> for AppError {
-    fn from(e: crate::orders::OrderError) -> Self {
-        use crate::orders::OrderError as E;
+impl From<crate::checkout::OrderError> for AppError {
+    fn from(e: crate::checkout::OrderError) -> Self {
+        use crate::checkout::OrderError as E;
         match e {
             E::UnknownSkus(_) | E::KeyReused | E::OverCap(_) => {
                 Self::Unprocessable(sentence(&e.to_string()))
@@ -260,9 +248,15 @@ impl From<crate::orders::OrderError> for AppError {
     }
 }
 
-impl From<crate::orders::InvalidOrder> for AppError {
-    fn from(e: crate::orders::InvalidOrder) -> Self {
+impl From<crate::checkout::InvalidOrder> for AppError {
+    fn from(e: crate::checkout::InvalidOrder) -> Self {
         Self::Unprocessable(sentence(&e.0))
+    }
+}
+
+impl From<crate::text::InvalidText> for AppError {
+    fn from(e: crate::text::InvalidText) -> Self {
+        Self::Unprocessable(sentence(&e.to_string()))
     }
 }
 

@@ -1,15 +1,17 @@
 //! Stockade: an inventory and checkout-reservation web app that never oversells.
 //!
 //! Read in this order: [`startup`] wires everything, [`http`] holds every route,
-//! [`orders`] places orders, [`inventory`] guards stock, [`catalog`] describes what is for sale.
+//! [`checkout`] places orders and holds, [`inventory`] guards stock, [`catalog`] describes what is for sale.
 #![forbid(unsafe_code)]
 
 /// Admins: accounts, password hashes, sessions, login throttling.
 pub mod admin;
 /// `stockade bench`: the app's rates next to PostgreSQL's own (pgbench), one machine, one run.
 pub mod bench;
-/// What is for sale: products, SKUs, prices, the demo catalogue.
+/// What is for sale: products, SKUs, prices, pictures.
 pub mod catalog;
+/// Checkout: placing an order or a hold without overselling or doubling (the argument).
+pub mod checkout;
 /// Command-line interface: `serve`, `migrate`, `seed`.
 pub mod cli;
 /// API clients: their keys, rate-limit overrides, and what each may read.
@@ -31,6 +33,9 @@ pub mod http;
 pub mod idempotency;
 /// Stock levels and the append-only ledger of every movement.
 pub mod inventory;
+/// The module graph, checked (tests only).
+#[cfg(test)]
+mod layering;
 /// The load tester, the invariant checker and the report.
 pub mod loadtest;
 /// Local mode: PostgreSQL and Redis as child processes.
@@ -39,10 +44,14 @@ pub mod local;
 pub mod locking;
 /// Prometheus metrics of one process.
 pub mod metrics;
-/// Orders: parsing requests and placing them without overselling or doubling.
+/// Orders: placed orders, their lines, cancelling one.
 pub mod orders;
+/// Which PostgreSQL failures are passing ones (worth a retry, or a 503).
+pub mod pg;
 /// Rate limits on placing orders and holds: GCRA in Redis, per process when Redis is away.
 pub mod ratelimit;
+/// The demo shop: its products, pictures and opening stock.
+pub mod seed;
 /// `Application::build`: pools, migrations, the HTTP server.
 pub mod startup;
 /// Tracing subscriber: pretty for people, JSON for machines.

@@ -73,10 +73,10 @@ impl Application {
         spawn_purges(
             db.clone(),
             settings.idempotency_ttl_hours,
-            crate::orders::stale_after(&settings),
+            crate::checkout::stale_after(&settings),
         );
         crate::holds::spawn_sweeper(db.clone(), redis.clone(), settings.sweep_interval);
-        crate::orders::sold_out::spawn_drain(db.clone(), redis.clone());
+        crate::checkout::sold_out::spawn_drain(db.clone(), redis.clone());
         let settings = Arc::new(settings);
         let metrics = Arc::new(Metrics::new());
         let public_url = (settings.public_url.clone())
@@ -93,7 +93,7 @@ impl Application {
         let catalog = Arc::new(crate::catalog::cache::CatalogCache::new(
             settings.page_cache,
         ));
-        let batcher = Arc::new(crate::orders::Batcher::new(
+        let batcher = Arc::new(crate::checkout::Batcher::new(
             db.clone(),
             redis.clone(),
             settings.clone(),

@@ -65,12 +65,6 @@ pub fn keep_units_together(name: &str) -> String {
     out
 }
 
-impl From<InvalidText> for crate::error::AppError {
-    fn from(e: InvalidText) -> Self {
-        Self::Unprocessable(crate::error::sentence(&e.to_string()))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

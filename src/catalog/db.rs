@@ -164,3 +164,43 @@ pub async fn set_purchase_limit(
         .rows_affected();
     Ok(updated == 1)
 }
+
+/// A product to add, with no stock yet (its stock row is [`crate::inventory`]'s).
+pub struct NewProduct<'a> {
+    pub sku: &'a Sku,
+    pub name: &'a str,
+    pub description: &'a str,
+    pub price_cents: i64,
+    pub purchase_limit: Option<i32>,
+    pub category: Option<&'a str>,
+}
+
+/// Adds `product` unless one with its SKU exists; whether it was added.
+pub async fn insert_product_if_new(
+    db: impl sqlx::PgExecutor<'_>,
+    product: &NewProduct<'_>,
+) -> sqlx::Result<bool> {
+    let inserted = sqlx::query(
+        r#"insert into products (sku, name, description, price_cents, purchase_limit, category)
+           values ($1, $2, $3, $4, $5, $6)
+           on conflict (sku) do nothing"#,
+    )
+    .bind(product.sku.as_str())
+    .bind(product.name)
+    .bind(product.description)
+    .bind(product.price_cents)
+    .bind(product.purchase_limit)
+    .bind(product.category)
+    .execute(db)
+    .await?
+    .rows_affected();
+    Ok(inserted == 1)
+}
+
+/// Whether `sku` has a picture.
+pub async fn has_picture(db: impl sqlx::PgExecutor<'_>, sku: &Sku) -> sqlx::Result<bool> {
+    sqlx::query_scalar("select exists (select 1 from product_images where sku = $1)")
+        .bind(sku.as_str())
+        .fetch_one(db)
+        .await
+}

@@ -6,17 +6,25 @@ pub mod cache;
 pub mod db;
 pub mod images;
 pub mod manage;
-mod seed;
-
-pub use seed::{DEMO_CATALOGUE, seed_demo};
 
 use serde::Serialize;
 
 /// A stock-keeping unit: 2–32 characters of `A–Z`, `0–9` and `-`, starting with a letter or
 /// digit. Parsing upper-cases, so `/products/kb-alpine-75` finds `KB-ALPINE-75`.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+///
+/// Rows decode straight into it (`#[sqlx(transparent)]`): what the database holds passed
+/// this check on the way in. From JSON it is parsed like any other input.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, sqlx::Type)]
 #[serde(transparent)]
+#[sqlx(transparent)]
 pub struct Sku(String);
+
+impl<'de> serde::Deserialize<'de> for Sku {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = String::deserialize(d)?;
+        Self::parse(&raw).map_err(serde::de::Error::custom)
+    }
+}
 
 /// Why a SKU was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

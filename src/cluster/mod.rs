@@ -406,7 +406,7 @@ async fn prepare_database(url: &str) -> anyhow::Result<Option<String>> {
         .fetch_one(&db)
         .await?;
     if products == 0 {
-        crate::catalog::seed_demo(&db).await?;
+        crate::seed::seed_demo(&db).await?;
     }
     let mut password = None;
     if crate::admin::count_admins(&db).await? == 0 {

@@ -250,7 +250,7 @@ impl Dispatcher {
                 true,
             );
         };
-        let order: crate::orders::Order = match serde_json::from_value(claimed.payload.clone()) {
+        let order: super::mail::Receipt = match serde_json::from_value(claimed.payload.clone()) {
             Ok(order) => order,
             Err(e) => return failed(format!("the event is not an order: {e}"), false),
         };

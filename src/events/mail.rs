@@ -7,6 +7,9 @@
 //! Delivery is at least once: the message's `Message-ID` is derived from the event id,
 //! so a receipt sent twice (a dispatcher died after SMTP accepted it) is the same message
 //! to mail clients, and the folder keeps one file per event.
+//!
+//! A receipt is rendered from the event's payload (a [`Receipt`]), the same document a
+//! webhook receiver gets, not from the order's row: mail is one more receiver.
 
 use std::path::{Path, PathBuf};
 
@@ -15,13 +18,55 @@ use lettre::message::{Mailbox, MultiPart};
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 use uuid::Uuid;
 
+use crate::catalog::format_cents;
 use crate::config::Settings;
-use crate::orders::Order;
+
+/// An `order.placed` payload, as much of it as a receipt shows.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct Receipt {
+    pub id: Uuid,
+    pub status: String,
+    pub lines: Vec<ReceiptLine>,
+    pub total_cents: i64,
+    pub email: Option<String>,
+    pub customer_name: Option<String>,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// One line of a receipt.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct ReceiptLine {
+    pub sku: String,
+    pub name: String,
+    pub quantity: i32,
+    pub unit_price_cents: i64,
+}
+
+impl Receipt {
+    /// The order's short reference for people: the first 8 characters of its id.
+    pub fn reference(&self) -> String {
+        self.id.simple().to_string()[..8].to_uppercase()
+    }
+
+    pub fn total(&self) -> String {
+        format_cents(self.total_cents)
+    }
+}
+
+impl ReceiptLine {
+    pub fn unit_price(&self) -> String {
+        format_cents(self.unit_price_cents)
+    }
+
+    pub fn line_total(&self) -> String {
+        format_cents(self.unit_price_cents * i64::from(self.quantity))
+    }
+}
 
 #[derive(Template)]
 #[template(path = "mail/receipt.txt")]
 struct ReceiptText<'a> {
-    order: &'a Order,
+    order: &'a Receipt,
     link: &'a str,
     shop: &'a str,
 }
@@ -29,7 +74,7 @@ struct ReceiptText<'a> {
 #[derive(Template)]
 #[template(path = "mail/receipt.html")]
 struct ReceiptHtml<'a> {
-    order: &'a Order,
+    order: &'a Receipt,
     link: &'a str,
     shop: &'a str,
 }
@@ -89,7 +134,7 @@ impl Mailer {
     }
 
     /// Sends the receipt for `order` (from event `event_id`); what the server said.
-    pub async fn send_receipt(&self, event_id: Uuid, order: &Order) -> Result<String, MailError> {
+    pub async fn send_receipt(&self, event_id: Uuid, order: &Receipt) -> Result<String, MailError> {
         let (from, public_url) = match self {
             Self::Smtp {
                 from, public_url, ..
@@ -124,7 +169,7 @@ fn receipt(
     from: &Mailbox,
     public_url: &str,
     event_id: Uuid,
-    order: &Order,
+    order: &Receipt,
 ) -> Result<Message, MailError> {
     let email = order
         .email

@@ -22,9 +22,6 @@ pub mod target;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::holds::Hold;
-use crate::orders::Order;
-
 /// The kinds of event, as receivers see them in `type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventType {
@@ -78,7 +75,10 @@ impl std::fmt::Display for EventType {
     }
 }
 
-/// An event to record: its type and its payload (`data` in what receivers get).
+/// An event to record: its type and its payload (`data` in what receivers get). The
+/// events whose payload is a whole order or hold are built beside those types
+/// (`order_placed` in [`crate::orders`], `hold_placed` in [`crate::holds`]), so this
+/// module, which delivers events, needs nothing of the modules that record them.
 #[derive(Debug, Clone)]
 pub struct Event {
     pub kind: EventType,
@@ -86,30 +86,10 @@ pub struct Event {
 }
 
 impl Event {
-    /// `order.placed`: the order as the API shows it, with `order_id`.
-    pub fn order_placed(order: &Order) -> Self {
-        let mut payload = serde_json::to_value(order).expect("orders serialise");
-        payload["order_id"] = json!(order.id);
-        Self {
-            kind: EventType::OrderPlaced,
-            payload,
-        }
-    }
-
     pub fn order_cancelled(order_id: Uuid, actor: &str, note: &str) -> Self {
         Self {
             kind: EventType::OrderCancelled,
             payload: json!({ "order_id": order_id, "actor": actor, "note": note }),
-        }
-    }
-
-    /// `hold.placed`: the hold as the API shows it, with `hold_id`.
-    pub fn hold_placed(hold: &Hold) -> Self {
-        let mut payload = serde_json::to_value(hold).expect("holds serialise");
-        payload["hold_id"] = json!(hold.id);
-        Self {
-            kind: EventType::HoldPlaced,
-            payload,
         }
     }
 

@@ -4,7 +4,8 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::Hold;
+use super::{Hold, HoldState};
+use crate::catalog::Sku;
 use crate::orders::OrderLine;
 
 /// Inserts a hold and its lines; it expires `ttl` from now by the database's clock (the
@@ -25,7 +26,7 @@ pub async fn insert_hold(
         returning expires_at"#,
     )
     .bind(hold.id)
-    .bind(&hold.state)
+    .bind(hold.state)
     .bind(ttl.as_secs_f64())
     .bind(&hold.email)
     .bind(&hold.customer_name)
@@ -61,7 +62,7 @@ pub async fn is_live(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<bool> {
 #[derive(sqlx::FromRow)]
 struct HoldRow {
     id: Uuid,
-    state: String,
+    state: HoldState,
     expires_at: DateTime<Utc>,
     email: Option<String>,
     customer_name: Option<String>,
@@ -148,7 +149,7 @@ pub async fn pass_shopper(
 pub async fn set_state(
     conn: &mut PgConnection,
     id: Uuid,
-    state: &str,
+    state: HoldState,
     order_id: Option<Uuid>,
 ) -> sqlx::Result<()> {
     sqlx::query("update holds set state = $2, order_id = $3, updated_at = now() where id = $1")
@@ -175,11 +176,21 @@ pub async fn claim_expired(conn: &mut PgConnection, limit: i64) -> sqlx::Result<
     .await
 }
 
-/// Lines of `holds`, per hold and SKU.
+/// Marks locked holds expired.
+pub async fn expire_many(conn: &mut PgConnection, ids: &[Uuid]) -> sqlx::Result<()> {
+    sqlx::query("update holds set state = $2, updated_at = now() where id = any($1)")
+        .bind(ids)
+        .bind(HoldState::Expired)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Lines of `holds`, per hold and SKU: `(hold, sku, quantity)`.
 pub async fn lines_of_many(
     conn: &mut PgConnection,
     holds: &[Uuid],
-) -> sqlx::Result<Vec<(Uuid, String, i32)>> {
+) -> sqlx::Result<Vec<(Uuid, Sku, i32)>> {
     sqlx::query_as("select hold_id, sku, quantity from hold_lines where hold_id = any($1)")
         .bind(holds)
         .fetch_all(conn)
@@ -197,7 +208,7 @@ pub async fn active_holds(pool: &PgPool, limit: i64) -> sqlx::Result<Vec<Hold>> 
     .await?;
     // All their lines in one query, not one per hold.
     let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
-    let mut lines: Vec<(Uuid, OrderLine)> = sqlx::query_as::<_, (Uuid, String, String, i32, i64)>(
+    let mut lines: Vec<(Uuid, OrderLine)> = sqlx::query_as::<_, (Uuid, Sku, String, i32, i64)>(
         r#"select l.hold_id, l.sku, p.name, l.quantity, l.unit_price_cents
              from hold_lines l join products p on p.sku = l.sku
             where l.hold_id = any($1)

@@ -1,6 +1,8 @@
-//! Checkout holds. A hold reserves stock for a shopper for a while:
-//! placing one goes through the same idempotency, leases and conditional update as an
-//! order ([`crate::orders::place_hold`]), with `reserved += q` instead of `on_hand −= q`.
+//! Checkout holds: the `holds` rows, and every change of a hold's state. A hold reserves
+//! stock for a shopper for a while; it is placed by [`crate::checkout::place_hold`] (the
+//! same idempotency, leases and conditional update as an order, with `reserved += q`
+//! instead of `on_hand −= q`). Every stock change here goes through
+//! [`crate::inventory::db`], with its ledger row.
 //!
 //! A hold then changes state exactly once, under its row lock:
 //! - **confirm** turns it into an order (`reserved −= q, on_hand −= q`, order, ledger, one
@@ -13,7 +15,6 @@
 pub mod db;
 pub mod reports;
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -21,18 +22,50 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::catalog::{Sku, format_cents};
+use crate::catalog::format_cents;
 use crate::events::{self, Event};
-use crate::inventory::db::{Take, sell_reserved, take_stock, unreserve};
+use crate::inventory::db::{Take, sell_reserved, take_stock, unreserve, unreserve_many};
 use crate::locking::Redis;
-use crate::orders::{Order, OrderLine, Shortage};
+use crate::orders::{Order, OrderLine, OrderStatus, Shortage, text_column};
+
+/// Where a hold stands (`holds.state`). It leaves `Active` once, under its row lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HoldState {
+    /// Its stock is reserved (until `expires_at`; the sweeper then expires it).
+    Active,
+    /// It became an order.
+    Confirmed,
+    /// The shopper cancelled it; its stock went back.
+    Released,
+    /// It ran out of time; its stock went back.
+    Expired,
+}
+
+impl HoldState {
+    pub const ALL: [Self; 4] = [Self::Active, Self::Confirmed, Self::Released, Self::Expired];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Active => "active",
+            Self::Confirmed => "confirmed",
+            Self::Released => "released",
+            Self::Expired => "expired",
+        }
+    }
+
+    pub fn is_released(self) -> bool {
+        self == Self::Released
+    }
+}
+
+text_column!(HoldState);
 
 /// A hold as pages and the API show it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Hold {
     pub id: Uuid,
-    /// `active`, `confirmed`, `released` or `expired`.
-    pub state: String,
+    pub state: HoldState,
     pub expires_at: DateTime<Utc>,
     pub lines: Vec<OrderLine>,
     pub total_cents: i64,
@@ -55,11 +88,24 @@ impl Hold {
     }
 
     pub fn is_active(&self) -> bool {
-        self.state == "active" && self.expires_at > Utc::now()
+        self.state == HoldState::Active && self.expires_at > Utc::now()
     }
 
     pub fn total(&self) -> String {
         format_cents(self.total_cents)
+    }
+}
+
+/// `hold.placed`, built here so that [`crate::events`] needs nothing of this module.
+impl Event {
+    /// `hold.placed`: the hold as the API shows it, with `hold_id`.
+    pub fn hold_placed(hold: &Hold) -> Self {
+        let mut payload = serde_json::to_value(hold).expect("holds serialise");
+        payload["hold_id"] = serde_json::json!(hold.id);
+        Self {
+            kind: events::EventType::HoldPlaced,
+            payload,
+        }
     }
 }
 
@@ -98,8 +144,8 @@ pub async fn confirm(
     let hold = db::lock_hold(&mut tx, id)
         .await?
         .ok_or(HoldError::NotFound)?;
-    match hold.state.as_str() {
-        "confirmed" => {
+    match hold.state {
+        HoldState::Confirmed => {
             tx.rollback().await?;
             let order_id = hold.order_id.expect("confirmed holds have an order");
             let order = crate::orders::db::find_order(db, order_id)
@@ -110,8 +156,8 @@ pub async fn confirm(
                 replayed: true,
             });
         }
-        "released" => return Err(HoldError::Released),
-        _ => {}
+        HoldState::Released => return Err(HoldError::Released),
+        HoldState::Active | HoldState::Expired => {}
     }
 
     let order_id = Uuid::new_v4();
@@ -120,8 +166,8 @@ pub async fn confirm(
     if live {
         // Lines are sorted by SKU, like every other writer of stock rows.
         for line in &hold.lines {
-            let sku = line.sku();
-            if !sell_reserved(&mut tx, &sku, line.quantity, &reference, "shopper").await? {
+            let sku = &line.sku;
+            if !sell_reserved(&mut tx, sku, line.quantity, &reference, "shopper").await? {
                 return Err(HoldError::Database(sqlx::Error::Protocol(format!(
                     "hold {id} has fewer than {} units of {sku} reserved",
                     line.quantity
@@ -130,12 +176,12 @@ pub async fn confirm(
         }
     } else {
         // Expired: return what it still reserves, then buy from free stock like a new order.
-        if hold.state == "active" {
+        if hold.state == HoldState::Active {
             for line in &hold.lines {
-                let sku = line.sku();
+                let sku = &line.sku;
                 unreserve(
                     &mut tx,
-                    &sku,
+                    sku,
                     line.quantity,
                     "expire",
                     &id.to_string(),
@@ -146,12 +192,12 @@ pub async fn confirm(
         }
         let mut shortages = Vec::new();
         for line in &hold.lines {
-            let sku = line.sku();
+            let sku = &line.sku;
             if let Take::Short { available } =
-                take_stock(&mut tx, &sku, line.quantity, None, &reference, "shopper").await?
+                take_stock(&mut tx, sku, line.quantity, None, &reference, "shopper").await?
             {
                 shortages.push(Shortage {
-                    sku: line.sku.clone(),
+                    sku: line.sku.to_string(),
                     requested: line.quantity,
                     available: available.max(0),
                 });
@@ -166,7 +212,7 @@ pub async fn confirm(
 
     let order = Order {
         id: order_id,
-        status: "placed".into(),
+        status: OrderStatus::Placed,
         lines: hold.lines.clone(),
         total_cents: hold.total_cents,
         email: email.map(str::to_string).or(hold.email.clone()),
@@ -177,7 +223,7 @@ pub async fn confirm(
     crate::orders::db::insert_order(&mut tx, &order, "hold", &id.to_string(), &[]).await?;
     // The order counts against purchase limits for whoever placed the hold.
     db::pass_shopper(&mut tx, id, order_id).await?;
-    db::set_state(&mut tx, id, "confirmed", Some(order_id)).await?;
+    db::set_state(&mut tx, id, HoldState::Confirmed, Some(order_id)).await?;
     events::db::record(&mut tx, Event::order_placed(&order)).await?;
     events::db::record(&mut tx, Event::hold_confirmed(id, order_id)).await?;
     tx.commit().await?;
@@ -208,16 +254,18 @@ pub async fn release(
     let hold = db::lock_hold(&mut tx, id)
         .await?
         .ok_or(HoldError::NotFound)?;
-    match hold.state.as_str() {
-        "confirmed" => return Err(HoldError::AlreadyConfirmed(hold.order_id.unwrap_or(id))),
-        "released" | "expired" => return Ok(Released::Already),
-        _ => {}
+    match hold.state {
+        HoldState::Confirmed => {
+            return Err(HoldError::AlreadyConfirmed(hold.order_id.unwrap_or(id)));
+        }
+        HoldState::Released | HoldState::Expired => return Ok(Released::Already),
+        HoldState::Active => {}
     }
     for line in &hold.lines {
-        let sku = line.sku();
+        let sku = &line.sku;
         unreserve(
             &mut tx,
-            &sku,
+            sku,
             line.quantity,
             "release",
             &id.to_string(),
@@ -225,12 +273,12 @@ pub async fn release(
         )
         .await?;
     }
-    db::set_state(&mut tx, id, "released", None).await?;
+    db::set_state(&mut tx, id, HoldState::Released, None).await?;
     events::db::record(&mut tx, Event::hold_released(id, actor)).await?;
     tx.commit().await?;
     if let Some(redis) = redis {
         for line in &hold.lines {
-            redis.clear_sold_out(&line.sku()).await;
+            redis.clear_sold_out(&line.sku).await;
         }
     }
     Ok(Released::Now)
@@ -245,46 +293,16 @@ pub async fn sweep_batch(db: &PgPool, redis: &Redis, batch: i64) -> sqlx::Result
         return Ok(0);
     }
     let lines = db::lines_of_many(&mut tx, &ids).await?;
-    // One update per SKU, in SKU order (the order every writer locks stock rows in).
-    let mut per_sku: BTreeMap<String, i32> = BTreeMap::new();
-    for (_, sku, quantity) in &lines {
-        *per_sku.entry(sku.clone()).or_default() += quantity;
-    }
-    for (sku, quantity) in &per_sku {
-        sqlx::query("update stock set reserved = reserved - $2, updated_at = now() where sku = $1")
-            .bind(sku)
-            .bind(quantity)
-            .execute(&mut *tx)
-            .await?;
-    }
-    // One ledger row per hold line.
-    let skus: Vec<&str> = lines.iter().map(|(_, s, _)| s.as_str()).collect();
-    let deltas: Vec<i32> = lines.iter().map(|(_, _, q)| -q).collect();
-    let references: Vec<String> = lines.iter().map(|(h, _, _)| h.to_string()).collect();
-    sqlx::query(
-        r#"insert into stock_movements (sku, delta, reserved_delta, reason, reference, actor)
-           select sku, 0, d, 'expire', r, 'sweeper'
-             from unnest($1::text[], $2::int[], $3::text[]) as t(sku, d, r)"#,
-    )
-    .bind(skus)
-    .bind(deltas)
-    .bind(references)
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query("update holds set state = 'expired', updated_at = now() where id = any($1)")
-        .bind(&ids)
-        .execute(&mut *tx)
-        .await?;
+    let skus = unreserve_many(&mut tx, &lines, "expire", "sweeper").await?;
+    db::expire_many(&mut tx, &ids).await?;
     let expired = ids
         .iter()
         .map(|id| Event::hold_expired(*id).payload)
         .collect();
     events::db::record_many(&mut tx, events::EventType::HoldExpired, expired).await?;
     tx.commit().await?;
-    for sku in per_sku.keys() {
-        if let Ok(sku) = Sku::parse(sku) {
-            redis.clear_sold_out(&sku).await;
-        }
+    for sku in &skus {
+        redis.clear_sold_out(sku).await;
     }
     Ok(ids.len())
 }
@@ -318,4 +336,20 @@ pub fn spawn_sweeper(db: PgPool, redis: Redis, interval: Duration) {
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hold_state_is_stored_and_shown_by_a_name_its_column_allows() {
+        let names: Vec<String> = HoldState::ALL.iter().map(|s| s.as_str().into()).collect();
+        let allowed = crate::orders::tests::allowed("20261130000003_holds.sql", "state");
+        assert_eq!(names, allowed);
+        for s in HoldState::ALL {
+            assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
+            assert_eq!(s.to_string(), s.as_str());
+        }
+    }
 }

@@ -14,11 +14,12 @@ use super::limits::{self, limit_placement};
 use super::middleware::problem_response;
 use super::{AppState, detached};
 use crate::catalog::{ProductView, Sku};
+use crate::checkout::{self, HoldOutcome, OrderOutcome, OrderRequest, Shopper};
 use crate::clients::{self, Caller};
 use crate::error::AppError;
 use crate::holds;
 use crate::idempotency::{IdempotencyKey, Scope};
-use crate::orders::{self, OrderRequest, Placement, Shopper, Shortage};
+use crate::orders::{self, Shortage};
 
 /// Header that marks a response replayed from an idempotency record.
 pub const REPLAYED_HEADER: &str = "Idempotency-Replayed";
@@ -169,33 +170,47 @@ async fn place(
     let placement = detached(async move {
         let deps = state.order_deps();
         match scope {
-            Scope::ApiHold => orders::place_hold(deps, scope, &key, &request).await,
-            _ => orders::place_order(deps, scope, &key, &request).await,
+            Scope::ApiHold => checkout::place_hold(deps, scope, &key, &request)
+                .await
+                .map(Placement::Hold),
+            _ => checkout::place_order(deps, scope, &key, &request)
+                .await
+                .map(Placement::Order),
         }
     })
     .await??;
     Ok(placement_response(&req, placement))
 }
 
+/// What `place` decided, an order's outcome or a hold's.
+enum Placement {
+    Order(OrderOutcome),
+    Hold(HoldOutcome),
+}
+
 /// 201 with the order or hold and its `Location`, or 409 naming each short SKU.
 fn placement_response(req: &HttpRequest, placement: Placement) -> HttpResponse {
     let (mut res, replayed) = match placement {
-        Placement::Placed { order, replayed } => (
+        Placement::Order(OrderOutcome::Placed { order, replayed }) => (
             HttpResponse::Created()
                 .insert_header((header::LOCATION, format!("/api/v1/orders/{}", order.id)))
                 .json(order),
             replayed,
         ),
-        Placement::Held { hold, replayed } => (
+        Placement::Hold(HoldOutcome::Held { hold, replayed }) => (
             HttpResponse::Created()
                 .insert_header((header::LOCATION, format!("/api/v1/holds/{}", hold.id)))
                 .json(hold),
             replayed,
         ),
-        Placement::Insufficient {
+        Placement::Order(OrderOutcome::Insufficient {
             shortages,
             replayed,
-        } => (insufficient(req, &shortages), replayed),
+        })
+        | Placement::Hold(HoldOutcome::Insufficient {
+            shortages,
+            replayed,
+        }) => (insufficient(req, &shortages), replayed),
     };
     if replayed {
         res.headers_mut().insert(

@@ -23,10 +23,10 @@ use actix_web::http::Method;
 use actix_web::{HttpRequest, web};
 use sqlx::PgPool;
 
+use crate::checkout::OrderDeps;
 use crate::config::{OrderStrategy, Settings};
 use crate::locking::Redis;
 use crate::metrics::Metrics;
-use crate::orders::OrderDeps;
 
 /// Shared by every request; built once in [`crate::startup::Application::build`].
 pub struct AppState {
@@ -35,7 +35,7 @@ pub struct AppState {
     pub settings: Arc<Settings>,
     pub metrics: Arc<Metrics>,
     /// The `batched` strategy's queue and its leader.
-    pub batcher: Arc<crate::orders::Batcher>,
+    pub batcher: Arc<crate::checkout::Batcher>,
     /// What the storefront pages read, kept for a moment.
     pub catalog: Arc<crate::catalog::cache::CatalogCache>,
     /// The bound address of the metrics listener (`STOCKADE_METRICS_LISTEN`), if any.

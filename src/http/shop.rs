@@ -18,12 +18,11 @@ use uuid::Uuid;
 
 use super::{AppState, Chrome, csrf, detached, html, see_other};
 use crate::catalog::{Sku, format_cents};
+use crate::checkout::{self, HoldOutcome, MAX_LINES, OrderError, OrderRequest, Quantity, Shopper};
 use crate::error::AppError;
 use crate::holds::{self, Hold, HoldError};
 use crate::idempotency::{IdempotencyKey, Scope};
-use crate::orders::{
-    self, MAX_LINES, Order, OrderError, OrderRequest, Placement, Quantity, Shopper, Shortage,
-};
+use crate::orders::{self, Order, Shortage};
 
 /// Most units of one product a cart line may carry.
 const MAX_CART_QUANTITY: i32 = 10_000;
@@ -318,10 +317,10 @@ pub async fn post_checkout(
     let shared = state.clone().into_inner();
     let placement = detached(async move {
         let deadline =
-            Instant::now() + orders::stale_after(&shared.settings) + Duration::from_secs(1);
+            Instant::now() + checkout::stale_after(&shared.settings) + Duration::from_secs(1);
         let mut pause = Duration::from_millis(20);
         loop {
-            match orders::place_hold(shared.order_deps(), Scope::Page, &key, &request).await {
+            match checkout::place_hold(shared.order_deps(), Scope::Page, &key, &request).await {
                 Err(OrderError::InFlight) if Instant::now() < deadline => {
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_millis(500));
@@ -340,9 +339,8 @@ pub async fn post_checkout(
         other => other?,
     };
     match placement {
-        Placement::Held { hold, .. } => Ok(see_other(&format!("/checkout/{}", hold.id))),
-        Placement::Placed { order, .. } => Ok(see_other(&format!("/orders/{}", order.id))),
-        Placement::Insufficient { shortages, .. } => {
+        HoldOutcome::Held { hold, .. } => Ok(see_other(&format!("/checkout/{}", hold.id))),
+        HoldOutcome::Insufficient { shortages, .. } => {
             let message = "Some products are no longer available in the quantity you chose.";
             let page = cart_page(&req, &state, Some(message.into()), shortages).await?;
             html(StatusCode::CONFLICT, &page)

@@ -237,6 +237,44 @@ pub async fn unreserve(
     Ok(changed == 1)
 }
 
+/// Returns reserved units to sale for many `(reference, sku, quantity)` lines at once (the
+/// sweeper's expired holds): one update per SKU, in SKU order (the order every writer locks
+/// stock rows in), and one ledger row per line. Returns the SKUs changed.
+pub async fn unreserve_many(
+    conn: &mut PgConnection,
+    lines: &[(uuid::Uuid, Sku, i32)],
+    reason: &str,
+    actor: &str,
+) -> sqlx::Result<Vec<Sku>> {
+    let mut per_sku: std::collections::BTreeMap<&Sku, i32> = Default::default();
+    for (_, sku, quantity) in lines {
+        *per_sku.entry(sku).or_default() += quantity;
+    }
+    for (sku, quantity) in &per_sku {
+        sqlx::query("update stock set reserved = reserved - $2, updated_at = now() where sku = $1")
+            .bind(sku.as_str())
+            .bind(quantity)
+            .execute(&mut *conn)
+            .await?;
+    }
+    let skus: Vec<&str> = lines.iter().map(|(_, s, _)| s.as_str()).collect();
+    let deltas: Vec<i32> = lines.iter().map(|(_, _, q)| -q).collect();
+    let references: Vec<String> = lines.iter().map(|(r, _, _)| r.to_string()).collect();
+    sqlx::query(
+        r#"insert into stock_movements (sku, delta, reserved_delta, reason, reference, actor)
+           select sku, 0, d, $4, r, $5
+             from unnest($1::text[], $2::int[], $3::text[]) as t(sku, d, r)"#,
+    )
+    .bind(skus)
+    .bind(deltas)
+    .bind(references)
+    .bind(reason)
+    .bind(actor)
+    .execute(&mut *conn)
+    .await?;
+    Ok(per_sku.into_keys().cloned().collect())
+}
+
 /// After the retries: report what is available now (stock keeps moving; say so honestly).
 async fn why_not_final(conn: &mut PgConnection, sku: &Sku) -> sqlx::Result<Take> {
     let available: i32 = sqlx::query_scalar("select on_hand - reserved from stock where sku = $1")

@@ -92,7 +92,7 @@ pub struct RedisTarget {
 /// How long the servers trust an in-flight idempotency record, with default settings: a
 /// record older than this when all is quiet belongs to a request that died (I6).
 pub fn default_stale_after() -> Duration {
-    crate::orders::stale_after(&Settings::default())
+    crate::checkout::stale_after(&Settings::default())
 }
 
 /// Keys the client was given contradicting definite answers for: created under two ids, or

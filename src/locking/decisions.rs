@@ -16,7 +16,7 @@
 //! - [`Redis::take_drained`] pops answers to copy into PostgreSQL, which every process
 //!   does every second; a copy that fails is put back with [`Redis::requeue`].
 //!
-//! Records here are opaque strings; `crate::orders::sold_out` gives them meaning.
+//! Records here are opaque strings; `crate::checkout::sold_out` gives them meaning.
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::{Order, OrderLine};
+use super::{Order, OrderLine, OrderStatus};
 use crate::catalog::Sku;
 
 /// A product an order refers to, with its current price and availability.
@@ -52,7 +52,7 @@ pub async fn insert_order(
            values ($1, $2, $3, $4, $5, $6, $7, $8, $9)"#,
     )
     .bind(order.id)
-    .bind(&order.status)
+    .bind(order.status)
     .bind(&order.customer_name)
     .bind(&order.email)
     .bind(order.total_cents)
@@ -114,7 +114,7 @@ pub async fn bought_by(
 #[derive(sqlx::FromRow)]
 struct OrderRow {
     id: Uuid,
-    status: String,
+    status: OrderStatus,
     total_cents: i64,
     email: Option<String>,
     customer_name: Option<String>,
@@ -161,6 +161,37 @@ pub async fn order_for_key(pool: &PgPool, scope: &str, key: &str) -> sqlx::Resul
     .bind(key)
     .fetch_optional(pool)
     .await
+}
+
+/// The status of order `id`, its row locked until the transaction ends (cancels of one
+/// order serialise on this lock); `None` when there is no such order.
+pub async fn lock_status(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<Option<OrderStatus>> {
+    sqlx::query_scalar("select status from orders where id = $1 for update")
+        .bind(id)
+        .fetch_optional(conn)
+        .await
+}
+
+/// The units of each SKU in order `id`, in SKU byte order (collate "C", as Rust sorts
+/// SKUs): every writer locks stock rows in the same order, whatever the database's
+/// default collation.
+pub async fn lines_to_restock(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<Vec<(Sku, i32)>> {
+    sqlx::query_as(
+        r#"select sku, quantity from order_lines where order_id = $1 order by sku collate "C""#,
+    )
+    .bind(id)
+    .fetch_all(conn)
+    .await
+}
+
+/// Marks a locked order cancelled.
+pub async fn set_cancelled(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<()> {
+    sqlx::query("update orders set status = $2 where id = $1")
+        .bind(id)
+        .bind(OrderStatus::Cancelled)
+        .execute(conn)
+        .await?;
+    Ok(())
 }
 
 /// An order as the admin list shows it.

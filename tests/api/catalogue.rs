@@ -1,4 +1,4 @@
-use stockade::catalog::DEMO_CATALOGUE;
+use stockade::seed::DEMO_CATALOGUE;
 
 use crate::helpers::{fresh_database, spawn_app};
 

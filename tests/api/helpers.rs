@@ -309,7 +309,7 @@ impl TestApp {
 
     /// Adds the demo catalogue to this test's database.
     pub async fn seed_demo(&self) {
-        stockade::catalog::seed_demo(&self.db).await.unwrap();
+        stockade::seed::seed_demo(&self.db).await.unwrap();
     }
 
     /// Adds one product with `on_hand` units.

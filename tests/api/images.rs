@@ -276,7 +276,7 @@ async fn every_demo_product_shows_a_picture_of_its_own() {
     app.seed_demo().await;
     let (_, html) = app.get_text("/").await;
     let mut etags = std::collections::HashSet::new();
-    for (sku, ..) in stockade::catalog::DEMO_CATALOGUE {
+    for (sku, ..) in stockade::seed::DEMO_CATALOGUE {
         assert!(
             html.contains(&format!("src=\"/products/{sku}/thumb?v=")),
             "{sku}"
@@ -286,7 +286,7 @@ async fn every_demo_product_shows_a_picture_of_its_own() {
         etags.insert(res.headers()["etag"].to_str().unwrap().to_string());
         image::load_from_memory(&res.bytes().await.unwrap()).unwrap();
     }
-    assert_eq!(etags.len(), stockade::catalog::DEMO_CATALOGUE.len());
+    assert_eq!(etags.len(), stockade::seed::DEMO_CATALOGUE.len());
     assert!(
         !html.contains(r#"class="card-art" aria-hidden"#),
         "no letters left"

@@ -138,7 +138,7 @@ async fn a_batch_gives_each_request_its_own_answer() {
     .execute(&app.db)
     .await
     .unwrap();
-    let same_request = stockade::orders::OrderRequest::new(
+    let same_request = stockade::checkout::OrderRequest::new(
         vec![(Sku::parse("BATCH-1").unwrap(), 1)],
         None,
         None,
@@ -333,7 +333,7 @@ async fn a_batch_whose_key_is_recorded_elsewhere_meanwhile_starts_again_without_
     })
     .await;
     app.add_product("RACE-1", "Raced", 1_000, 10).await;
-    let fingerprint = stockade::orders::OrderRequest::new(
+    let fingerprint = stockade::checkout::OrderRequest::new(
         vec![(Sku::parse("RACE-1").unwrap(), 1)],
         None,
         None,

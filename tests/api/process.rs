@@ -103,7 +103,7 @@ async fn local_mode_keeps_its_data_across_a_restart_and_leaves_no_servers_behind
         .unwrap();
     assert_eq!(
         products as usize,
-        stockade::catalog::DEMO_CATALOGUE.len(),
+        stockade::seed::DEMO_CATALOGUE.len(),
         "not seeded twice"
     );
     db.close().await;

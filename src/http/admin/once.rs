@@ -15,7 +15,6 @@ use crate::admin::Admin;
 use crate::error::AppError;
 use crate::http::{AppState, detached, see_other};
 use crate::idempotency::{self, IdempotencyKey, Once, RunError, Scope, StoredResponse};
-use crate::orders;
 
 /// How long a second press of a stock form (a double click, a refresh while the first is
 /// still running) waits for the first to finish before it is answered 409.
@@ -48,7 +47,7 @@ where
         scope,
         key,
         fingerprint: idempotency::Fingerprint::of(fingerprint),
-        stale_after: orders::stale_after(&state.settings),
+        stale_after: crate::checkout::stale_after(&state.settings),
         wait,
     };
     let db = state.db.clone();

@@ -176,7 +176,7 @@ pub async fn post_cancel(
             {
                 Some(Cancelled::Now) => {
                     for line in &order.lines {
-                        shared.stock_changed(&line.sku()).await;
+                        shared.stock_changed(&line.sku).await;
                     }
                     "Order cancelled; its units are back in stock."
                 }

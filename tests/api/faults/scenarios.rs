@@ -308,7 +308,7 @@ async fn a_saturated_pool_sheds_within_half_a_second_and_spreads_the_retries() {
 #[tokio::test]
 async fn keys_of_dead_requests_are_freed_within_seconds_and_the_checker_sees_stragglers() {
     let (app, proxy) = behind_database_proxy(tight(test_settings().await)).await;
-    let stale = stockade::orders::stale_after(&app.settings);
+    let stale = stockade::checkout::stale_after(&app.settings);
 
     // A record left by a process that died mid-request, one second from going stale.
     sqlx::query(
@@ -444,7 +444,7 @@ async fn kill_a_server_mid_sale(strategy: &str) {
     report.assert_one_answer_per_key();
     report.assert_matches(&app, 50).await;
     // Nothing the killed process held blocks anyone for longer than the stale window.
-    let stale = stockade::orders::stale_after(&tight(Settings::default()));
+    let stale = stockade::checkout::stale_after(&tight(Settings::default()));
     tokio::time::sleep(stale + Duration::from_secs(2)).await;
     let verdicts = stockade::loadtest::check::check(&app.db, None, None, stale)
         .await

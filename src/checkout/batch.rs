@@ -381,7 +381,7 @@ fn copy_error(error: &OrderError) -> OrderError {
     match error {
         OrderError::UnknownSkus(skus) => OrderError::UnknownSkus(skus.clone()),
         OrderError::TimedOut => OrderError::TimedOut,
-        OrderError::Database(e) if crate::error::is_transient(e) => OrderError::Busy,
+        OrderError::Database(e) if crate::pg::is_transient(e) => OrderError::Busy,
         OrderError::Database(e) => {
             OrderError::Database(sqlx::Error::Protocol(format!("batch failed: {e}")))
         }
@@ -534,10 +534,10 @@ async fn transact(db: &PgPool, jobs: &[&Job], fence: Option<i64>) -> sqlx::Resul
             }
             each.push(BatchAnswer::Placed(Order {
                 id: Uuid::new_v4(),
-                status: "placed".into(),
+                status: crate::orders::OrderStatus::Placed,
                 total_cents: stock.price_cents * i64::from(q),
                 lines: vec![OrderLine {
-                    sku: job.sku().to_string(),
+                    sku: job.sku().clone(),
                     name: stock.name.clone(),
                     quantity: q,
                     unit_price_cents: stock.price_cents,

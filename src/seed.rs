@@ -1,10 +1,13 @@
-//! The demo catalogue: a dozen products a small desk-and-coffee shop might sell, with one
+//! The demo shop: a dozen products a small desk-and-coffee shop might sell, with one
 //! limited drop that sells out in seconds during a flash sale. Each product comes with a
-//! small picture of its own, drawn by a test in this module and committed.
+//! small picture of its own, drawn by a test in this module and committed, and its
+//! opening stock. It sits above [`crate::catalog`] (the products and pictures) and
+//! [`crate::inventory`] (the stock rows and their first ledger entries), which know
+//! nothing of it.
 
 use sqlx::PgPool;
 
-use super::{Sku, images};
+use crate::catalog::{self, Sku, images};
 use crate::inventory;
 
 /// `(sku, name, description, price in cents, units on hand)`.
@@ -121,31 +124,21 @@ pub async fn seed_demo(pool: &PgPool) -> anyhow::Result<usize> {
     let mut added = 0;
     for &(sku, name, description, price_cents, on_hand) in DEMO_CATALOGUE {
         let sku = Sku::parse(sku)?;
-        let inserted = sqlx::query(
-            r#"insert into products (sku, name, description, price_cents, purchase_limit, category)
-               values ($1, $2, $3, $4, $5, $6)
-               on conflict (sku) do nothing"#,
-        )
-        .bind(sku.as_str())
-        .bind(name)
-        .bind(description)
-        .bind(price_cents)
-        .bind(
-            LIMITS
+        let product = catalog::db::NewProduct {
+            sku: &sku,
+            name,
+            description,
+            price_cents,
+            purchase_limit: LIMITS
                 .iter()
                 .find(|(s, _)| *s == sku.as_str())
                 .map(|(_, n)| *n),
-        )
-        .bind(
-            CATEGORIES
+            category: CATEGORIES
                 .iter()
                 .find(|(s, _)| *s == sku.as_str())
                 .map(|(_, c)| *c),
-        )
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if inserted == 1 {
+        };
+        if catalog::db::insert_product_if_new(&mut *tx, &product).await? {
             inventory::db::create_stock(&mut tx, &sku, on_hand, "seed").await?;
             added += 1;
         }
@@ -161,51 +154,48 @@ pub async fn seed_demo(pool: &PgPool) -> anyhow::Result<usize> {
 const PICTURES: &[(&str, &[u8])] = &[
     (
         "KB-ALPINE-75",
-        include_bytes!("../../static/demo/KB-ALPINE-75.jpg"),
+        include_bytes!("../static/demo/KB-ALPINE-75.jpg"),
     ),
     (
         "KB-DROP-ORCA",
-        include_bytes!("../../static/demo/KB-DROP-ORCA.jpg"),
+        include_bytes!("../static/demo/KB-DROP-ORCA.jpg"),
     ),
     (
         "MS-DRIFT-WL",
-        include_bytes!("../../static/demo/MS-DRIFT-WL.jpg"),
+        include_bytes!("../static/demo/MS-DRIFT-WL.jpg"),
     ),
     (
         "DM-WALNUT-90",
-        include_bytes!("../../static/demo/DM-WALNUT-90.jpg"),
+        include_bytes!("../static/demo/DM-WALNUT-90.jpg"),
     ),
     (
         "LT-ARC-LAMP",
-        include_bytes!("../../static/demo/LT-ARC-LAMP.jpg"),
+        include_bytes!("../static/demo/LT-ARC-LAMP.jpg"),
     ),
     (
         "HP-STUDIO-01",
-        include_bytes!("../../static/demo/HP-STUDIO-01.jpg"),
+        include_bytes!("../static/demo/HP-STUDIO-01.jpg"),
     ),
     (
         "CF-KETTLE-GN",
-        include_bytes!("../../static/demo/CF-KETTLE-GN.jpg"),
+        include_bytes!("../static/demo/CF-KETTLE-GN.jpg"),
     ),
     (
         "CF-GRINDER-M",
-        include_bytes!("../../static/demo/CF-GRINDER-M.jpg"),
+        include_bytes!("../static/demo/CF-GRINDER-M.jpg"),
     ),
     (
         "CF-BEANS-ETH",
-        include_bytes!("../../static/demo/CF-BEANS-ETH.jpg"),
+        include_bytes!("../static/demo/CF-BEANS-ETH.jpg"),
     ),
     (
         "MG-STONE-350",
-        include_bytes!("../../static/demo/MG-STONE-350.jpg"),
+        include_bytes!("../static/demo/MG-STONE-350.jpg"),
     ),
-    (
-        "NB-DOT-A5",
-        include_bytes!("../../static/demo/NB-DOT-A5.jpg"),
-    ),
+    ("NB-DOT-A5", include_bytes!("../static/demo/NB-DOT-A5.jpg")),
     (
         "CB-BRAID-2M",
-        include_bytes!("../../static/demo/CB-BRAID-2M.jpg"),
+        include_bytes!("../static/demo/CB-BRAID-2M.jpg"),
     ),
 ];
 
@@ -215,12 +205,7 @@ async fn seed_pictures(tx: &mut sqlx::Transaction<'_, sqlx::Postgres>) -> anyhow
         let sku = Sku::parse(sku)?;
         let picture =
             images::Processed::stored(image.to_vec(), image.to_vec(), DEMO_SIDE, DEMO_SIDE);
-        let has_one: bool =
-            sqlx::query_scalar("select exists (select 1 from product_images where sku = $1)")
-                .bind(sku.as_str())
-                .fetch_one(&mut **tx)
-                .await?;
-        if !has_one {
+        if !catalog::db::has_picture(&mut **tx, &sku).await? {
             images::save(&mut **tx, &sku, &picture, "seed").await?;
         }
     }

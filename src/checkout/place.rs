@@ -1,0 +1,312 @@
+//! The steps every placement takes, orders and holds alike (see the module's own page,
+//! [`crate::checkout`], for why they keep stock and keys right). What differs between an
+//! order and a hold is the [`Kind`] a step is run for: how stock moves, which rows are
+//! written, how the made thing is read back for a replay.
+
+use std::time::Instant;
+
+use sqlx::Postgres;
+use sqlx::pool::PoolConnection;
+
+use super::batch::{self, BatchAnswer};
+use super::decided::{
+    Keyed, Outcome, answer_or_settled, decided_elsewhere, from_redis, store_insufficient,
+};
+use super::kind::Kind;
+use super::sold_out;
+use super::transact::{Tx, transact};
+use super::{OrderDeps, OrderError, OrderRequest};
+use crate::catalog::Sku;
+use crate::config::OrderStrategy;
+use crate::idempotency::{self, Found};
+use crate::inventory::db as stock;
+use crate::locking::{Acquire, Lease, Redis};
+use crate::orders::db::{self as order_rows, OrderProduct};
+use crate::orders::{Order, Shortage};
+
+/// How many times a write refused for a stale fence is retried under a fresh lease.
+pub(super) const MAX_ATTEMPTS: usize = 5;
+
+/// "Only N per customer" in words a shopper understands.
+pub(super) fn limit_refusal(name: &str, limit: i32, asked: i32, bought: i64) -> String {
+    if bought == 0 {
+        format!("{name} is limited to {limit} per customer; you asked for {asked}.")
+    } else {
+        format!(
+            "{name} is limited to {limit} per customer, and you already have {bought} \
+             (ordered, or held in a checkout)."
+        )
+    }
+}
+
+/// Steps 1–6 for a request of kind `K` (a single-SKU order under `batched` goes to the
+/// batch instead: [`place_batched`]).
+pub(super) async fn place<K: Kind>(
+    deps: OrderDeps<'_>,
+    keyed: &Keyed<'_>,
+    request: &OrderRequest,
+) -> Result<Outcome<K>, OrderError> {
+    // A SKU this process saw sold out: answered from Redis if it still is, no write.
+    // (`batched` does this for a whole batch at once.)
+    if deps.settings.order_strategy == OrderStrategy::RedisLock
+        && deps.redis.believes_sold_out(&request.skus())
+        && let Some(answer) = sold_out_answer(deps, keyed, request).await?
+    {
+        return Ok(answer);
+    }
+
+    // A decided key is answered from its record, before any lease or transaction. One
+    // connection serves both reads, and goes back to the pool before the lease wait.
+    let mut conn = deps.db.acquire().await?;
+    let k = keyed;
+    let found =
+        idempotency::lookup(&mut *conn, k.scope, k.key, &k.fingerprint, k.stale_after).await?;
+    match found {
+        Found::Absent | Found::Stale(_) => {}
+        found => {
+            // Back to the pool first: a replay reads with a connection of its own.
+            drop(conn);
+            return decided_elsewhere(deps, keyed, found).await;
+        }
+    }
+    let skus = request.skus();
+    let products = order_rows::products_for(&mut *conn, &skus).await?;
+    let unknown: Vec<String> = skus
+        .iter()
+        .filter(|s| !products.iter().any(|p| p.sku == s.as_str()))
+        .map(|s| s.to_string())
+        .collect();
+    if !unknown.is_empty() {
+        drop(conn);
+        return Err(OrderError::UnknownSkus(unknown));
+    }
+    let placed = place_keyed(deps, keyed, request, &products, conn).await;
+    answer_or_settled(deps, keyed, placed).await
+}
+
+/// The answer for a request whose SKU this process saw sold out: from the key's record
+/// in PostgreSQL if it has one, else "not enough stock" stored in Redis while the SKU is
+/// still hinted sold out. `None`: decide as usual.
+async fn sold_out_answer<K: Kind>(
+    deps: OrderDeps<'_>,
+    keyed: &Keyed<'_>,
+    request: &OrderRequest,
+) -> Result<Option<Outcome<K>>, OrderError> {
+    match keyed.lookup(deps.db).await? {
+        Found::Absent => {}
+        found => return decided_elsewhere(deps, keyed, found).await.map(Some),
+    }
+    let k = keyed;
+    let answer = sold_out::answer(deps.redis, k.scope, k.key, &k.fingerprint, request).await;
+    from_redis(deps, answer)
+}
+
+fn shortages_of(request: &OrderRequest, available: &[(String, i32)]) -> Vec<Shortage> {
+    request
+        .lines()
+        .iter()
+        .filter_map(|line| {
+            let available = available
+                .iter()
+                .find(|(sku, _)| sku == line.sku.as_str())
+                .map_or(0, |(_, n)| *n);
+            (available < line.quantity.get()).then(|| Shortage {
+                sku: line.sku.to_string(),
+                requested: line.quantity.get(),
+                available: available.max(0),
+            })
+        })
+        .collect()
+}
+
+/// Steps 3–6 for a request whose key is undecided; `conn` is the connection its reads
+/// used. Where nothing is waited for before the transaction (no lease), that connection
+/// carries it, so a request queues for the pool once.
+async fn place_keyed<K: Kind>(
+    deps: OrderDeps<'_>,
+    keyed: &Keyed<'_>,
+    request: &OrderRequest,
+    products: &[OrderProduct],
+    conn: PoolConnection<Postgres>,
+) -> Result<Outcome<K>, OrderError> {
+    let s = deps.settings;
+    let mut held = Some(conn);
+    // A plain read is a true answer at the moment it was read: when stock is already
+    // short, say so without queueing for a lease.
+    let seen: Vec<(String, i32)> = products
+        .iter()
+        .map(|p| (p.sku.clone(), p.available))
+        .collect();
+    let shortages = shortages_of(request, &seen);
+    if !shortages.is_empty() {
+        hint_sold_out(deps, &shortages).await;
+        return store_insufficient(deps, keyed, shortages, held.as_deref_mut()).await;
+    }
+
+    if s.order_strategy == OrderStrategy::RedisLock {
+        // Not held while queueing for the lease: waiters would drain the pool.
+        held = None;
+    }
+
+    if s.order_strategy == OrderStrategy::RedisLock {
+        // Marked as decided in PostgreSQL, so a twin is never answered from Redis; a key
+        // answered there already gets that answer.
+        let k = keyed;
+        let marked = deps
+            .redis
+            .mark_keys(&[(k.scope.as_str(), k.key.as_str())], k.stale_after)
+            .await;
+        if let Some(Some(stored)) = marked.and_then(|m| m.into_iter().next()) {
+            let answer = sold_out::replay(&stored, &k.fingerprint);
+            if let Some(outcome) = from_redis(deps, answer)? {
+                return Ok(outcome);
+            }
+        }
+    }
+
+    let skus = request.skus();
+    let deadline = Instant::now() + s.lease_wait;
+    let mut attempts = 0;
+    loop {
+        let lease = match s.order_strategy {
+            OrderStrategy::RedisLock => {
+                let wait = deadline.saturating_duration_since(Instant::now());
+                let started = Instant::now();
+                let acquired = deps.redis.acquire(&skus, s.lease_ttl, wait).await;
+                deps.metrics
+                    .lease_wait
+                    .observe(started.elapsed().as_secs_f64());
+                deps.metrics
+                    .degraded
+                    .set(i64::from(deps.redis.is_degraded()));
+                match acquired {
+                    Acquire::Granted(lease) => Some(lease),
+                    Acquire::Degraded => None,
+                    Acquire::Busy => {
+                        deps.metrics.lease_timeouts.inc();
+                        return Err(OrderError::Busy);
+                    }
+                    Acquire::SoldOutHint(sku) => {
+                        // Confirm the hint against the database before answering.
+                        let now = stock::availability(deps.db, &skus).await?;
+                        let shortages = shortages_of(request, &now);
+                        if !shortages.is_empty() {
+                            return store_insufficient(deps, keyed, shortages, None).await;
+                        }
+                        deps.redis.clear_sold_out(&sku).await;
+                        attempts += 1;
+                        if attempts >= MAX_ATTEMPTS || Instant::now() >= deadline {
+                            return Err(OrderError::Busy);
+                        }
+                        continue;
+                    }
+                }
+            }
+            // `batched` comes here for orders of several SKUs, and for holds.
+            OrderStrategy::PgAtomic | OrderStrategy::NaiveUnsafe | OrderStrategy::Batched => None,
+        };
+        attempts += 1;
+
+        if !s.fault_pause_after_lease.is_zero() {
+            // A stalled process: nothing of it runs, its lease watchdog included.
+            tokio::time::sleep(s.fault_pause_after_lease).await;
+        }
+        let fence = lease.as_ref().map(|l| l.fence);
+        let work = transact::<K>(deps, keyed, request, fence, held.as_deref_mut());
+        let outcome = deps
+            .redis
+            .while_held(
+                lease.as_ref(),
+                s.lease_ttl,
+                tokio::time::timeout(s.tx_timeout, work),
+            )
+            .await;
+        release(deps.redis, lease.as_ref()).await;
+
+        match outcome {
+            Err(_) => return Err(OrderError::TimedOut),
+            Ok(Err(e)) => return Err(e),
+            Ok(Ok(Tx::Done { made, sold_out })) => {
+                for sku in &sold_out {
+                    deps.catalog.forget(sku);
+                    deps.redis.hint_sold_out(sku).await;
+                }
+                return Ok(Outcome::Made {
+                    made,
+                    replayed: false,
+                });
+            }
+            Ok(Ok(Tx::Decided(found))) => {
+                return decided_elsewhere(deps, keyed, found).await;
+            }
+            Ok(Ok(Tx::Short(shortages))) => {
+                hint_sold_out(deps, &shortages).await;
+                return store_insufficient(deps, keyed, shortages, held.as_deref_mut()).await;
+            }
+            Ok(Ok(Tx::StaleFence { last_fence })) => {
+                // A newer lease wrote the row: ours had expired, or Redis forgot the
+                // counter. Make later tokens larger and try again under a fresh lease.
+                deps.metrics.stale_fences.inc();
+                tracing::warn!(fence, last_fence, "stock write refused for a stale fence");
+                deps.redis.raise_fence(last_fence).await;
+                if attempts >= MAX_ATTEMPTS || Instant::now() >= deadline {
+                    return Err(OrderError::Busy);
+                }
+            }
+        }
+    }
+}
+
+/// Hints the SKUs that have nothing left sold out (under the strategies that lease).
+async fn hint_sold_out(deps: OrderDeps<'_>, shortages: &[Shortage]) {
+    if !matches!(
+        deps.settings.order_strategy,
+        OrderStrategy::RedisLock | OrderStrategy::Batched
+    ) {
+        return;
+    }
+    for short in shortages.iter().filter(|s| s.available == 0) {
+        if let Ok(sku) = Sku::parse(&short.sku) {
+            deps.redis.hint_sold_out(&sku).await;
+        }
+    }
+}
+
+async fn release(redis: &Redis, lease: Option<&Lease>) {
+    if let Some(lease) = lease {
+        redis.release(lease).await;
+    }
+}
+
+/// A single-SKU order under `batched`: queued behind the process's batch leader, answered
+/// from the batch.
+pub(super) async fn place_batched(
+    deps: OrderDeps<'_>,
+    keyed: &Keyed<'_>,
+    request: &OrderRequest,
+) -> Result<Outcome<Order>, OrderError> {
+    let job = batch::Job {
+        scope: keyed.scope,
+        key: keyed.key.clone(),
+        fingerprint: keyed.fingerprint.clone(),
+        request: request.clone(),
+    };
+    let placed = match deps.batcher.submit(job).await {
+        BatchAnswer::Placed(order) => Ok(Outcome::Made {
+            made: order,
+            replayed: false,
+        }),
+        BatchAnswer::Short(shortages) => Ok(Outcome::Insufficient {
+            shortages,
+            replayed: false,
+        }),
+        // Never "decide elsewhere": such jobs stay in their batch.
+        BatchAnswer::FromRedis(answer) => from_redis(deps, answer)?.ok_or(OrderError::InFlight),
+        BatchAnswer::DecidedElsewhere => match keyed.lookup(deps.db).await {
+            Ok(found) => decided_elsewhere(deps, keyed, found).await,
+            Err(e) => Err(e.into()),
+        },
+        BatchAnswer::Failed(error) => Err(error),
+    };
+    answer_or_settled(deps, keyed, placed).await
+}
