@@ -5,7 +5,8 @@ SHELL := /bin/bash
 APT := DEBIAN_FRONTEND=noninteractive apt-get
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test bench cluster build deps-run deps-test deps-bench deps-cluster lint clean
+.PHONY: run test bench cluster build deps-run deps-test deps-bench deps-cluster lint clean \
+	sqlx-cli sqlx-prepare
 
 ## run: install PostgreSQL and Redis if missing, build, start the shop in local mode
 run: deps-run
@@ -26,11 +27,25 @@ bench: deps-bench
 	cargo build --release --locked
 	./target/release/stockade bench
 
-## lint: formatting, clippy, and the docker-compose file
-lint:
+## lint: formatting, clippy, the docker-compose file, and .sqlx/ matching the queries
+lint: sqlx-cli
 	cargo fmt --check
 	cargo clippy --locked --all-targets -- -D warnings
 	docker-compose -f docker-compose.yml config -q
+	scripts/sqlx-prepare.sh --check
+
+# sqlx-cli at the version of sqlx in Cargo.toml (a few minutes to build, once).
+SQLX_VERSION := $(shell sed -n 's/^sqlx = { version = "\([^"]*\)".*/\1/p' Cargo.toml)
+
+## sqlx-cli: install `cargo sqlx` (pinned to the sqlx in Cargo.toml) if missing
+sqlx-cli:
+	@[ "$$(cargo sqlx --version 2>/dev/null)" = "sqlx-cli-sqlx $(SQLX_VERSION)" ] || \
+	  cargo install sqlx-cli --locked --force --version $(SQLX_VERSION) \
+	    --no-default-features --features postgres,rustls
+
+## sqlx-prepare: rewrite .sqlx/ after adding or changing a `query!` (a throwaway database)
+sqlx-prepare: sqlx-cli
+	scripts/sqlx-prepare.sh
 
 build:
 	cargo build --release --locked

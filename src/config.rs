@@ -133,525 +133,312 @@ impl std::fmt::Debug for Secret {
     }
 }
 
-/// All settings of a Stockade process.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    /// `STOCKADE_LISTEN`: address and port of the HTTP server.
-    pub listen: SocketAddr,
-    /// `STOCKADE_DATA_DIR`: local mode keeps PostgreSQL and Redis data here.
-    pub data_dir: PathBuf,
-    /// `DATABASE_URL`: connect to this PostgreSQL instead of starting one.
-    pub database_url: Option<Secret>,
-    /// `REDIS_URL`: connect to this Redis instead of starting one.
-    pub redis_url: Option<Secret>,
-    /// `STOCKADE_LOCAL_PG_PORT`: local mode's PostgreSQL port (free port when unset).
-    pub local_pg_port: Option<u16>,
-    /// `STOCKADE_LOCAL_REDIS_PORT`: local mode's Redis port (free port when unset).
-    pub local_redis_port: Option<u16>,
-    /// `STOCKADE_ORDER_STRATEGY`.
-    pub order_strategy: OrderStrategy,
-    /// `STOCKADE_BATCH_MAX`: most orders one `batched` transaction applies.
-    pub batch_max: usize,
-    /// `STOCKADE_BATCH_WAIT_US`: how long a `batched` leader waits for more orders before
-    /// applying a batch that is not full (0: take what has queued meanwhile).
-    pub batch_wait: Duration,
-    /// `STOCKADE_PAGE_CACHE_MS`: how long a process reuses what it read for the catalogue
-    /// and product pages (0: read every time).
-    pub page_cache: Duration,
-    /// `STOCKADE_WORKERS`: HTTP worker threads; 0 means one per CPU core.
-    pub workers: usize,
-    /// `STOCKADE_DB_POOL_SIZE`: connections per process.
-    pub db_pool_size: u32,
-    /// `STOCKADE_REDIS_PREFIX`: prefix of every Redis key this process writes.
-    pub redis_prefix: String,
-    /// `STOCKADE_STATEMENT_TIMEOUT_MS`: PostgreSQL `statement_timeout`.
-    pub statement_timeout: Duration,
-    /// `STOCKADE_TX_TIMEOUT_MS`: an order transaction is abandoned (rolled back) after this.
-    pub tx_timeout: Duration,
-    /// `STOCKADE_REQUEST_BUDGET_MS`: every request answers within this, whatever the
-    /// database or Redis do; what is still waiting then is cut off and answered 503.
-    pub request_budget: Duration,
-    /// `STOCKADE_DB_ACQUIRE_TIMEOUT_MS`: how long a request queues for a free database
-    /// connection before it is shed with 503.
-    pub db_acquire_timeout: Duration,
-    /// `STOCKADE_REDIS_TIMEOUT_MS`: how long one Redis command may take before it counts
-    /// as a failure (towards opening the circuit breaker).
-    pub redis_timeout: Duration,
-    /// `STOCKADE_LEASE_TTL_MS`: a SKU lease not renewed for this long expires. Its holder
-    /// renews it every third of this while it works, so the TTL only bounds how long a
-    /// stopped or dead holder blocks the SKU.
-    pub lease_ttl: Duration,
-    /// `STOCKADE_LEASE_WAIT_MS`: how long an order waits for busy SKUs before answering 503.
-    pub lease_wait: Duration,
-    /// `STOCKADE_MAX_LINE_QUANTITY`: most units of one SKU in one order.
-    pub max_line_quantity: i32,
-    /// `STOCKADE_HOLD_SECONDS`: how long a checkout hold keeps stock for the shopper.
-    pub hold_ttl: Duration,
-    /// `STOCKADE_HOLD_MAX_PER_SKU`: most units of one SKU a checkout may hold.
-    pub hold_max_per_sku: i32,
-    /// `STOCKADE_SWEEP_INTERVAL_MS`: how often each process releases expired holds.
-    pub sweep_interval: Duration,
-    /// `STOCKADE_LOGIN_MAX_FAILURES`: failed admin logins per account within the window.
-    pub login_max_failures: i64,
-    /// `STOCKADE_LOGIN_MAX_FAILURES_PER_CLIENT`: failed logins per client address within the window.
-    pub login_max_failures_per_client: i64,
-    /// `STOCKADE_LOGIN_WINDOW_SECONDS`: the window failed logins are counted over.
-    pub login_window: Duration,
-    /// `STOCKADE_SECURE_COOKIES`: mark cookies Secure (set when a TLS proxy is in front;
-    /// requests that arrive over https get Secure cookies anyway).
-    pub secure_cookies: bool,
-    /// `STOCKADE_TRUSTED_PROXIES`: addresses and networks (CIDR) of the proxies in front of
-    /// this server. A request from one of them has its client address taken from
-    /// `X-Forwarded-For` (the right-most hop that is not a trusted proxy); empty trusts none,
-    /// and the peer address is the client. See [`crate::http::client_addr`].
-    pub trusted_proxies: Vec<IpNet>,
-    /// `STOCKADE_BODY_TIMEOUT_MS`: a request body not fully received this long after the
-    /// request's head is answered 408 and its connection closed.
-    pub body_timeout: Duration,
-    /// `STOCKADE_METRICS_LISTEN`: serve `/metrics` (and nothing else) on this address of its
-    /// own, without a token. Unset: no metrics listener.
-    pub metrics_listen: Option<SocketAddr>,
-    /// `STOCKADE_METRICS_TOKEN`: serve `/metrics` on the public port too, to requests with
-    /// `Authorization: Bearer <token>`. Unset: `/metrics` is 404 on the public port.
-    pub metrics_token: Option<Secret>,
-    /// `STOCKADE_IDEMPOTENCY_TTL_HOURS`: completed idempotency keys are kept this long.
-    pub idempotency_ttl_hours: u32,
-    /// `STOCKADE_API_ANONYMOUS_ORDERS`: accept API orders and holds without an API key
-    /// (all such callers then share one identity). Off: they are answered 401.
-    pub api_anonymous_orders: bool,
-    /// `STOCKADE_RATE_LIMIT_PER_MINUTE`: orders and holds one client (an API client, or an
-    /// address) may place per minute, sustained.
-    pub rate_limit_per_minute: u32,
-    /// `STOCKADE_RATE_LIMIT_BURST`: how many of them may come at once.
-    pub rate_limit_burst: u32,
-    /// `STOCKADE_API_KEY`: the API key `stockade loadtest` sends to servers it did not
-    /// start (read by the tools, not by the server).
-    pub api_key: Option<Secret>,
+/// Declares every setting once: its field, type, variable, default (as the text
+/// `.env.example` shows; `unset` for none) and reader. From the one table come the
+/// [`Settings`] struct, its `Default`, [`VARIABLES`] and [`Settings::from_vars`].
+///
+/// A reader gets the variable's name and its (non-empty) value and returns the field's
+/// value or a [`ConfigError`] naming the variable. An empty value counts as unset.
+/// Fields under `internal` are not read from the environment.
+macro_rules! settings {
+    (
+        environment {
+            $(
+                $(#[$doc:meta])*
+                $field:ident: $ty:ty, $var:literal = $default:tt, $read:expr;
+            )*
+        }
+        internal {
+            $(
+                $(#[$idoc:meta])*
+                $ifield:ident: $ity:ty = $idefault:expr;
+            )*
+        }
+    ) => {
+        /// All settings of a Stockade process.
+        #[derive(Debug, Clone)]
+        pub struct Settings {
+            $(
+                $(#[$doc])*
+                #[doc = concat!("\n\n`", $var, "`")]
+                pub $field: $ty,
+            )*
+            $(
+                $(#[$idoc])*
+                pub $ifield: $ity,
+            )*
+        }
+
+        impl Default for Settings {
+            fn default() -> Self {
+                Self {
+                    $( $field: settings!(@default $var, $default, $read), )*
+                    $( $ifield: $idefault, )*
+                }
+            }
+        }
+
+        /// Every variable Stockade reads, in the order `.env.example` lists them.
+        pub const VARIABLES: &[&str] = &[$($var),*];
+
+        /// Each variable's default as `.env.example` shows it (empty: unset).
+        #[cfg(test)]
+        const DEFAULTS: &[(&str, &str)] = &[$(($var, settings!(@text $default))),*];
+
+        impl Settings {
+            /// Reads settings from `(name, value)` pairs; other programs' variables are
+            /// ignored, unknown `STOCKADE_*` ones are an error.
+            pub fn from_vars(
+                vars: impl IntoIterator<Item = (String, String)>,
+            ) -> Result<Self, ConfigError> {
+                let mut vars: BTreeMap<String, String> = vars
+                    .into_iter()
+                    .filter(|(k, _)| k.starts_with("STOCKADE_") || VARIABLES.contains(&k.as_str()))
+                    .collect();
+                if let Some(unknown) = vars.keys().find(|k| !VARIABLES.contains(&k.as_str())) {
+                    return Err(ConfigError::Unknown {
+                        var: unknown.clone(),
+                    });
+                }
+                let mut s = Self::default();
+                $(
+                    if let Some(v) = vars.remove($var).filter(|v| !v.trim().is_empty()) {
+                        let read: Reader<$ty> = $read;
+                        s.$field = read($var, &v)?;
+                    }
+                )*
+                s.validate()?;
+                Ok(s)
+            }
+        }
+    };
+    (@default $var:literal, unset, $read:expr) => {
+        Default::default()
+    };
+    (@default $var:literal, $text:literal, $read:expr) => {{
+        let read: Reader<_> = $read;
+        read($var, $text).expect(concat!("the default of ", $var, " is valid"))
+    }};
+    (@text unset) => {
+        ""
+    };
+    (@text $text:literal) => {
+        $text
+    };
+}
+
+/// Turns one variable's value into a setting.
+type Reader<T> = fn(&'static str, &str) -> Result<T, ConfigError>;
+
+settings! {
+environment {
+    /// Address and port of the HTTP server.
+    listen: SocketAddr, "STOCKADE_LISTEN" = "127.0.0.1:8080",
+        |var, v| parse(var, v, "expected address:port, e.g. 127.0.0.1:8080");
+    /// Local mode keeps PostgreSQL and Redis data here.
+    data_dir: PathBuf, "STOCKADE_DATA_DIR" = "./.stockade", |_, v| Ok(PathBuf::from(v));
+    /// Connect to this PostgreSQL instead of starting one.
+    database_url: Option<Secret>, "DATABASE_URL" = unset, |var, v| postgres_url(var, v).map(Some);
+    /// Connect to this Redis instead of starting one.
+    redis_url: Option<Secret>, "REDIS_URL" = unset, |var, v| {
+        if !(v.starts_with("redis://") || v.starts_with("rediss://")) {
+            return Err(malformed(var, v, "expected redis://host:port[/db]"));
+        }
+        Ok(Some(Secret::from(v)))
+    };
+    /// Local mode's PostgreSQL port (free port when unset).
+    local_pg_port: Option<u16>, "STOCKADE_LOCAL_PG_PORT" = unset, |var, v| port(var, v).map(Some);
+    /// Local mode's Redis port (free port when unset).
+    local_redis_port: Option<u16>, "STOCKADE_LOCAL_REDIS_PORT" = unset,
+        |var, v| port(var, v).map(Some);
+    /// How an order decrements stock.
+    order_strategy: OrderStrategy, "STOCKADE_ORDER_STRATEGY" = "redis-lock", choice;
+    /// Most orders one `batched` transaction applies.
+    batch_max: usize, "STOCKADE_BATCH_MAX" = "128", |var, v| bounded(var, v, 1, 10_000);
+    /// How long a `batched` leader waits for more orders before applying a batch that is
+    /// not full (0: take what has queued meanwhile).
+    batch_wait: Duration, "STOCKADE_BATCH_WAIT_US" = "0",
+        |var, v| bounded(var, v, 0, 1_000_000).map(Duration::from_micros);
+    /// How long a process reuses what it read for the catalogue and product pages (0: read
+    /// every time).
+    page_cache: Duration, "STOCKADE_PAGE_CACHE_MS" = "500",
+        |var, v| bounded(var, v, 0, 60_000).map(Duration::from_millis);
+    /// HTTP worker threads; 0 means one per CPU core.
+    workers: usize, "STOCKADE_WORKERS" = "0", |var, v| bounded(var, v, 0, 256);
+    /// Connections per process.
+    db_pool_size: u32, "STOCKADE_DB_POOL_SIZE" = "16", |var, v| bounded(var, v, 1, 1_000);
+    /// Prefix of every Redis key this process writes.
+    redis_prefix: String, "STOCKADE_REDIS_PREFIX" = "stockade:", |_, v| Ok(v.to_string());
+    /// PostgreSQL `statement_timeout`.
+    statement_timeout: Duration, "STOCKADE_STATEMENT_TIMEOUT_MS" = "1500", millis;
+    /// An order transaction is abandoned (rolled back) after this.
+    tx_timeout: Duration, "STOCKADE_TX_TIMEOUT_MS" = "2000", millis;
+    /// Every request answers within this, whatever the database or Redis do; what is still
+    /// waiting then is cut off and answered 503.
+    request_budget: Duration, "STOCKADE_REQUEST_BUDGET_MS" = "5000", millis;
+    /// How long a request queues for a free database connection before it is shed with 503.
+    db_acquire_timeout: Duration, "STOCKADE_DB_ACQUIRE_TIMEOUT_MS" = "500", millis;
+    /// How long one Redis command may take before it counts as a failure (towards opening
+    /// the circuit breaker).
+    redis_timeout: Duration, "STOCKADE_REDIS_TIMEOUT_MS" = "250", millis;
+    /// A SKU lease not renewed for this long expires. Its holder renews it every third of
+    /// this while it works, so the TTL only bounds how long a stopped or dead holder blocks
+    /// the SKU.
+    lease_ttl: Duration, "STOCKADE_LEASE_TTL_MS" = "1000", millis;
+    /// How long an order waits for busy SKUs before answering 503.
+    lease_wait: Duration, "STOCKADE_LEASE_WAIT_MS" = "2000", millis;
+    /// Most units of one SKU in one order.
+    max_line_quantity: i32, "STOCKADE_MAX_LINE_QUANTITY" = "10",
+        |var, v| bounded(var, v, 1, 1_000_000);
+    /// Completed idempotency keys are kept this long.
+    idempotency_ttl_hours: u32, "STOCKADE_IDEMPOTENCY_TTL_HOURS" = "24",
+        |var, v| bounded(var, v, 24, 24 * 365);
+    /// Accept API orders and holds without an API key (all such callers then share one
+    /// identity). Off: they are answered 401.
+    api_anonymous_orders: bool, "STOCKADE_API_ANONYMOUS_ORDERS" = "false", boolean;
+    /// Orders and holds one client (an API client, or an address) may place per minute,
+    /// sustained.
+    rate_limit_per_minute: u32, "STOCKADE_RATE_LIMIT_PER_MINUTE" = "60",
+        |var, v| bounded(var, v, 1, 1_000_000);
+    /// How many of them may come at once.
+    rate_limit_burst: u32, "STOCKADE_RATE_LIMIT_BURST" = "20",
+        |var, v| bounded(var, v, 1, 1_000_000);
+    /// The API key `stockade loadtest` sends to servers it did not start (read by the
+    /// tools, not by the server).
+    api_key: Option<Secret>, "STOCKADE_API_KEY" = unset, |_, v| Ok(Some(Secret::from(v)));
+    /// Failed admin logins per account within the window.
+    login_max_failures: i64, "STOCKADE_LOGIN_MAX_FAILURES" = "5",
+        |var, v| bounded(var, v, 1, 1_000_000);
+    /// Failed logins per client address within the window.
+    login_max_failures_per_client: i64, "STOCKADE_LOGIN_MAX_FAILURES_PER_CLIENT" = "20",
+        |var, v| bounded(var, v, 1, 1_000_000);
+    /// The window failed logins are counted over.
+    login_window: Duration, "STOCKADE_LOGIN_WINDOW_SECONDS" = "900",
+        |var, v| bounded(var, v, 1, 86_400).map(Duration::from_secs);
+    /// Mark cookies Secure (set when a TLS proxy is in front; requests that arrive over
+    /// https get Secure cookies anyway).
+    secure_cookies: bool, "STOCKADE_SECURE_COOKIES" = "false", boolean;
+    /// Addresses and networks (CIDR) of the proxies in front of this server. A request from
+    /// one of them has its client address taken from `X-Forwarded-For` (the right-most hop
+    /// that is not a trusted proxy); empty trusts none, and the peer address is the client.
+    /// See [`crate::http::client_addr`].
+    trusted_proxies: Vec<IpNet>, "STOCKADE_TRUSTED_PROXIES" = unset, |var, v| {
+        v.split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(|p| p.parse::<IpNet>())
+            .collect::<Result<_, _>>()
+            .map_err(|e| malformed(var, v, &e))
+    };
+    /// A request body not fully received this long after the request's head is answered
+    /// 408 and its connection closed.
+    body_timeout: Duration, "STOCKADE_BODY_TIMEOUT_MS" = "4000",
+        |var, v| bounded(var, v, 100, 600_000).map(Duration::from_millis);
+    /// Serve `/metrics` (and nothing else) on this address of its own, without a token.
+    /// Unset: no metrics listener.
+    metrics_listen: Option<SocketAddr>, "STOCKADE_METRICS_LISTEN" = unset,
+        |var, v| parse(var, v, "expected address:port, e.g. 127.0.0.1:9090").map(Some);
+    /// Serve `/metrics` on the public port too, to requests with `Authorization: Bearer
+    /// <token>`. Unset: `/metrics` is 404 on the public port.
+    metrics_token: Option<Secret>, "STOCKADE_METRICS_TOKEN" = unset, |var, v| {
+        let v = v.trim();
+        if v.len() < 16 || !v.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(malformed(
+                var,
+                "(hidden)",
+                "expected at least 16 printable characters without spaces",
+            ));
+        }
+        Ok(Some(Secret::from(v)))
+    };
+    /// How long a checkout hold keeps stock for the shopper.
+    hold_ttl: Duration, "STOCKADE_HOLD_SECONDS" = "600",
+        |var, v| bounded(var, v, 1, 86_400).map(Duration::from_secs);
+    /// Most units of one SKU a checkout may hold.
+    hold_max_per_sku: i32, "STOCKADE_HOLD_MAX_PER_SKU" = "5",
+        |var, v| bounded(var, v, 1, 1_000_000);
+    /// How often each process releases expired holds.
+    sweep_interval: Duration, "STOCKADE_SWEEP_INTERVAL_MS" = "1000", millis;
+    /// How often each process's dispatcher looks for events to route and deliveries to send
+    /// when it has nothing to do.
+    dispatch_interval: Duration, "STOCKADE_DISPATCH_INTERVAL_MS" = "500", millis;
+    /// Attempts of one delivery before it is failed.
+    delivery_max_attempts: u32, "STOCKADE_DELIVERY_MAX_ATTEMPTS" = "10",
+        |var, v| bounded(var, v, 1, 100);
+    /// The first retry's wait; it doubles per attempt (with jitter, at most an hour).
+    delivery_backoff: Duration, "STOCKADE_DELIVERY_BACKOFF_MS" = "1000", millis;
+    /// How long one webhook or SMTP send may take.
+    webhook_timeout: Duration, "STOCKADE_WEBHOOK_TIMEOUT_MS" = "5000",
+        |var, v| bounded(var, v, 100, 120_000).map(Duration::from_millis);
+    /// Let webhooks go to loopback and private addresses (tests, and receivers on the
+    /// shop's own network). Off: refused (SSRF).
+    webhook_allow_private: bool, "STOCKADE_WEBHOOK_ALLOW_PRIVATE" = "false", boolean;
+    /// Send receipts through this SMTP server, e.g. `smtps://user:pass@smtp.example.com` or
+    /// `smtp://127.0.0.1:2525`.
+    smtp_url: Option<Secret>, "STOCKADE_SMTP_URL" = unset, |var, v| {
+        if !(v.starts_with("smtp://") || v.starts_with("smtps://")) {
+            return Err(malformed(var, "(hidden)", "expected smtp://… or smtps://…"));
+        }
+        Ok(Some(Secret::from(v.trim())))
+    };
+    /// The receipts' sender.
+    mail_from: String, "STOCKADE_MAIL_FROM" = "Stockade <shop@localhost>",
+        |_, v| Ok(v.trim().to_string());
+    /// Without SMTP, write receipts as `.eml` files here (local mode: `mail/` in the data
+    /// folder). Neither set: no receipts.
+    mail_dir: Option<PathBuf>, "STOCKADE_MAIL_DIR" = unset, |_, v| Ok(Some(PathBuf::from(v)));
+    /// The shop's address as shoppers reach it, for links in receipts. Unset: `http://` +
+    /// the listen address.
+    public_url: Option<String>, "STOCKADE_PUBLIC_URL" = unset, |var, v| {
+        if !(v.starts_with("http://") || v.starts_with("https://")) {
+            return Err(malformed(var, v, "expected http://… or https://…"));
+        }
+        Ok(Some(v.trim().trim_end_matches('/').to_string()))
+    };
+    /// `host:port` of Redis Sentinels; when set, the Redis master is found through them (and
+    /// followed across a failover) instead of `REDIS_URL`.
+    redis_sentinels: Vec<String>, "STOCKADE_REDIS_SENTINELS" = unset, |var, v| {
+        v.split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(|a| match a.rsplit_once(':') {
+                Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
+                    Ok(a.to_string())
+                }
+                _ => Err(malformed(var, v, "expected host:port,host:port,…")),
+            })
+            .collect()
+    };
+    /// The master's name the Sentinels monitor.
+    redis_master: String, "STOCKADE_REDIS_MASTER" = "stockade", |_, v| Ok(v.trim().to_string());
+    /// The password of the Redis master and replicas found through Sentinel (`REDIS_URL`
+    /// carries its own).
+    redis_password: Option<Secret>, "STOCKADE_REDIS_PASSWORD" = unset,
+        |_, v| Ok(Some(Secret::from(v)));
+    /// A streaming replica that takes the reads which may lag (catalogue, product pages,
+    /// product API, admin reports); unset: the primary.
+    database_replica_url: Option<Secret>, "STOCKADE_DATABASE_REPLICA_URL" = unset,
+        |var, v| postgres_url(var, v).map(Some);
+    /// `DATABASE_URL` is a PgBouncer (session pooling): the session timeouts are not sent
+    /// at connect (PgBouncer refuses startup options) but set by PgBouncer's
+    /// `connect_query`.
+    database_pgbouncer: bool, "STOCKADE_DATABASE_PGBOUNCER" = "false", boolean;
+    /// `pretty` or `json`.
+    log_format: LogFormat, "STOCKADE_LOG_FORMAT" = "pretty", choice;
+    /// Tracing filter, e.g. `info` or `stockade=debug`.
+    log_filter: String, "STOCKADE_LOG" = "info", |_, v| Ok(v.to_string());
+}
+internal {
     /// Fault injection for tests: pause this long after taking leases, before the
     /// transaction, as a stalled process would. Not settable from the environment.
-    pub fault_pause_after_lease: Duration,
-    /// `STOCKADE_DISPATCH_INTERVAL_MS`: how often each process's dispatcher looks for
-    /// events to route and deliveries to send when it has nothing to do.
-    pub dispatch_interval: Duration,
-    /// `STOCKADE_DELIVERY_MAX_ATTEMPTS`: attempts of one delivery before it is failed.
-    pub delivery_max_attempts: u32,
-    /// `STOCKADE_DELIVERY_BACKOFF_MS`: the first retry's wait; it doubles per attempt
-    /// (with jitter, at most an hour).
-    pub delivery_backoff: Duration,
-    /// `STOCKADE_WEBHOOK_TIMEOUT_MS`: how long one webhook or SMTP send may take.
-    pub webhook_timeout: Duration,
-    /// `STOCKADE_WEBHOOK_ALLOW_PRIVATE`: let webhooks go to loopback and private
-    /// addresses (tests, and receivers on the shop's own network). Off: refused (SSRF).
-    pub webhook_allow_private: bool,
-    /// `STOCKADE_SMTP_URL`: send receipts through this SMTP server, e.g.
-    /// `smtps://user:pass@smtp.example.com` or `smtp://127.0.0.1:2525`.
-    pub smtp_url: Option<Secret>,
-    /// `STOCKADE_MAIL_FROM`: the receipts' sender.
-    pub mail_from: String,
-    /// `STOCKADE_MAIL_DIR`: without SMTP, write receipts as `.eml` files here (local mode:
-    /// `mail/` in the data folder). Neither set: no receipts.
-    pub mail_dir: Option<PathBuf>,
-    /// `STOCKADE_PUBLIC_URL`: the shop's address as shoppers reach it, for links in
-    /// receipts. Unset: `http://` + the listen address.
-    pub public_url: Option<String>,
-    /// `STOCKADE_REDIS_SENTINELS`: `host:port` of Redis Sentinels; when set, the Redis
-    /// master is found through them (and followed across a failover) instead of `REDIS_URL`.
-    pub redis_sentinels: Vec<String>,
-    /// `STOCKADE_REDIS_MASTER`: the master's name the Sentinels monitor.
-    pub redis_master: String,
-    /// `STOCKADE_REDIS_PASSWORD`: the password of the Redis master and replicas found
-    /// through Sentinel (`REDIS_URL` carries its own).
-    pub redis_password: Option<Secret>,
-    /// `STOCKADE_DATABASE_REPLICA_URL`: a streaming replica that takes the reads which may
-    /// lag (catalogue, product pages, product API, admin reports); unset: the primary.
-    pub database_replica_url: Option<Secret>,
-    /// `STOCKADE_DATABASE_PGBOUNCER`: `DATABASE_URL` is a PgBouncer (session pooling): the
-    /// session timeouts are not sent at connect (PgBouncer refuses startup options) but
-    /// set by PgBouncer's `connect_query`.
-    pub database_pgbouncer: bool,
-    /// `STOCKADE_LOG_FORMAT`: `pretty` or `json`.
-    pub log_format: LogFormat,
-    /// `STOCKADE_LOG`: tracing filter, e.g. `info` or `stockade=debug`.
-    pub log_filter: String,
+    fault_pause_after_lease: Duration = Duration::ZERO;
 }
-
-impl Default for Settings {
-    fn default() -> Self {
-        Self {
-            listen: "127.0.0.1:8080".parse().expect("valid default address"),
-            data_dir: PathBuf::from("./.stockade"),
-            database_url: None,
-            redis_url: None,
-            local_pg_port: None,
-            local_redis_port: None,
-            order_strategy: OrderStrategy::RedisLock,
-            batch_max: 128,
-            batch_wait: Duration::ZERO,
-            page_cache: Duration::from_millis(500),
-            workers: 0,
-            db_pool_size: 16,
-            redis_prefix: "stockade:".into(),
-            statement_timeout: Duration::from_millis(1_500),
-            tx_timeout: Duration::from_millis(2_000),
-            request_budget: Duration::from_millis(5_000),
-            db_acquire_timeout: Duration::from_millis(500),
-            redis_timeout: Duration::from_millis(250),
-            lease_ttl: Duration::from_millis(1_000),
-            lease_wait: Duration::from_millis(2_000),
-            max_line_quantity: 10,
-            idempotency_ttl_hours: 24,
-            api_anonymous_orders: false,
-            rate_limit_per_minute: 60,
-            rate_limit_burst: 20,
-            api_key: None,
-            login_max_failures: 5,
-            login_max_failures_per_client: 20,
-            login_window: Duration::from_secs(900),
-            secure_cookies: false,
-            trusted_proxies: Vec::new(),
-            body_timeout: Duration::from_millis(4_000),
-            metrics_listen: None,
-            metrics_token: None,
-            hold_ttl: Duration::from_secs(600),
-            hold_max_per_sku: 5,
-            sweep_interval: Duration::from_millis(1_000),
-            fault_pause_after_lease: Duration::ZERO,
-            dispatch_interval: Duration::from_millis(500),
-            delivery_max_attempts: 10,
-            delivery_backoff: Duration::from_millis(1_000),
-            webhook_timeout: Duration::from_millis(5_000),
-            webhook_allow_private: false,
-            smtp_url: None,
-            mail_from: "Stockade <shop@localhost>".into(),
-            mail_dir: None,
-            public_url: None,
-            redis_sentinels: Vec::new(),
-            redis_master: "stockade".into(),
-            redis_password: None,
-            database_replica_url: None,
-            database_pgbouncer: false,
-            log_format: LogFormat::Pretty,
-            log_filter: "info".into(),
-        }
-    }
 }
-
-/// Every variable Stockade reads, in the order `.env.example` lists them.
-pub const VARIABLES: &[&str] = &[
-    "STOCKADE_LISTEN",
-    "STOCKADE_DATA_DIR",
-    "DATABASE_URL",
-    "REDIS_URL",
-    "STOCKADE_LOCAL_PG_PORT",
-    "STOCKADE_LOCAL_REDIS_PORT",
-    "STOCKADE_ORDER_STRATEGY",
-    "STOCKADE_BATCH_MAX",
-    "STOCKADE_BATCH_WAIT_US",
-    "STOCKADE_PAGE_CACHE_MS",
-    "STOCKADE_WORKERS",
-    "STOCKADE_DB_POOL_SIZE",
-    "STOCKADE_REDIS_PREFIX",
-    "STOCKADE_STATEMENT_TIMEOUT_MS",
-    "STOCKADE_TX_TIMEOUT_MS",
-    "STOCKADE_REQUEST_BUDGET_MS",
-    "STOCKADE_DB_ACQUIRE_TIMEOUT_MS",
-    "STOCKADE_REDIS_TIMEOUT_MS",
-    "STOCKADE_LEASE_TTL_MS",
-    "STOCKADE_LEASE_WAIT_MS",
-    "STOCKADE_MAX_LINE_QUANTITY",
-    "STOCKADE_IDEMPOTENCY_TTL_HOURS",
-    "STOCKADE_API_ANONYMOUS_ORDERS",
-    "STOCKADE_RATE_LIMIT_PER_MINUTE",
-    "STOCKADE_RATE_LIMIT_BURST",
-    "STOCKADE_API_KEY",
-    "STOCKADE_LOGIN_MAX_FAILURES",
-    "STOCKADE_LOGIN_MAX_FAILURES_PER_CLIENT",
-    "STOCKADE_LOGIN_WINDOW_SECONDS",
-    "STOCKADE_SECURE_COOKIES",
-    "STOCKADE_TRUSTED_PROXIES",
-    "STOCKADE_BODY_TIMEOUT_MS",
-    "STOCKADE_METRICS_LISTEN",
-    "STOCKADE_METRICS_TOKEN",
-    "STOCKADE_HOLD_SECONDS",
-    "STOCKADE_HOLD_MAX_PER_SKU",
-    "STOCKADE_SWEEP_INTERVAL_MS",
-    "STOCKADE_DISPATCH_INTERVAL_MS",
-    "STOCKADE_DELIVERY_MAX_ATTEMPTS",
-    "STOCKADE_DELIVERY_BACKOFF_MS",
-    "STOCKADE_WEBHOOK_TIMEOUT_MS",
-    "STOCKADE_WEBHOOK_ALLOW_PRIVATE",
-    "STOCKADE_SMTP_URL",
-    "STOCKADE_MAIL_FROM",
-    "STOCKADE_MAIL_DIR",
-    "STOCKADE_PUBLIC_URL",
-    "STOCKADE_REDIS_SENTINELS",
-    "STOCKADE_REDIS_MASTER",
-    "STOCKADE_REDIS_PASSWORD",
-    "STOCKADE_DATABASE_REPLICA_URL",
-    "STOCKADE_DATABASE_PGBOUNCER",
-    "STOCKADE_LOG_FORMAT",
-    "STOCKADE_LOG",
-];
 
 impl Settings {
     /// Reads the process environment.
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::from_vars(std::env::vars())
-    }
-
-    /// Reads settings from `(name, value)` pairs; other programs' variables are ignored,
-    /// unknown `STOCKADE_*` ones are an error.
-    pub fn from_vars(
-        vars: impl IntoIterator<Item = (String, String)>,
-    ) -> Result<Self, ConfigError> {
-        let mut vars: BTreeMap<String, String> = vars
-            .into_iter()
-            .filter(|(k, _)| k.starts_with("STOCKADE_") || VARIABLES.contains(&k.as_str()))
-            .collect();
-        if let Some(unknown) = vars.keys().find(|k| !VARIABLES.contains(&k.as_str())) {
-            return Err(ConfigError::Unknown {
-                var: unknown.clone(),
-            });
-        }
-        let mut s = Self::default();
-        let mut take = |var: &'static str| vars.remove(var).filter(|v| !v.trim().is_empty());
-
-        if let Some(v) = take("STOCKADE_LISTEN") {
-            s.listen = parse(
-                "STOCKADE_LISTEN",
-                &v,
-                "expected address:port, e.g. 127.0.0.1:8080",
-            )?;
-        }
-        if let Some(v) = take("STOCKADE_DATA_DIR") {
-            s.data_dir = PathBuf::from(v);
-        }
-        s.database_url = take("DATABASE_URL").map(Secret::from);
-        if let Some(url) = &s.database_url
-            && !(url.starts_with("postgres://") || url.starts_with("postgresql://"))
-        {
-            return Err(malformed(
-                "DATABASE_URL",
-                url,
-                "expected postgres://user:password@host:port/database",
-            ));
-        }
-        s.redis_url = take("REDIS_URL").map(Secret::from);
-        if let Some(url) = &s.redis_url
-            && !(url.starts_with("redis://") || url.starts_with("rediss://"))
-        {
-            return Err(malformed(
-                "REDIS_URL",
-                url,
-                "expected redis://host:port[/db]",
-            ));
-        }
-        if let Some(v) = take("STOCKADE_LOCAL_PG_PORT") {
-            s.local_pg_port = Some(port("STOCKADE_LOCAL_PG_PORT", &v)?);
-        }
-        if let Some(v) = take("STOCKADE_LOCAL_REDIS_PORT") {
-            s.local_redis_port = Some(port("STOCKADE_LOCAL_REDIS_PORT", &v)?);
-        }
-        if let Some(v) = take("STOCKADE_ORDER_STRATEGY") {
-            s.order_strategy = v
-                .parse()
-                .map_err(|e: String| malformed("STOCKADE_ORDER_STRATEGY", &v, &e))?;
-        }
-        if let Some(v) = take("STOCKADE_BATCH_MAX") {
-            s.batch_max = bounded("STOCKADE_BATCH_MAX", &v, 1, 10_000)?;
-        }
-        if let Some(v) = take("STOCKADE_BATCH_WAIT_US") {
-            s.batch_wait =
-                Duration::from_micros(bounded("STOCKADE_BATCH_WAIT_US", &v, 0, 1_000_000)?);
-        }
-        if let Some(v) = take("STOCKADE_PAGE_CACHE_MS") {
-            s.page_cache = Duration::from_millis(bounded("STOCKADE_PAGE_CACHE_MS", &v, 0, 60_000)?);
-        }
-        if let Some(v) = take("STOCKADE_WORKERS") {
-            s.workers = bounded("STOCKADE_WORKERS", &v, 0, 256)?;
-        }
-        if let Some(v) = take("STOCKADE_DB_POOL_SIZE") {
-            s.db_pool_size = bounded("STOCKADE_DB_POOL_SIZE", &v, 1, 1_000)?;
-        }
-        if let Some(v) = take("STOCKADE_REDIS_PREFIX") {
-            s.redis_prefix = v;
-        }
-        if let Some(v) = take("STOCKADE_STATEMENT_TIMEOUT_MS") {
-            s.statement_timeout = millis("STOCKADE_STATEMENT_TIMEOUT_MS", &v)?;
-        }
-        if let Some(v) = take("STOCKADE_TX_TIMEOUT_MS") {
-            s.tx_timeout = millis("STOCKADE_TX_TIMEOUT_MS", &v)?;
-        }
-        if let Some(v) = take("STOCKADE_REQUEST_BUDGET_MS") {
-            s.request_budget = millis("STOCKADE_REQUEST_BUDGET_MS", &v)?;
-        }
-        if let Some(v) = take("STOCKADE_DB_ACQUIRE_TIMEOUT_MS") {
-            s.db_acquire_timeout = millis("STOCKADE_DB_ACQUIRE_TIMEOUT_MS", &v)?;
-        }
-        if let Some(v) = take("STOCKADE_REDIS_TIMEOUT_MS") {
-            s.redis_timeout = millis("STOCKADE_REDIS_TIMEOUT_MS", &v)?;
-        }
-        if let Some(v) = take("STOCKADE_LEASE_TTL_MS") {
-            s.lease_ttl = millis("STOCKADE_LEASE_TTL_MS", &v)?;
-        }
-        if let Some(v) = take("STOCKADE_LEASE_WAIT_MS") {
-            s.lease_wait = millis("STOCKADE_LEASE_WAIT_MS", &v)?;
-        }
-        if let Some(v) = take("STOCKADE_MAX_LINE_QUANTITY") {
-            s.max_line_quantity = bounded("STOCKADE_MAX_LINE_QUANTITY", &v, 1, 1_000_000)?;
-        }
-        if let Some(v) = take("STOCKADE_IDEMPOTENCY_TTL_HOURS") {
-            s.idempotency_ttl_hours = bounded("STOCKADE_IDEMPOTENCY_TTL_HOURS", &v, 24, 24 * 365)?;
-        }
-        if let Some(v) = take("STOCKADE_API_ANONYMOUS_ORDERS") {
-            s.api_anonymous_orders = boolean("STOCKADE_API_ANONYMOUS_ORDERS", &v)?;
-        }
-        if let Some(v) = take("STOCKADE_RATE_LIMIT_PER_MINUTE") {
-            s.rate_limit_per_minute = bounded("STOCKADE_RATE_LIMIT_PER_MINUTE", &v, 1, 1_000_000)?;
-        }
-        if let Some(v) = take("STOCKADE_RATE_LIMIT_BURST") {
-            s.rate_limit_burst = bounded("STOCKADE_RATE_LIMIT_BURST", &v, 1, 1_000_000)?;
-        }
-        s.api_key = take("STOCKADE_API_KEY").map(Secret::from);
-        if let Some(v) = take("STOCKADE_HOLD_SECONDS") {
-            s.hold_ttl = Duration::from_secs(bounded("STOCKADE_HOLD_SECONDS", &v, 1, 86_400)?);
-        }
-        if let Some(v) = take("STOCKADE_HOLD_MAX_PER_SKU") {
-            s.hold_max_per_sku = bounded("STOCKADE_HOLD_MAX_PER_SKU", &v, 1, 1_000_000)?;
-        }
-        if let Some(v) = take("STOCKADE_SWEEP_INTERVAL_MS") {
-            s.sweep_interval = millis("STOCKADE_SWEEP_INTERVAL_MS", &v)?;
-        }
-        if let Some(v) = take("STOCKADE_LOGIN_MAX_FAILURES") {
-            s.login_max_failures = bounded("STOCKADE_LOGIN_MAX_FAILURES", &v, 1, 1_000_000)?;
-        }
-        if let Some(v) = take("STOCKADE_LOGIN_MAX_FAILURES_PER_CLIENT") {
-            s.login_max_failures_per_client =
-                bounded("STOCKADE_LOGIN_MAX_FAILURES_PER_CLIENT", &v, 1, 1_000_000)?;
-        }
-        if let Some(v) = take("STOCKADE_LOGIN_WINDOW_SECONDS") {
-            s.login_window =
-                Duration::from_secs(bounded("STOCKADE_LOGIN_WINDOW_SECONDS", &v, 1, 86_400)?);
-        }
-        if let Some(v) = take("STOCKADE_SECURE_COOKIES") {
-            s.secure_cookies = boolean("STOCKADE_SECURE_COOKIES", &v)?;
-        }
-        if let Some(v) = take("STOCKADE_TRUSTED_PROXIES") {
-            s.trusted_proxies = v
-                .split(',')
-                .map(str::trim)
-                .filter(|p| !p.is_empty())
-                .map(|p| p.parse::<IpNet>())
-                .collect::<Result<_, _>>()
-                .map_err(|e| malformed("STOCKADE_TRUSTED_PROXIES", &v, &e))?;
-        }
-        if let Some(v) = take("STOCKADE_BODY_TIMEOUT_MS") {
-            s.body_timeout =
-                Duration::from_millis(bounded("STOCKADE_BODY_TIMEOUT_MS", &v, 100, 600_000)?);
-        }
-        if let Some(v) = take("STOCKADE_METRICS_LISTEN") {
-            s.metrics_listen = Some(parse(
-                "STOCKADE_METRICS_LISTEN",
-                &v,
-                "expected address:port, e.g. 127.0.0.1:9090",
-            )?);
-        }
-        if let Some(v) = take("STOCKADE_METRICS_TOKEN") {
-            if v.trim().len() < 16 || !v.trim().bytes().all(|b| b.is_ascii_graphic()) {
-                return Err(malformed(
-                    "STOCKADE_METRICS_TOKEN",
-                    "(hidden)",
-                    "expected at least 16 printable characters without spaces",
-                ));
-            }
-            s.metrics_token = Some(Secret::from(v.trim()));
-        }
-        if let Some(v) = take("STOCKADE_DISPATCH_INTERVAL_MS") {
-            s.dispatch_interval = millis("STOCKADE_DISPATCH_INTERVAL_MS", &v)?;
-        }
-        if let Some(v) = take("STOCKADE_DELIVERY_MAX_ATTEMPTS") {
-            s.delivery_max_attempts = bounded("STOCKADE_DELIVERY_MAX_ATTEMPTS", &v, 1, 100)?;
-        }
-        if let Some(v) = take("STOCKADE_DELIVERY_BACKOFF_MS") {
-            s.delivery_backoff = millis("STOCKADE_DELIVERY_BACKOFF_MS", &v)?;
-        }
-        if let Some(v) = take("STOCKADE_WEBHOOK_TIMEOUT_MS") {
-            s.webhook_timeout =
-                Duration::from_millis(bounded("STOCKADE_WEBHOOK_TIMEOUT_MS", &v, 100, 120_000)?);
-        }
-        if let Some(v) = take("STOCKADE_WEBHOOK_ALLOW_PRIVATE") {
-            s.webhook_allow_private = boolean("STOCKADE_WEBHOOK_ALLOW_PRIVATE", &v)?;
-        }
-        if let Some(v) = take("STOCKADE_SMTP_URL") {
-            if !(v.starts_with("smtp://") || v.starts_with("smtps://")) {
-                return Err(malformed(
-                    "STOCKADE_SMTP_URL",
-                    "(hidden)",
-                    "expected smtp://… or smtps://…",
-                ));
-            }
-            s.smtp_url = Some(Secret::from(v.trim()));
-        }
-        if let Some(v) = take("STOCKADE_MAIL_FROM") {
-            s.mail_from = v.trim().to_string();
-        }
-        if let Some(v) = take("STOCKADE_MAIL_DIR") {
-            s.mail_dir = Some(PathBuf::from(v));
-        }
-        if let Some(v) = take("STOCKADE_PUBLIC_URL") {
-            if !(v.starts_with("http://") || v.starts_with("https://")) {
-                return Err(malformed(
-                    "STOCKADE_PUBLIC_URL",
-                    &v,
-                    "expected http://… or https://…",
-                ));
-            }
-            s.public_url = Some(v.trim().trim_end_matches('/').to_string());
-        }
-        if let Some(v) = take("STOCKADE_REDIS_SENTINELS") {
-            s.redis_sentinels = v
-                .split(',')
-                .map(str::trim)
-                .filter(|a| !a.is_empty())
-                .map(|a| match a.rsplit_once(':') {
-                    Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
-                        Ok(a.to_string())
-                    }
-                    _ => Err(malformed(
-                        "STOCKADE_REDIS_SENTINELS",
-                        &v,
-                        "expected host:port,host:port,…",
-                    )),
-                })
-                .collect::<Result<_, _>>()?;
-        }
-        if let Some(v) = take("STOCKADE_REDIS_MASTER") {
-            s.redis_master = v.trim().to_string();
-        }
-        s.redis_password = take("STOCKADE_REDIS_PASSWORD").map(Secret::from);
-        s.database_replica_url = take("STOCKADE_DATABASE_REPLICA_URL").map(Secret::from);
-        if let Some(url) = &s.database_replica_url
-            && !(url.starts_with("postgres://") || url.starts_with("postgresql://"))
-        {
-            return Err(malformed(
-                "STOCKADE_DATABASE_REPLICA_URL",
-                url,
-                "expected postgres://user:password@host:port/database",
-            ));
-        }
-        if let Some(v) = take("STOCKADE_DATABASE_PGBOUNCER") {
-            s.database_pgbouncer = boolean("STOCKADE_DATABASE_PGBOUNCER", &v)?;
-        }
-        if let Some(v) = take("STOCKADE_LOG_FORMAT") {
-            s.log_format = v
-                .parse()
-                .map_err(|e: String| malformed("STOCKADE_LOG_FORMAT", &v, &e))?;
-        }
-        if let Some(v) = take("STOCKADE_LOG") {
-            s.log_filter = v;
-        }
-        s.validate()?;
-        Ok(s)
     }
 
     /// Checks relations between settings.
@@ -773,6 +560,21 @@ fn parse<T: FromStr>(var: &'static str, value: &str, problem: &str) -> Result<T,
         .trim()
         .parse()
         .map_err(|_| malformed(var, value, problem))
+}
+
+fn choice<T: FromStr<Err = String>>(var: &'static str, value: &str) -> Result<T, ConfigError> {
+    value.parse().map_err(|e: String| malformed(var, value, &e))
+}
+
+fn postgres_url(var: &'static str, value: &str) -> Result<Secret, ConfigError> {
+    if !(value.starts_with("postgres://") || value.starts_with("postgresql://")) {
+        return Err(malformed(
+            var,
+            value,
+            "expected postgres://user:password@host:port/database",
+        ));
+    }
+    Ok(Secret::from(value))
 }
 
 fn bounded<T>(var: &'static str, value: &str, min: T, max: T) -> Result<T, ConfigError>
@@ -1042,6 +844,16 @@ mod tests {
             previous = line;
         }
         assert_eq!(listed, VARIABLES, ".env.example and VARIABLES differ");
+        // Every value shown is the default declared in code (empty: unset).
+        for line in example.lines().filter(|l| !l.starts_with('#')) {
+            if let Some((name, value)) = line.split_once('=') {
+                let (_, default) = DEFAULTS.iter().find(|(var, _)| *var == name).unwrap();
+                assert_eq!(
+                    value, *default,
+                    "{name}: .env.example shows another default"
+                );
+            }
+        }
         // The example file itself is a valid configuration.
         let pairs = example
             .lines()

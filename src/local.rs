@@ -474,13 +474,15 @@ impl LocalServices {
 pub async fn create_database(maintenance_url: &str, name: &str) -> anyhow::Result<()> {
     use sqlx::Connection;
     let mut conn = sqlx::PgConnection::connect(maintenance_url).await?;
-    let exists: bool =
-        sqlx::query_scalar("select exists (select 1 from pg_database where datname = $1)")
-            .bind(name)
-            .fetch_one(&mut conn)
-            .await?;
+    let exists: bool = sqlx::query_scalar!(
+        r#"select exists (select 1 from pg_database where datname = $1) as "exists!""#,
+        name,
+    )
+    .fetch_one(&mut conn)
+    .await?;
     if !exists {
-        // Identifiers cannot be bound; callers pass fixed names or generated ones.
+        // Identifiers cannot be bound (so this stays a runtime string, not `query!`);
+        // callers pass fixed names or generated ones.
         let sql = format!(r#"create database "{}""#, name.replace('"', ""));
         sqlx::query(sqlx::AssertSqlSafe(sql))
             .execute(&mut conn)

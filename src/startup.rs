@@ -373,15 +373,17 @@ impl Replica {
     /// replay is behind (`pg_stat_replication`, which needs a superuser or `pg_monitor`):
     /// (milliseconds, bytes), the worst replica's. Caught up and quiet reads as 0 ms.
     async fn measure(&self) -> sqlx::Result<(i64, i64)> {
-        sqlx::query("select 1").execute(&self.pool).await?;
-        let (ms, bytes): (Option<i64>, Option<i64>) = sqlx::query_as(
-            r#"select max(extract(epoch from replay_lag) * 1000)::bigint,
-                      max(pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn))::bigint
+        sqlx::query!("select 1 as one")
+            .fetch_one(&self.pool)
+            .await?;
+        let lag = sqlx::query!(
+            r#"select max(extract(epoch from replay_lag) * 1000)::bigint as ms,
+                      max(pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn))::bigint as bytes
                  from pg_stat_replication"#,
         )
         .fetch_one(&self.primary)
         .await?;
-        Ok((ms.unwrap_or(0), bytes.unwrap_or(0).max(0)))
+        Ok((lag.ms.unwrap_or(0), lag.bytes.unwrap_or(0).max(0)))
     }
 }
 

@@ -88,6 +88,8 @@ pub async fn browse(pool: &PgPool, browse: &Browse, per_page: i64) -> sqlx::Resu
         (true, Sort::PriceHigh) => searched!("p.price_cents desc, p.name, p.sku"),
         (true, Sort::Newest) => searched!("p.created_at desc, p.sku"),
     };
+    // Runtime-checked: the statement is chosen from nine by the sort and the search, and
+    // binds a fourth parameter only when searching.
     let mut query = sqlx::query_as::<_, ListedRow>(sql)
         .bind(browse.category.as_deref())
         .bind(per_page)
@@ -117,33 +119,39 @@ pub async fn browse(pool: &PgPool, browse: &Browse, per_page: i64) -> sqlx::Resu
 /// The categories with something on sale, by name, with how many products each has.
 #[tracing::instrument(skip_all)]
 pub async fn categories(pool: &PgPool) -> sqlx::Result<Vec<(String, i64)>> {
-    sqlx::query_as(
-        r#"select category, count(*) from products
+    let rows = sqlx::query!(
+        r#"select category as "category!", count(*) as "products!" from products
             where active and category is not null
             group by category order by category"#,
     )
     .fetch_all(pool)
-    .await
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.category, r.products)).collect())
 }
 
 /// Sets (or with `None` removes) `sku`'s category; false when there is no such product.
+#[tracing::instrument(skip_all)]
 pub async fn set_category(
     db: impl sqlx::PgExecutor<'_>,
     sku: &Sku,
     category: Option<&str>,
 ) -> sqlx::Result<bool> {
-    let updated = sqlx::query("update products set category = $2 where sku = $1")
-        .bind(sku.as_str())
-        .bind(category)
-        .execute(db)
-        .await?
-        .rows_affected();
+    let updated = sqlx::query!(
+        "update products set category = $2 where sku = $1",
+        sku.as_str(),
+        category,
+    )
+    .execute(db)
+    .await?
+    .rows_affected();
     Ok(updated == 1)
 }
 
 /// One active product, or `None`.
 #[tracing::instrument(skip_all, fields(sku = %sku))]
 pub async fn find_product(pool: &PgPool, sku: &Sku) -> sqlx::Result<Option<ProductView>> {
+    // Runtime-checked: `query_as!` takes only a literal, not the `select_view!` the listing
+    // shares, and it fills the nested `ProductView` through `FromRow`.
     sqlx::query_as(select_view!("where p.active and p.sku = $1"))
         .bind(sku.as_str())
         .fetch_optional(pool)
@@ -151,17 +159,20 @@ pub async fn find_product(pool: &PgPool, sku: &Sku) -> sqlx::Result<Option<Produ
 }
 
 /// Sets (or with `None` removes) `sku`'s purchase limit; false when there is no such product.
+#[tracing::instrument(skip_all)]
 pub async fn set_purchase_limit(
     db: impl sqlx::PgExecutor<'_>,
     sku: &Sku,
     limit: Option<i32>,
 ) -> sqlx::Result<bool> {
-    let updated = sqlx::query("update products set purchase_limit = $2 where sku = $1")
-        .bind(sku.as_str())
-        .bind(limit)
-        .execute(db)
-        .await?
-        .rows_affected();
+    let updated = sqlx::query!(
+        "update products set purchase_limit = $2 where sku = $1",
+        sku.as_str(),
+        limit,
+    )
+    .execute(db)
+    .await?
+    .rows_affected();
     Ok(updated == 1)
 }
 

@@ -155,13 +155,14 @@ pub struct Stored {
 }
 
 /// Stores (or replaces) `sku`'s picture; false when there is no such product.
+#[tracing::instrument(skip_all)]
 pub async fn save(
     db: impl sqlx::PgExecutor<'_>,
     sku: &Sku,
     picture: &Processed,
     actor: &str,
 ) -> sqlx::Result<bool> {
-    let saved = sqlx::query(
+    let saved = sqlx::query!(
         r#"insert into product_images
                (sku, image, image_etag, thumb, thumb_etag, content_type, width, height, updated_by)
            select p.sku, $2, $3, $4, $5, 'image/jpeg', $6, $7, $8 from products p where p.sku = $1
@@ -170,15 +171,15 @@ pub async fn save(
                   thumb = excluded.thumb, thumb_etag = excluded.thumb_etag,
                   content_type = excluded.content_type, width = excluded.width,
                   height = excluded.height, updated_at = now(), updated_by = excluded.updated_by"#,
+        sku.as_str(),
+        &picture.image,
+        &picture.image_etag,
+        &picture.thumb,
+        &picture.thumb_etag,
+        picture.width as i32,
+        picture.height as i32,
+        actor,
     )
-    .bind(sku.as_str())
-    .bind(&picture.image)
-    .bind(&picture.image_etag)
-    .bind(&picture.thumb)
-    .bind(&picture.thumb_etag)
-    .bind(picture.width as i32)
-    .bind(picture.height as i32)
-    .bind(actor)
     .execute(db)
     .await?
     .rows_affected();
@@ -200,6 +201,7 @@ pub async fn find(pool: &PgPool, sku: &Sku, size: Size) -> sqlx::Result<Option<S
                 where i.sku = $1 and p.active"#
         }
     };
+    // Runtime-checked: the statement is one of two chosen by `size`.
     sqlx::query_as(sql)
         .bind(sku.as_str())
         .fetch_optional(pool)

@@ -148,6 +148,7 @@ fn valid_name(name: &str) -> bool {
 }
 
 /// Makes a client; returns it and its key (which nothing keeps: show it now).
+#[tracing::instrument(skip_all, fields(name = name))]
 pub async fn create(
     db: &PgPool,
     name: &str,
@@ -159,16 +160,17 @@ pub async fn create(
     }
     let key = generate_key();
     let (per_minute, unlimited) = limit.columns();
-    let row = sqlx::query_as(
+    let row = sqlx::query_as!(
+        ClientRow,
         r#"insert into api_clients (name, key_hash, key_prefix, rate_limit_per_minute, unlimited)
            values ($1, $2, $3, $4, $5)
            returning id, name, key_prefix, rate_limit_per_minute, unlimited, created_at, revoked_at"#,
+        name,
+        hash_key(&key),
+        &key[..KEY_PREFIX.len() + 8],
+        per_minute,
+        unlimited,
     )
-    .bind(name)
-    .bind(hash_key(&key))
-    .bind(&key[..KEY_PREFIX.len() + 8])
-    .bind(per_minute)
-    .bind(unlimited)
     .fetch_one(db)
     .await
     .map_err(|e| match &e {
@@ -181,8 +183,10 @@ pub async fn create(
 }
 
 /// Every client, live ones first, newest first.
+#[tracing::instrument(skip_all)]
 pub async fn list(db: &PgPool) -> sqlx::Result<Vec<ClientRow>> {
-    sqlx::query_as(
+    sqlx::query_as!(
+        ClientRow,
         r#"select id, name, key_prefix, rate_limit_per_minute, unlimited, created_at, revoked_at
              from api_clients
             order by revoked_at is not null, id desc"#,
@@ -192,11 +196,12 @@ pub async fn list(db: &PgPool) -> sqlx::Result<Vec<ClientRow>> {
 }
 
 /// Revokes live client `id`; false when there is none.
+#[tracing::instrument(skip_all)]
 pub async fn revoke(db: &PgPool, id: i64) -> sqlx::Result<bool> {
-    Ok(sqlx::query(
+    Ok(sqlx::query!(
         "update api_clients set revoked_at = now() where id = $1 and revoked_at is null",
+        id,
     )
-    .bind(id)
     .execute(db)
     .await?
     .rows_affected()
@@ -204,61 +209,66 @@ pub async fn revoke(db: &PgPool, id: i64) -> sqlx::Result<bool> {
 }
 
 /// Revokes the live client called `name`.
+#[tracing::instrument(skip_all)]
 pub async fn revoke_by_name(db: &PgPool, name: &str) -> Result<i64, ClientError> {
-    sqlx::query_scalar(
+    sqlx::query_scalar!(
         r#"update api_clients set revoked_at = now()
             where name = $1 and revoked_at is null
         returning id"#,
+        name.trim(),
     )
-    .bind(name.trim())
     .fetch_optional(db)
     .await?
     .ok_or_else(|| ClientError::Unknown(name.to_string()))
 }
 
 /// The live client whose key this is.
+#[tracing::instrument(skip_all)]
 pub async fn find_by_key(db: &PgPool, key: &str) -> sqlx::Result<Option<ApiClient>> {
-    let row: Option<(i64, String, Option<i32>, bool)> = sqlx::query_as(
+    let row = sqlx::query!(
         r#"select id, name, rate_limit_per_minute, unlimited from api_clients
             where key_hash = $1 and revoked_at is null"#,
+        hash_key(key),
     )
-    .bind(hash_key(key))
     .fetch_optional(db)
     .await?;
-    Ok(row.map(|(id, name, per_minute, unlimited)| ApiClient {
-        id,
-        name,
-        limit: Limit::of(per_minute, unlimited),
+    Ok(row.map(|row| ApiClient {
+        id: row.id,
+        name: row.name,
+        limit: Limit::of(row.rate_limit_per_minute, row.unlimited),
     }))
 }
 
 /// Whether `caller` placed order `id`: through the API under its own key, or by confirming
 /// a hold it placed. Orders from the storefront belong to no API caller.
+#[tracing::instrument(skip_all)]
 pub async fn owns_order(db: &PgPool, caller: &Caller, id: Uuid) -> sqlx::Result<bool> {
-    sqlx::query_scalar(
+    sqlx::query_scalar!(
         r#"select exists (
              select 1 from orders o
                left join holds h on o.idempotency_scope = 'hold' and h.id::text = o.idempotency_key
               where o.id = $1
                 and ((o.idempotency_scope = 'api' and starts_with(o.idempotency_key, $2))
-                  or (h.idempotency_scope = 'api-hold' and starts_with(h.idempotency_key, $2))))"#,
+                  or (h.idempotency_scope = 'api-hold' and starts_with(h.idempotency_key, $2))))
+           as "owns!""#,
+        id,
+        format!("{}:", caller.owner()),
     )
-    .bind(id)
-    .bind(format!("{}:", caller.owner()))
     .fetch_one(db)
     .await
 }
 
 /// Whether `caller` placed hold `id` through the API.
+#[tracing::instrument(skip_all)]
 pub async fn owns_hold(db: &PgPool, caller: &Caller, id: Uuid) -> sqlx::Result<bool> {
-    sqlx::query_scalar(
+    sqlx::query_scalar!(
         r#"select exists (
              select 1 from holds
               where id = $1 and idempotency_scope = 'api-hold'
-                and starts_with(idempotency_key, $2))"#,
+                and starts_with(idempotency_key, $2)) as "owns!""#,
+        id,
+        format!("{}:", caller.owner()),
     )
-    .bind(id)
-    .bind(format!("{}:", caller.owner()))
     .fetch_one(db)
     .await
 }

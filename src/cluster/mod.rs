@@ -402,7 +402,7 @@ async fn prepare_database(url: &str) -> anyhow::Result<Option<String>> {
         .context("could not apply database migrations")?;
     conn.close().await?;
     let db = sqlx::PgPool::connect(url).await?;
-    let products: i64 = sqlx::query_scalar("select count(*) from products")
+    let products = sqlx::query_scalar!(r#"select count(*) as "count!" from products"#)
         .fetch_one(&db)
         .await?;
     if products == 0 {
@@ -537,10 +537,11 @@ async fn wait_for_server_connections(
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         // This check's own session is one of the client backends.
-        let open: i64 = sqlx::query_scalar(
-            "select count(*) - 1 from pg_stat_activity where backend_type = 'client backend' and datname = $1",
+        let open = sqlx::query_scalar!(
+            r#"select count(*) - 1 as "open!" from pg_stat_activity
+                where backend_type = 'client backend' and datname = $1"#,
+            PG_DATABASE,
         )
-        .bind(PG_DATABASE)
         .fetch_one(&db)
         .await?;
         if open >= i64::from(pool) {

@@ -12,17 +12,21 @@ use uuid::Uuid;
 use super::{Event, EventType};
 
 /// Writes `event` on `conn`, which must be the transaction of the change it reports.
+#[tracing::instrument(skip_all, fields(kind = event.kind.as_str()))]
 pub async fn record(conn: &mut PgConnection, event: Event) -> sqlx::Result<()> {
-    sqlx::query("insert into events (type, payload) values ($1, $2)")
-        .bind(event.kind.as_str())
-        .bind(event.payload)
-        .execute(conn)
-        .await?;
+    sqlx::query!(
+        "insert into events (type, payload) values ($1, $2)",
+        event.kind.as_str(),
+        event.payload,
+    )
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
 /// Writes events of one type by one statement (a batch's orders, a sweep's holds), on the
 /// transaction of the changes they report.
+#[tracing::instrument(skip_all, fields(kind = kind.as_str(), events = payloads.len()))]
 pub async fn record_many(
     conn: &mut PgConnection,
     kind: EventType,
@@ -31,11 +35,13 @@ pub async fn record_many(
     if payloads.is_empty() {
         return Ok(());
     }
-    sqlx::query("insert into events (type, payload) select $1, p from unnest($2::jsonb[]) as p")
-        .bind(kind.as_str())
-        .bind(payloads)
-        .execute(conn)
-        .await?;
+    sqlx::query!(
+        "insert into events (type, payload) select $1, p from unnest($2::jsonb[]) as p",
+        kind.as_str(),
+        &payloads,
+    )
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
@@ -43,8 +49,9 @@ pub async fn record_many(
 /// per endpoint that subscribes to the type, and with `mail` a receipt for each placed
 /// order that has an email. Events another process is routing are skipped, not waited
 /// for. Returns how many events were routed.
+#[tracing::instrument(skip_all, fields(limit = limit, mail = mail))]
 pub async fn route(pool: &PgPool, limit: i64, mail: bool) -> sqlx::Result<i64> {
-    sqlx::query_scalar(
+    sqlx::query_scalar!(
         r#"with picked as (
                 select id from events where routed_at is null
                  order by seq limit $1
@@ -62,10 +69,10 @@ pub async fn route(pool: &PgPool, limit: i64, mail: bool) -> sqlx::Result<i64> {
                 select r.id, 'mail' from routed r
                  where $2 and r.type = 'order.placed' and coalesce(r.payload->>'email', '') <> ''
            )
-           select count(*) from routed"#,
+           select count(*) as "routed!" from routed"#,
+        limit,
+        mail,
     )
-    .bind(limit)
-    .bind(mail)
     .fetch_one(pool)
     .await
 }
@@ -89,8 +96,10 @@ pub struct Claimed {
 /// Claims up to `limit` due deliveries for `lease`: each counts an attempt and is not due
 /// again until the lease runs out, so a dispatcher that dies mid-send leaves it to be
 /// claimed and sent again. Rows another dispatcher is claiming are skipped.
+#[tracing::instrument(skip_all, fields(limit = limit))]
 pub async fn claim(pool: &PgPool, limit: i64, lease: Duration) -> sqlx::Result<Vec<Claimed>> {
-    sqlx::query_as(
+    sqlx::query_as!(
+        Claimed,
         r#"with due as (
                 select id from deliveries
                  where status = 'pending' and next_attempt_at <= now()
@@ -103,14 +112,15 @@ pub async fn claim(pool: &PgPool, limit: i64, lease: Duration) -> sqlx::Result<V
                   from due where d.id = due.id
              returning d.id, d.channel, d.attempts, d.event_id, d.endpoint_id
            )
-           select c.id, c.channel, c.attempts, c.event_id, e.type as event_type, e.version,
-                  e.payload, e.created_at as event_created_at, w.url, w.secret
+           select c.id as "id!", c.channel as "channel!", c.attempts as "attempts!",
+                  c.event_id as "event_id!", e.type as event_type, e.version, e.payload,
+                  e.created_at as event_created_at, w.url as "url?", w.secret
              from claimed c
              join events e on e.id = c.event_id
              left join webhook_endpoints w on w.id = c.endpoint_id"#,
+        limit,
+        lease.as_secs_f64(),
     )
-    .bind(limit)
-    .bind(lease.as_secs_f64())
     .fetch_all(pool)
     .await
 }
@@ -127,12 +137,14 @@ pub struct Attempt {
 
 /// Marks a claimed delivery sent. False when the claim was lost (its lease ran out and
 /// another dispatcher claimed it again): that one settles it.
+#[tracing::instrument(skip_all)]
 pub async fn mark_sent(pool: &PgPool, claimed: &Claimed, attempt: &Attempt) -> sqlx::Result<bool> {
     settle(pool, claimed, attempt, "sent", Duration::ZERO).await
 }
 
 /// Marks a claimed delivery failed for now: due again after `retry_in`, or failed for
 /// good with `None`.
+#[tracing::instrument(skip_all)]
 pub async fn mark_unsent(
     pool: &PgPool,
     claimed: &Claimed,
@@ -145,6 +157,7 @@ pub async fn mark_unsent(
     }
 }
 
+#[tracing::instrument(skip_all, fields(status = status))]
 async fn settle(
     pool: &PgPool,
     claimed: &Claimed,
@@ -152,21 +165,21 @@ async fn settle(
     status: &str,
     wait: Duration,
 ) -> sqlx::Result<bool> {
-    let changed = sqlx::query(
+    let changed = sqlx::query!(
         r#"update deliveries
               set status = $3,
                   next_attempt_at = now() + make_interval(secs => $4),
                   sent_at = case when $3 = 'sent' then now() end,
                   last_status = $5, last_response = $6, last_error = $7
             where id = $1 and attempts = $2 and status = 'pending'"#,
+        claimed.id,
+        claimed.attempts,
+        status,
+        wait.as_secs_f64(),
+        attempt.status.map(|s| s as i16),
+        attempt.response.as_deref(),
+        attempt.error.as_deref(),
     )
-    .bind(claimed.id)
-    .bind(claimed.attempts)
-    .bind(status)
-    .bind(wait.as_secs_f64())
-    .bind(attempt.status.map(|s| s as i16))
-    .bind(&attempt.response)
-    .bind(&attempt.error)
     .execute(pool)
     .await?
     .rows_affected();
@@ -175,13 +188,14 @@ async fn settle(
 
 /// Sends delivery `id` again from the start (the admin's "resend"). False when there is
 /// no such delivery.
+#[tracing::instrument(skip_all)]
 pub async fn resend(pool: &PgPool, id: i64) -> sqlx::Result<bool> {
-    let changed = sqlx::query(
+    let changed = sqlx::query!(
         r#"update deliveries
               set status = 'pending', attempts = 0, next_attempt_at = now(), sent_at = null
             where id = $1"#,
+        id,
     )
-    .bind(id)
     .execute(pool)
     .await?
     .rows_affected();
@@ -201,31 +215,36 @@ pub struct Stats {
 }
 
 /// What is pending now and how old the oldest is (cheap: partial indexes).
+#[tracing::instrument(skip_all)]
 pub async fn pending(pool: &PgPool) -> sqlx::Result<(i64, f64)> {
-    sqlx::query_as(
+    let row = sqlx::query!(
         r#"select (select count(*) from deliveries where status = 'pending')
-                + (select count(*) from events where routed_at is null),
+                + (select count(*) from events where routed_at is null) as "pending!",
                   coalesce(extract(epoch from now() - least(
                       (select min(created_at) from deliveries where status = 'pending'),
-                      (select min(created_at) from events where routed_at is null)))::float8, 0)"#,
+                      (select min(created_at) from events where routed_at is null)))::float8, 0)
+                  as "oldest_seconds!""#,
     )
     .fetch_one(pool)
-    .await
+    .await?;
+    Ok((row.pending, row.oldest_seconds))
 }
 
 /// The counts the dashboard shows (a day's worth, so polling them stays cheap).
+#[tracing::instrument(skip_all)]
 pub async fn stats(pool: &PgPool) -> sqlx::Result<Stats> {
     let (pending, oldest_pending_seconds) = pending(pool).await?;
-    let (sent, failed): (i64, i64) = sqlx::query_as(
-        r#"select count(*) filter (where status = 'sent'), count(*) filter (where status = 'failed')
+    let day = sqlx::query!(
+        r#"select count(*) filter (where status = 'sent') as "sent!",
+                  count(*) filter (where status = 'failed') as "failed!"
              from deliveries where created_at > now() - interval '24 hours'"#,
     )
     .fetch_one(pool)
     .await?;
     Ok(Stats {
         pending,
-        sent,
-        failed,
+        sent: day.sent,
+        failed: day.failed,
         oldest_pending_seconds,
     })
 }
@@ -242,6 +261,7 @@ pub struct Endpoint {
     pub created_at: DateTime<Utc>,
 }
 
+#[tracing::instrument(skip_all)]
 pub async fn insert_endpoint(
     pool: &PgPool,
     url: &str,
@@ -250,22 +270,25 @@ pub async fn insert_endpoint(
     secret: &str,
 ) -> sqlx::Result<Endpoint> {
     let types: Vec<&str> = types.iter().map(|t| t.as_str()).collect();
-    sqlx::query_as(
+    sqlx::query_as!(
+        Endpoint,
         r#"insert into webhook_endpoints (id, url, event_types, description, secret)
            values ($1, $2, $3, $4, $5)
            returning id, url, event_types, description, created_at"#,
+        Uuid::new_v4(),
+        url,
+        &types as &[&str],
+        description,
+        secret,
     )
-    .bind(Uuid::new_v4())
-    .bind(url)
-    .bind(types)
-    .bind(description)
-    .bind(secret)
     .fetch_one(pool)
     .await
 }
 
+#[tracing::instrument(skip_all)]
 pub async fn endpoints(pool: &PgPool) -> sqlx::Result<Vec<Endpoint>> {
-    sqlx::query_as(
+    sqlx::query_as!(
+        Endpoint,
         "select id, url, event_types, description, created_at from webhook_endpoints order by created_at",
     )
     .fetch_all(pool)
@@ -273,13 +296,15 @@ pub async fn endpoints(pool: &PgPool) -> sqlx::Result<Vec<Endpoint>> {
 }
 
 /// Deletes an endpoint and its deliveries. False when there was none.
+#[tracing::instrument(skip_all)]
 pub async fn delete_endpoint(pool: &PgPool, id: Uuid) -> sqlx::Result<bool> {
-    Ok(sqlx::query("delete from webhook_endpoints where id = $1")
-        .bind(id)
-        .execute(pool)
-        .await?
-        .rows_affected()
-        == 1)
+    Ok(
+        sqlx::query!("delete from webhook_endpoints where id = $1", id)
+            .execute(pool)
+            .await?
+            .rows_affected()
+            == 1,
+    )
 }
 
 /// A delivery as the admin lists it.
@@ -322,14 +347,16 @@ impl Delivery {
 }
 
 /// The latest deliveries, newest first; `status` narrows them.
+#[tracing::instrument(skip_all)]
 pub async fn deliveries(
     pool: &PgPool,
     status: Option<&str>,
     limit: i64,
 ) -> sqlx::Result<Vec<Delivery>> {
-    sqlx::query_as(
+    sqlx::query_as!(
+        Delivery,
         r#"select d.id, d.event_id, e.type as event_type, d.channel,
-                  coalesce(w.url, e.payload->>'email', '') as destination,
+                  coalesce(w.url, e.payload->>'email', '') as "destination!",
                   d.status, d.attempts, d.next_attempt_at, d.last_status, d.last_response,
                   d.last_error, d.created_at, d.sent_at
              from deliveries d
@@ -337,9 +364,9 @@ pub async fn deliveries(
              left join webhook_endpoints w on w.id = d.endpoint_id
             where ($1::text is null or d.status = $1)
             order by d.id desc limit $2"#,
+        status,
+        limit,
     )
-    .bind(status)
-    .bind(limit)
     .fetch_all(pool)
     .await
 }

@@ -406,3 +406,60 @@ pub fn request_id(req: &HttpRequest) -> String {
         .map(|r| r.0.clone())
         .unwrap_or_default()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use actix_web::{App, test};
+
+    use super::*;
+
+    /// Collects what the subscriber writes.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[actix_web::test]
+    async fn request_logs_name_the_route_pattern_and_leave_the_path_out() {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .json()
+            .with_current_span(true)
+            .with_writer(move || writer.clone())
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let app = test::init_service(
+            App::new()
+                .wrap(actix_web::middleware::from_fn(around_request))
+                .route("/orders/{id}", web::get().to(|| async { "an order" })),
+        )
+        .await;
+        let secret_id = "7f3c9a51d2e84b0c";
+        let req = test::TestRequest::get()
+            .uri(&format!("/orders/{secret_id}"))
+            .to_request();
+        let res = test::call_service(&app, req).await;
+        assert_eq!(res.status(), StatusCode::OK);
+
+        let logged = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        let line: serde_json::Value = logged
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .find(|l: &serde_json::Value| l["fields"]["message"] == "request finished")
+            .unwrap_or_else(|| panic!("no `request finished` line in {logged}"));
+        assert_eq!(line["span"]["route"], "/orders/{id}", "{line}");
+        assert_eq!(line["span"]["method"], "GET", "{line}");
+        assert!(!logged.contains(secret_id), "the path was logged: {logged}");
+    }
+}

@@ -62,19 +62,21 @@ impl SkuBalance {
 }
 
 /// Stock, ledger and sales per SKU.
+#[tracing::instrument(skip_all)]
 pub async fn balances(db: &PgPool) -> sqlx::Result<Vec<SkuBalance>> {
-    sqlx::query_as(
+    sqlx::query_as!(
+        SkuBalance,
         r#"select s.sku, s.on_hand, s.reserved,
                   coalesce((select sum(m.delta) from stock_movements m
-                             where m.sku = s.sku and m.reason <> 'order'), 0)::bigint as supplied,
+                             where m.sku = s.sku and m.reason <> 'order'), 0)::bigint as "supplied!",
                   coalesce((select sum(l.quantity) from order_lines l
-                             where l.sku = s.sku), 0)::bigint as sold,
+                             where l.sku = s.sku), 0)::bigint as "sold!",
                   coalesce((select sum(m.delta) from stock_movements m where m.sku = s.sku), 0)::bigint
-                      as ledger_on_hand,
+                      as "ledger_on_hand!",
                   coalesce((select sum(m.reserved_delta) from stock_movements m where m.sku = s.sku), 0)::bigint
-                      as ledger_reserved,
+                      as "ledger_reserved!",
                   coalesce((select -sum(m.delta) from stock_movements m
-                             where m.sku = s.sku and m.reason = 'order'), 0)::bigint as ledger_sold
+                             where m.sku = s.sku and m.reason = 'order'), 0)::bigint as "ledger_sold!"
              from stock s
             order by s.sku"#,
     )
@@ -122,6 +124,7 @@ fn contradictions(log: &[LogEntry]) -> Vec<String> {
 /// Checks I1–I7. `log` is the client log of a run (I4, I5 and part of I3 need it); `redis`
 /// is where the servers keep their leases, and `stale_after` how long they trust an
 /// in-flight idempotency record (both for I6).
+#[tracing::instrument(skip_all)]
 pub async fn check(
     db: &PgPool,
     log: Option<&[LogEntry]>,
@@ -186,14 +189,19 @@ pub async fn check(
 
     // I3: at most one order per idempotency key, and one answer: the client was never told
     // two different things about one request.
-    let mut rows: Vec<String> = sqlx::query_as::<_, (String, String, i64)>(
-        r#"select idempotency_scope, idempotency_key, count(*) from orders
+    let mut rows: Vec<String> = sqlx::query!(
+        r#"select idempotency_scope, idempotency_key, count(*) as "orders!" from orders
             group by 1, 2 having count(*) > 1"#,
     )
     .fetch_all(db)
     .await?
     .into_iter()
-    .map(|(scope, key, n)| format!("{scope}/{key}: {n} orders"))
+    .map(|r| {
+        format!(
+            "{}/{}: {} orders",
+            r.idempotency_scope, r.idempotency_key, r.orders
+        )
+    })
     .collect();
     if let Some(log) = log {
         rows.extend(contradictions(log));
@@ -213,8 +221,7 @@ pub async fn check(
             .collect();
         let ids: Vec<uuid::Uuid> = acknowledged.iter().copied().collect();
         let found: BTreeSet<uuid::Uuid> =
-            sqlx::query_scalar("select id from orders where id = any($1)")
-                .bind(&ids)
+            sqlx::query_scalar!("select id from orders where id = any($1)", &ids)
                 .fetch_all(db)
                 .await?
                 .into_iter()
@@ -240,16 +247,21 @@ pub async fn check(
             .map(|(key, _)| *key)
             .collect();
         // The log has the keys as sent; the database as `<API client>:<key>`.
-        let rows = sqlx::query_as::<_, (String, uuid::Uuid)>(
+        let rows = sqlx::query!(
             r#"select idempotency_key, id from orders
                 where idempotency_scope = 'api'
                   and substr(idempotency_key, strpos(idempotency_key, ':') + 1) = any($1)"#,
+            &refused as &[&str],
         )
-        .bind(&refused)
         .fetch_all(db)
         .await?
         .into_iter()
-        .map(|(key, id)| format!("key {key} was refused, yet order {id} exists"))
+        .map(|r| {
+            format!(
+                "key {} was refused, yet order {} exists",
+                r.idempotency_key, r.id
+            )
+        })
         .collect();
         verdicts.push(verdict(
             "I5",
@@ -260,20 +272,21 @@ pub async fn check(
 
     // I6: quiet state — no leases left, no idle transactions, no expired holds still active,
     // no request still in flight long after any request could be.
-    let mut rows: Vec<String> = sqlx::query_scalar::<_, String>(
+    let mut rows: Vec<String> = sqlx::query_scalar!(
         r#"select format('%s hold(s) expired but still active, the oldest since %s',
-                         count(*), min(expires_at))
+                         count(*), min(expires_at)) as "problem!"
              from holds where state = 'active' and expires_at < now() - interval '5 seconds'
            having count(*) > 0"#,
     )
     .fetch_all(db)
     .await?;
     rows.extend(
-        sqlx::query_scalar::<_, String>(
-            // Between two statements of a live transaction (a dispatcher's or a sweeper's
-            // pass) a session is idle in transaction for a moment; one left there for
-            // seconds is stuck.
+        // Between two statements of a live transaction (a dispatcher's or a sweeper's
+        // pass) a session is idle in transaction for a moment; one left there for seconds
+        // is stuck.
+        sqlx::query_scalar!(
             r#"select format('session %s idle in transaction since %s', pid, state_change)
+                      as "problem!"
                  from pg_stat_activity
                 where state like 'idle in transaction%' and datname = current_database()
                   and state_change < now() - interval '2 seconds'
@@ -283,13 +296,14 @@ pub async fn check(
         .await?,
     );
     rows.extend(
-        sqlx::query_scalar::<_, String>(
+        sqlx::query_scalar!(
             r#"select format('idempotency key %s/%s in flight since %s', scope, key, locked_at)
+                      as "problem!"
                  from idempotency_keys
                 where state = 'in_flight' and locked_at < now() - make_interval(secs => $1)
                 order by locked_at"#,
+            stale_after.as_secs_f64(),
         )
-        .bind(stale_after.as_secs_f64())
         .fetch_all(db)
         .await?,
     );
@@ -312,14 +326,14 @@ pub async fn check(
     // I7: the outbox — every order announced exactly once, and no announcement of an
     // order that does not exist (one written by a transaction that rolled back). Not asked
     // of a database migrated by a build that had no outbox (`stockade bench --server-exe`).
-    let has_outbox: bool = sqlx::query_scalar("select to_regclass('events') is not null")
+    let has_outbox = sqlx::query_scalar!(r#"select to_regclass('events') is not null as "has!""#)
         .fetch_one(db)
         .await?;
     if !has_outbox {
         return Ok(verdicts);
     }
-    let rows = sqlx::query_scalar::<_, String>(
-        r#"select format('order %s has %s order.placed events', o.id, count(e.id))
+    let rows = sqlx::query_scalar!(
+        r#"select format('order %s has %s order.placed events', o.id, count(e.id)) as "problem!"
              from orders o
              left join events e on e.type = 'order.placed' and e.payload->>'order_id' = o.id::text
             group by o.id having count(e.id) <> 1

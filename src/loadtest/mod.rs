@@ -391,6 +391,7 @@ async fn fresh_database(url: &str, strategy: &str) -> anyhow::Result<String> {
         &uuid::Uuid::new_v4().simple().to_string()[..8]
     );
     let mut conn = sqlx::PgConnection::connect(url).await?;
+    // A runtime string, not `query!`: a database name is an identifier and cannot be bound.
     sqlx::query(sqlx::AssertSqlSafe(format!(r#"create database "{name}""#)))
         .execute(&mut conn)
         .await?;
@@ -530,6 +531,7 @@ pub async fn setup(db: &PgPool, args: &LoadtestArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+#[tracing::instrument(skip_all, fields(sku = %sku, units = units))]
 async fn set_stock(
     db: &PgPool,
     sku: &Sku,
@@ -538,12 +540,12 @@ async fn set_stock(
     units: i32,
 ) -> anyhow::Result<()> {
     let mut tx = db.begin().await?;
-    let created = sqlx::query(
+    let created = sqlx::query!(
         "insert into products (sku, name, price_cents) values ($1, $2, $3) on conflict (sku) do nothing",
+        sku.as_str(),
+        name,
+        price,
     )
-    .bind(sku.as_str())
-    .bind(name)
-    .bind(price)
     .execute(&mut *tx)
     .await?
     .rows_affected()
@@ -555,22 +557,24 @@ async fn set_stock(
     }
     tx.commit().await?;
     // Free what active holds keep, then adjust on_hand to the wanted number.
-    let holds: Vec<uuid::Uuid> = sqlx::query_scalar(
+    let holds = sqlx::query_scalar!(
         r#"select distinct h.id from holds h join hold_lines l on l.hold_id = h.id
             where h.state = 'active' and l.sku = $1"#,
+        sku.as_str(),
     )
-    .bind(sku.as_str())
     .fetch_all(db)
     .await?;
     for hold in holds {
         crate::holds::release(db, None, hold, "loadtest").await?;
     }
     let mut tx = db.begin().await?;
-    let (on_hand, reserved): (i32, i32) =
-        sqlx::query_as("select on_hand, reserved from stock where sku = $1 for update")
-            .bind(sku.as_str())
-            .fetch_one(&mut *tx)
-            .await?;
+    let row = sqlx::query!(
+        "select on_hand, reserved from stock where sku = $1 for update",
+        sku.as_str(),
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    let (on_hand, reserved) = (row.on_hand, row.reserved);
     // The row is locked: the count cannot move between reading and setting it.
     let target = units.max(reserved);
     crate::inventory::db::adjust(&mut tx, sku, on_hand, target, "load test setup", "loadtest")

@@ -336,9 +336,11 @@ impl Redis {
     async fn raise_fence_on(&self, mut conn: ConnectionManager) -> anyhow::Result<()> {
         let seen: i64 = match self.fence_source.get() {
             Some(db) => {
-                sqlx::query_scalar("select coalesce(max(last_fence), 0)::bigint from stock")
-                    .fetch_one(db)
-                    .await?
+                sqlx::query_scalar!(
+                    r#"select coalesce(max(last_fence), 0)::bigint as "fence!" from stock"#
+                )
+                .fetch_one(db)
+                .await?
             }
             None => 0,
         };
