@@ -7,7 +7,9 @@ use stockade::loadtest::check::{RedisTarget, Verdict, check, default_stale_after
 use stockade::loadtest::run::LogEntry;
 use stockade::loadtest::{LoadtestArgs, run_report};
 
-use crate::helpers::{TestApp, fresh_database, serve_app, spawn_app};
+use crate::helpers::{
+    TestApp, fresh_database, serve_app, spawn_app, spawn_app_with, test_settings,
+};
 
 #[derive(Parser)]
 struct Cli {
@@ -261,7 +263,10 @@ fn entry(kind: &str, key: &str, status: u16, outcome: &str, id: Option<String>) 
 
 #[tokio::test]
 async fn the_checker_names_each_kind_of_violation() {
-    let app = spawn_app().await;
+    // This process does not sweep: the expired hold below must still be there when checked.
+    let mut settings = test_settings().await;
+    settings.sweep_interval = std::time::Duration::from_secs(3600);
+    let app = spawn_app_with(settings).await;
     app.add_product("CHK-1", "Checked", 100, 5).await;
     let redis = RedisTarget {
         url: app.settings.redis_url.as_deref().unwrap().to_string(),
@@ -319,8 +324,7 @@ async fn the_checker_names_each_kind_of_violation() {
     assert_eq!(failed(&verdicts), ["I3", "I4", "I5"], "{verdicts:#?}");
 
     // I6: an expired hold still active, a lease left behind, an idle transaction, a key
-    // in flight for an hour. The transaction first: it counts once idle for seconds (the
-    // hold is checked before the app's sweeper releases it).
+    // in flight for an hour. The transaction first: it counts once idle for seconds.
     let mut idle = app.db.begin().await.unwrap();
     sqlx::query("select 1").execute(&mut *idle).await.unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(2_500)).await;
