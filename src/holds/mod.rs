@@ -27,7 +27,7 @@ use crate::locking::Redis;
 use crate::orders::{Order, OrderLine, Shortage};
 
 /// A hold as pages and the API show it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Hold {
     pub id: Uuid,
     /// `active`, `confirmed`, `released` or `expired`.

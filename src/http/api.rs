@@ -12,6 +12,10 @@ use uuid::Uuid;
 
 use super::limits::{self, limit_placement};
 use super::middleware::problem_response;
+use super::openapi::{
+    BadRequest, Conflict, Forbidden, NotFound, RequestTimeout, TooLarge, TooManyRequests,
+    Unauthorized, Unavailable, Unprocessable, UnsupportedMediaType,
+};
 use super::{AppState, detached};
 use crate::catalog::{ProductView, Sku};
 use crate::clients::{self, Caller};
@@ -23,12 +27,16 @@ use crate::orders::{self, OrderRequest, Placement, Shopper, Shortage};
 /// Header that marks a response replayed from an idempotency record.
 pub const REPLAYED_HEADER: &str = "Idempotency-Replayed";
 
-#[derive(Serialize)]
+/// A product as the API shows it.
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = Product)]
 struct ProductJson {
     sku: String,
     name: String,
     description: String,
     price_cents: i64,
+    /// Units that can be ordered now: on hand less those held in checkouts.
+    #[schema(minimum = 0)]
     available: i32,
     /// At most this many per customer; `null` when there is no limit.
     purchase_limit: Option<i32>,
@@ -62,6 +70,36 @@ const API_PER_PAGE: i64 = 100;
 /// a search; `?page=` pages it ([`API_PER_PAGE`] a page). The body stays the plain array
 /// clients rely on; `X-Total-Count` says how many match, and `Link: <…>; rel="next"`
 /// points to the next page when there is one.
+#[utoipa::path(
+    get,
+    path = "/api/v1/products",
+    tag = "products",
+    params(
+        ("q" = Option<String>, Query, max_length = 100,
+            description = "Search words (name and description, prefix match); one line."),
+        ("category" = Option<String>, Query, max_length = 40,
+            description = "Only this category (as the admin named it)."),
+        ("sort" = Option<String>, Query,
+            pattern = "^(relevance|name|price-low|price-high|newest)?$",
+            description = "`relevance` (the default), `name`, `price-low`, `price-high` or \
+                `newest`."),
+        ("page" = Option<i64>, Query, minimum = 1, maximum = 10000,
+            description = "Pages of 100, from 1; without it, every match."),
+    ),
+    responses(
+        (status = 200, description = "The matching products, by name or as sorted.",
+            body = [ProductJson],
+            headers(
+                ("X-Total-Count" = i64, description = "How many products match."),
+                ("Link" = String,
+                    description = "`<…>; rel=\"next\"`: the next page, while there is one \
+                        (with `page` only)."),
+            )),
+        (status = 400, response = BadRequest),
+        (status = 422, response = Unprocessable),
+        (status = 503, response = Unavailable),
+    )
+)]
 #[tracing::instrument(skip_all)]
 pub async fn get_products(
     req: HttpRequest,
@@ -98,6 +136,18 @@ pub async fn get_products(
     Ok(res.json(products))
 }
 
+/// One product by SKU (any case).
+#[utoipa::path(
+    get,
+    path = "/api/v1/products/{sku}",
+    tag = "products",
+    params(("sku" = String, Path, description = "The product's SKU, e.g. `KB-ALPINE-65`.")),
+    responses(
+        (status = 200, description = "The product.", body = ProductJson),
+        (status = 404, response = NotFound),
+        (status = 503, response = Unavailable),
+    )
+)]
 pub async fn get_product(
     state: web::Data<AppState>,
     path: web::Path<String>,
@@ -110,6 +160,48 @@ pub async fn get_product(
         .await?
         .ok_or_else(not_found)?;
     Ok(HttpResponse::Ok().json(ProductJson::from(product)))
+}
+
+/// The body of an order or a hold.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // read as JSON by `OrderRequest::from_json`; this is its shape
+struct OrderBody {
+    /// One line per SKU.
+    #[schema(min_items = 1)]
+    lines: Vec<LineBody>,
+    /// Where the receipt goes.
+    #[schema(max_length = 254)]
+    email: Option<String>,
+    /// The customer's name; one line.
+    #[schema(max_length = 200)]
+    name: Option<String>,
+}
+
+/// One line of an order or a hold.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+struct LineBody {
+    /// The product's SKU.
+    sku: String,
+    /// Units, from 1 to the shop's cap per line (`STOCKADE_MAX_LINE_QUANTITY`, 10 unless set).
+    #[schema(minimum = 1)]
+    quantity: i64,
+}
+
+/// The `Idempotency-Key` request header, as the contract describes it.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Header)]
+#[allow(dead_code)]
+struct IdempotencyKeyHeader {
+    /// A unique value per order (printable ASCII, up to 255 characters); send the same value
+    /// when retrying it. Scoped to the API client.
+    #[param(
+        rename = "Idempotency-Key",
+        min_length = 1,
+        max_length = 255,
+        pattern = "^[\\x20-\\x7e]+$"
+    )]
+    idempotency_key: String,
 }
 
 /// The `Idempotency-Key` header, required on every POST that creates something.
@@ -130,6 +222,35 @@ pub fn idempotency_key(req: &HttpRequest) -> Result<IdempotencyKey, AppError> {
         .map_err(|e| AppError::BadRequest(crate::error::sentence(&e.to_string())))
 }
 
+/// Places an order: every line or none, never more than is in stock. A retry with the same
+/// `Idempotency-Key` and body answers the first response again (`Idempotency-Replayed`).
+#[utoipa::path(
+    post,
+    path = "/api/v1/orders",
+    tag = "orders",
+    security(("api_key" = [])),
+    params(IdempotencyKeyHeader),
+    request_body = OrderBody,
+    responses(
+        (status = 201, description = "The order, placed (or replayed).",
+            body = crate::orders::Order,
+            headers(
+                ("Location" = String, description = "`/api/v1/orders/{id}`."),
+                ("Idempotency-Replayed" = String,
+                    description = "`true` when this answers an earlier request with the key."),
+            )),
+        (status = 400, response = BadRequest),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 408, response = RequestTimeout),
+        (status = 409, response = Conflict),
+        (status = 413, response = TooLarge),
+        (status = 415, response = UnsupportedMediaType),
+        (status = 422, response = Unprocessable),
+        (status = 429, response = TooManyRequests),
+        (status = 503, response = Unavailable),
+    )
+)]
 #[tracing::instrument(skip_all)]
 pub async fn post_orders(
     req: HttpRequest,
@@ -139,6 +260,35 @@ pub async fn post_orders(
     place(req, state, body, Scope::Api).await
 }
 
+/// Places a checkout hold: the stock is reserved until it expires, is confirmed into an
+/// order, or is released. Same body, headers and idempotency as an order.
+#[utoipa::path(
+    post,
+    path = "/api/v1/holds",
+    tag = "holds",
+    security(("api_key" = [])),
+    params(IdempotencyKeyHeader),
+    request_body = OrderBody,
+    responses(
+        (status = 201, description = "The hold, placed (or replayed).",
+            body = crate::holds::Hold,
+            headers(
+                ("Location" = String, description = "`/api/v1/holds/{id}`."),
+                ("Idempotency-Replayed" = String,
+                    description = "`true` when this answers an earlier request with the key."),
+            )),
+        (status = 400, response = BadRequest),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 408, response = RequestTimeout),
+        (status = 409, response = Conflict),
+        (status = 413, response = TooLarge),
+        (status = 415, response = UnsupportedMediaType),
+        (status = 422, response = Unprocessable),
+        (status = 429, response = TooManyRequests),
+        (status = 503, response = Unavailable),
+    )
+)]
 #[tracing::instrument(skip_all)]
 pub async fn post_holds(
     req: HttpRequest,
@@ -239,6 +389,20 @@ async fn own_hold(req: &HttpRequest, state: &AppState, path: &str) -> Result<Uui
     Ok(id)
 }
 
+/// A hold the caller placed, and its state.
+#[utoipa::path(
+    get,
+    path = "/api/v1/holds/{id}",
+    tag = "holds",
+    security(("api_key" = [])),
+    params(("id" = Uuid, Path, description = "The hold's id.")),
+    responses(
+        (status = 200, description = "The hold.", body = crate::holds::Hold),
+        (status = 401, response = Unauthorized),
+        (status = 404, response = NotFound),
+        (status = 503, response = Unavailable),
+    )
+)]
 pub async fn get_hold(
     req: HttpRequest,
     state: web::Data<AppState>,
@@ -252,12 +416,44 @@ pub async fn get_hold(
 }
 
 /// Optional details for confirming a hold.
-#[derive(Debug, Default, serde::Deserialize)]
+#[derive(Debug, Default, serde::Deserialize, utoipa::ToSchema)]
 pub struct ConfirmBody {
+    /// Where the receipt goes.
+    #[schema(max_length = 254)]
     email: Option<String>,
+    /// The customer's name; one line.
+    #[schema(max_length = 200)]
     name: Option<String>,
 }
 
+/// Confirms a hold the caller placed into an order; confirming again answers the same
+/// order. After expiry the order is placed from free stock if there is enough (else 409).
+#[utoipa::path(
+    post,
+    path = "/api/v1/holds/{id}/confirm",
+    tag = "holds",
+    security(("api_key" = [])),
+    params(("id" = Uuid, Path, description = "The hold's id.")),
+    request_body(content = Option<ConfirmBody>, description = "Optional; may be empty."),
+    responses(
+        (status = 201, description = "The order the hold became.",
+            body = crate::orders::Order,
+            headers(
+                ("Location" = String, description = "`/api/v1/orders/{id}`."),
+                ("Idempotency-Replayed" = String,
+                    description = "`true` when the hold was confirmed before."),
+            )),
+        (status = 400, response = BadRequest),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, response = NotFound),
+        (status = 408, response = RequestTimeout),
+        (status = 409, response = Conflict),
+        (status = 413, response = TooLarge),
+        (status = 422, response = Unprocessable),
+        (status = 503, response = Unavailable),
+    )
+)]
 #[tracing::instrument(skip_all)]
 pub async fn post_hold_confirm(
     req: HttpRequest,
@@ -295,6 +491,23 @@ pub async fn post_hold_confirm(
     }
 }
 
+/// Releases a hold the caller placed: its stock is offered again at once. Releasing again
+/// is a no-op.
+#[utoipa::path(
+    delete,
+    path = "/api/v1/holds/{id}",
+    tag = "holds",
+    security(("api_key" = [])),
+    params(("id" = Uuid, Path, description = "The hold's id.")),
+    responses(
+        (status = 204, description = "Released (or it was already)."),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, response = NotFound),
+        (status = 409, response = Conflict),
+        (status = 503, response = Unavailable),
+    )
+)]
 pub async fn delete_hold(
     req: HttpRequest,
     state: web::Data<AppState>,
@@ -308,6 +521,19 @@ pub async fn delete_hold(
 }
 
 /// The order, to the caller that placed it (others get 404: the id alone reveals nothing).
+#[utoipa::path(
+    get,
+    path = "/api/v1/orders/{id}",
+    tag = "orders",
+    security(("api_key" = [])),
+    params(("id" = Uuid, Path, description = "The order's id.")),
+    responses(
+        (status = 200, description = "The order.", body = crate::orders::Order),
+        (status = 401, response = Unauthorized),
+        (status = 404, response = NotFound),
+        (status = 503, response = Unavailable),
+    )
+)]
 pub async fn get_order(
     req: HttpRequest,
     state: web::Data<AppState>,

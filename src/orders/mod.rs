@@ -281,7 +281,7 @@ fn validate_email(email: &str) -> Result<(), InvalidOrder> {
 }
 
 /// A placed order, as pages and the API show it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Order {
     pub id: Uuid,
     pub status: String,
@@ -293,7 +293,7 @@ pub struct Order {
 }
 
 /// One line of a placed order, with the unit price captured when it was placed.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct OrderLine {
     pub sku: String,
     pub name: String,
@@ -328,7 +328,7 @@ impl OrderLine {
 }
 
 /// A SKU an order wanted more of than was available.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Shortage {
     pub sku: String,
     pub requested: i32,
