@@ -1,0 +1,104 @@
+//! The API contract: the served OpenAPI document describes every API route, and
+//! schemathesis, fuzzing a running app from that document, finds no server error and no
+//! response the document does not describe.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use stockade::clients::{self, Limit};
+use stockade::config::Settings;
+use stockade::http::openapi;
+
+use crate::helpers::*;
+
+/// The pinned schemathesis the Makefile installs (`make deps-test`).
+fn schemathesis() -> PathBuf {
+    let exe = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/schemathesis");
+    assert!(
+        exe.exists(),
+        "{} is missing: `make deps-test` installs schemathesis into .venv/",
+        exe.display()
+    );
+    exe
+}
+
+/// Examples per operation and phase: enough to reach every status, small enough for CI.
+const EXAMPLES_PER_OPERATION: &str = "40";
+
+#[tokio::test]
+async fn the_served_contract_is_openapi_3_1_and_lists_every_api_route() {
+    let app = spawn_app().await;
+    let res = app.get("/api/v1/openapi.json").await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["content-type"], "application/json");
+    let doc: serde_json::Value = res.json().await.expect("the document is JSON");
+    assert_eq!(doc["openapi"], "3.1.0");
+    assert_eq!(openapi::operations(&doc), openapi::api_routes());
+    // Every operation lists its errors, and an order's include the ones a client causes.
+    let post_orders = &doc["paths"]["/api/v1/orders"]["post"]["responses"];
+    for status in ["201", "400", "401", "409", "422", "429", "503"] {
+        assert!(
+            post_orders.get(status).is_some(),
+            "POST /api/v1/orders does not document {status}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn schemathesis_finds_no_server_error_and_no_response_off_the_contract() {
+    let exe = schemathesis();
+    let app = spawn_app_with(Settings {
+        api_anonymous_orders: false,
+        ..test_settings().await
+    })
+    .await;
+    app.seed_demo().await;
+    let (_, key) = clients::create(&app.db, "schemathesis", Limit::Unlimited)
+        .await
+        .unwrap();
+    // Its working files (the example database) go to a folder of its own.
+    let dir = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let out = tokio::process::Command::new(&exe)
+        .current_dir(dir.path())
+        .args([
+            "run",
+            &app.url("/api/v1/openapi.json"),
+            "--url",
+            &app.address,
+            "--header",
+            &format!("Authorization: Bearer {key}"),
+            "--max-examples",
+            EXAMPLES_PER_OPERATION,
+            "--workers",
+            "2",
+            "--checks",
+            "not_a_server_error,status_code_conformance,content_type_conformance,\
+             response_headers_conformance,response_schema_conformance,\
+             negative_data_rejection,missing_required_header,unsupported_method,\
+             allow_header_conformance,ignored_auth,ensure_resource_availability",
+            "--suppress-health-check",
+            "too_slow,filter_too_much",
+            "--request-timeout",
+            "20",
+            "--generation-database",
+            ":memory:",
+            "--no-color",
+        ])
+        .env("SCHEMATHESIS_TELEMETRY", "false")
+        .output()
+        .await
+        .expect("schemathesis runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!(
+        "schemathesis ({EXAMPLES_PER_OPERATION} examples per operation) took {:.1} s\n{stdout}",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        out.status.success(),
+        "schemathesis found problems:\n{stdout}\n{stderr}"
+    );
+    // Whatever it sent, the stock is still consistent.
+    app.assert_invariants().await;
+}
