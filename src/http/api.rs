@@ -141,7 +141,8 @@ pub async fn get_products(
     get,
     path = "/api/v1/products/{sku}",
     tag = "products",
-    params(("sku" = String, Path, description = "The product's SKU, e.g. `KB-ALPINE-65`.")),
+    params(("sku" = String, Path, example = "KB-ALPINE-75",
+        description = "The product's SKU (any case).")),
     responses(
         (status = 200, description = "The product.", body = ProductJson),
         (status = 404, response = NotFound),
@@ -164,6 +165,10 @@ pub async fn get_product(
 
 /// The body of an order or a hold.
 #[derive(utoipa::ToSchema)]
+#[schema(example = json!({
+    "lines": [{"sku": "KB-ALPINE-75", "quantity": 1}],
+    "email": "ada@example.com"
+}))]
 #[allow(dead_code)] // read as JSON by `OrderRequest::from_json`; this is its shape
 struct OrderBody {
     /// One line per SKU.
@@ -181,7 +186,8 @@ struct OrderBody {
 #[derive(utoipa::ToSchema)]
 #[allow(dead_code)]
 struct LineBody {
-    /// The product's SKU.
+    /// The product's SKU (any case).
+    #[schema(example = "KB-ALPINE-75")]
     sku: String,
     /// Units, from 1 to the shop's cap per line (`STOCKADE_MAX_LINE_QUANTITY`, 10 unless set).
     #[schema(minimum = 1)]
@@ -199,7 +205,8 @@ struct IdempotencyKeyHeader {
         rename = "Idempotency-Key",
         min_length = 1,
         max_length = 255,
-        pattern = "^[\\x20-\\x7e]+$"
+        pattern = "^[\\x20-\\x7e]+$",
+        example = "order-2026-0001"
     )]
     idempotency_key: String,
 }
@@ -234,6 +241,8 @@ pub fn idempotency_key(req: &HttpRequest) -> Result<IdempotencyKey, AppError> {
     responses(
         (status = 201, description = "The order, placed (or replayed).",
             body = crate::orders::Order,
+            links(("GetOrder" = (operation_id = "get_order",
+                parameters(("id" = "$response.body#/id"))))),
             headers(
                 ("Location" = String, description = "`/api/v1/orders/{id}`."),
                 ("Idempotency-Replayed" = String,
@@ -272,6 +281,14 @@ pub async fn post_orders(
     responses(
         (status = 201, description = "The hold, placed (or replayed).",
             body = crate::holds::Hold,
+            links(
+                ("GetHold" = (operation_id = "get_hold",
+                    parameters(("id" = "$response.body#/id")))),
+                ("ConfirmHold" = (operation_id = "post_hold_confirm",
+                    parameters(("id" = "$response.body#/id")))),
+                ("ReleaseHold" = (operation_id = "delete_hold",
+                    parameters(("id" = "$response.body#/id")))),
+            ),
             headers(
                 ("Location" = String, description = "`/api/v1/holds/{id}`."),
                 ("Idempotency-Replayed" = String,
@@ -438,6 +455,8 @@ pub struct ConfirmBody {
     responses(
         (status = 201, description = "The order the hold became.",
             body = crate::orders::Order,
+            links(("GetOrder" = (operation_id = "get_order",
+                parameters(("id" = "$response.body#/id"))))),
             headers(
                 ("Location" = String, description = "`/api/v1/orders/{id}`."),
                 ("Idempotency-Replayed" = String,
@@ -462,12 +481,23 @@ pub async fn post_hold_confirm(
     body: web::Bytes,
 ) -> Result<HttpResponse, AppError> {
     let id = own_hold(&req, &state, &path).await?;
-    // The body is optional; when present it must be a JSON object.
+    // The body is optional; when present it must be a JSON object (serde alone would also
+    // take an array of the fields' values).
     let body: ConfirmBody = if body.iter().all(u8::is_ascii_whitespace) {
         ConfirmBody::default()
     } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| AppError::BadRequest(format!("The body is not valid JSON: {e}")))?
+        let value: serde_json::Value = serde_json::from_slice(&body)
+            .map_err(|e| AppError::BadRequest(format!("The body is not valid JSON: {e}")))?;
+        if !value.is_object() {
+            return Err(AppError::Unprocessable(
+                "The body must be a JSON object: {\"email\": …, \"name\": …}, or empty.".into(),
+            ));
+        }
+        serde_json::from_value(value).map_err(|e| {
+            AppError::Unprocessable(format!(
+                "The body does not fit {{\"email\", \"name\"}}: {e}"
+            ))
+        })?
     };
     let details = OrderRequest::check_contact(body.email.as_deref(), body.name.as_deref())?;
     let db = state.db.clone();

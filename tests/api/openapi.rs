@@ -22,8 +22,9 @@ fn schemathesis() -> PathBuf {
     exe
 }
 
-/// Examples per operation and phase: enough to reach every status, small enough for CI.
-const EXAMPLES_PER_OPERATION: &str = "40";
+/// Examples per operation and phase: enough to reach every status, small enough for CI
+/// (about 30 s on a busy 2-core machine).
+const EXAMPLES_PER_OPERATION: &str = "30";
 
 #[tokio::test]
 async fn the_served_contract_is_openapi_3_1_and_lists_every_api_route() {
@@ -70,8 +71,10 @@ async fn schemathesis_finds_no_server_error_and_no_response_off_the_contract() {
             &format!("Authorization: Bearer {key}"),
             "--max-examples",
             EXAMPLES_PER_OPERATION,
+            // One worker: with more, schemathesis 4.32 trips over its own threads now and
+            // then (a "Runtime Error" that is not about the app).
             "--workers",
-            "2",
+            "1",
             "--checks",
             "not_a_server_error,status_code_conformance,content_type_conformance,\
              response_headers_conformance,response_schema_conformance,\
@@ -101,4 +104,53 @@ async fn schemathesis_finds_no_server_error_and_no_response_off_the_contract() {
     );
     // Whatever it sent, the stock is still consistent.
     app.assert_invariants().await;
+}
+
+#[tokio::test]
+async fn confirming_a_hold_with_a_body_that_is_not_an_object_is_refused_and_changes_nothing() {
+    let app = spawn_app().await;
+    app.add_product("CONFIRM-1", "Confirmable", 1_000, 5).await;
+    let hold: serde_json::Value = client()
+        .post(app.url("/api/v1/holds"))
+        .header("Idempotency-Key", "hold-1")
+        .json(&serde_json::json!({"lines": [{"sku": "CONFIRM-1", "quantity": 2}]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = hold["id"].as_str().expect("the hold was placed");
+    // serde reads `[email, name]` as the struct too; the API takes an object or nothing.
+    for body in [
+        "[null, null]",
+        "[\"ada@example.com\", \"Ada\"]",
+        "\"x\"",
+        "3",
+    ] {
+        let res = client()
+            .post(app.url(&format!("/api/v1/holds/{id}/confirm")))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 422, "{body}");
+        let problem: serde_json::Value = res.json().await.unwrap();
+        assert!(
+            problem["detail"]
+                .as_str()
+                .unwrap()
+                .contains("must be a JSON object"),
+            "{problem}"
+        );
+    }
+    let hold: serde_json::Value = app
+        .get(&format!("/api/v1/holds/{id}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(hold["state"], "active");
+    assert_eq!(app.stock("CONFIRM-1").await, (5, 2));
 }
