@@ -3,8 +3,6 @@
 //! below this module knows about actix-web.
 
 pub mod admin;
-mod admin_clients;
-mod admin_webhooks;
 pub mod api;
 mod assets;
 mod body;

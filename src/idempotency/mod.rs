@@ -290,6 +290,9 @@ pub async fn present(
     )
     .bind(&scopes)
     .bind(&names)
+    // Planned afresh each time: a plan kept from when the table was small joins by
+    // reading all of it, and the table grows by every order.
+    .persistent(false)
     .fetch_all(conn)
     .await?;
     let mut present = vec![false; keys.len()];

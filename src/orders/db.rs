@@ -104,6 +104,8 @@ pub async fn bought_by(
     )
     .bind(&skus)
     .bind(&shoppers)
+    // Planned afresh each time, like `idempotency::present`: the orders grow.
+    .persistent(false)
     .fetch_all(conn)
     .await?;
     Ok(counted.into_iter().map(|(_, n)| n).collect())

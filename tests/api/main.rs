@@ -18,6 +18,7 @@ mod limits;
 mod loadtest;
 mod openapi;
 mod orders;
+mod plans;
 mod process;
 mod security;
 mod shop;

@@ -1,6 +1,6 @@
 //! The admin's API clients page: lists clients, makes one (showing its key once, in the
 //! answer to the form; only its hash is kept) and revokes. Listed in
-//! [`super::admin::routes`], so every route here is behind the admin guard; every form
+//! [`super::routes`], so every route here is behind the admin guard; every form
 //! carries the session's CSRF token.
 
 use actix_web::http::StatusCode;
@@ -8,12 +8,12 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
 use serde::Deserialize;
 
-use super::admin::page_chrome;
-use super::shop::TokenForm;
-use super::{AppState, Chrome, csrf, html, see_other};
+use super::page_chrome;
 use crate::admin::Admin;
 use crate::clients::{self, ClientError, ClientRow, Limit};
 use crate::error::AppError;
+use crate::http::shop::TokenForm;
+use crate::http::{AppState, Chrome, csrf, html, see_other};
 
 #[derive(Template)]
 #[template(path = "admin/api_clients.html")]

@@ -1,7 +1,7 @@
 //! The admin's webhooks: endpoints (made with a URL and event types; the signing secret
 //! shown once, in the answer to the form), deliveries with their last answer and a
-//! "resend" button, and the latest receipts written to the mail folder. The same for
-//! programs under `/api/v1/admin/webhooks`. Listed in [`super::admin::routes`], so every
+//! "resend" button, and the latest receipts written to the mail folder. Their JSON twins,
+//! under `/api/v1/admin/webhooks`, are in [`super::api`]. Listed in [`super::routes`], so every
 //! route here is behind the admin guard; every form carries the session's CSRF token.
 
 use actix_web::http::{StatusCode, header};
@@ -10,17 +10,17 @@ use askama::Template;
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::admin::{check_api_csrf, page_chrome};
-use super::shop::TokenForm;
-use super::{AppState, Chrome, csrf, html, see_other};
+use super::page_chrome;
 use crate::admin::Admin;
 use crate::error::AppError;
 use crate::events::db::{self, Delivery, Endpoint, Stats};
 use crate::events::mail::{self, Written};
 use crate::events::{EventType, sign, target};
+use crate::http::shop::TokenForm;
+use crate::http::{AppState, Chrome, csrf, html, see_other};
 
 /// Deliveries listed per page.
-const DELIVERIES_SHOWN: i64 = 100;
+pub(super) const DELIVERIES_SHOWN: i64 = 100;
 
 #[derive(Template)]
 #[template(path = "admin/webhooks.html")]
@@ -98,15 +98,15 @@ pub async fn get_webhooks(
 }
 
 /// What a new endpoint needs, from the form or the API.
-struct NewEndpoint {
-    url: String,
-    types: Vec<EventType>,
-    description: String,
+pub(super) struct NewEndpoint {
+    pub(super) url: String,
+    pub(super) types: Vec<EventType>,
+    pub(super) description: String,
 }
 
 /// Checks a new endpoint: a URL that may receive webhooks, known event types (at least
 /// one), a short description. The message says what is wrong.
-async fn check_new(
+pub(super) async fn check_new(
     state: &AppState,
     url: &str,
     types: &[String],
@@ -187,7 +187,7 @@ pub async fn post_webhooks(
     Ok(res)
 }
 
-fn endpoint_id(raw: &str) -> Result<Uuid, AppError> {
+pub(super) fn endpoint_id(raw: &str) -> Result<Uuid, AppError> {
     Uuid::parse_str(raw).map_err(|_| AppError::not_found("No such webhook endpoint."))
 }
 
@@ -216,12 +216,12 @@ struct DeliveriesPage {
 
 #[derive(Deserialize)]
 pub struct DeliveriesQuery {
-    status: Option<String>,
+    pub(super) status: Option<String>,
     resent: Option<i64>,
 }
 
 /// `pending`, `sent`, `failed`, or empty for all; anything else is 400.
-fn status_filter(raw: Option<&str>) -> Result<Option<&str>, AppError> {
+pub(super) fn status_filter(raw: Option<&str>) -> Result<Option<&str>, AppError> {
     match raw.map(str::trim) {
         None | Some("") => Ok(None),
         Some(s @ ("pending" | "sent" | "failed")) => Ok(Some(s)),
@@ -249,7 +249,7 @@ pub async fn get_deliveries(
     html(StatusCode::OK, &page)
 }
 
-fn delivery_id(raw: &str) -> Result<i64, AppError> {
+pub(super) fn delivery_id(raw: &str) -> Result<i64, AppError> {
     raw.parse()
         .map_err(|_| AppError::not_found("No such delivery."))
 }
@@ -267,90 +267,4 @@ pub async fn post_resend_delivery(
     }
     tracing::info!(admin = %admin.username, delivery = id, "delivery queued again");
     Ok(see_other(&format!("/admin/deliveries?resent={id}")))
-}
-
-// ---------------------------------------------------------------- the admin API
-
-pub async fn get_api_webhooks(
-    _admin: Admin,
-    state: web::Data<AppState>,
-) -> Result<HttpResponse, AppError> {
-    Ok(HttpResponse::Ok().json(db::endpoints(&state.db).await?))
-}
-
-#[derive(Deserialize)]
-pub struct NewEndpointBody {
-    url: String,
-    event_types: Vec<String>,
-    #[serde(default)]
-    description: String,
-}
-
-/// 201 with the endpoint and its `secret` (the only time it is shown).
-pub async fn post_api_webhooks(
-    req: HttpRequest,
-    admin: Admin,
-    state: web::Data<AppState>,
-    body: web::Json<serde_json::Value>,
-) -> Result<HttpResponse, AppError> {
-    // The token first: a forged request learns nothing, not even how its body is wrong.
-    check_api_csrf(&req, &admin)?;
-    let body: NewEndpointBody = serde_json::from_value(body.into_inner()).map_err(|e| {
-        AppError::Unprocessable(format!(
-            "The body must be {{\"url\": \"https://…\", \"event_types\": [\"order.placed\", …]}}: {e}."
-        ))
-    })?;
-    let new = check_new(&state, &body.url, &body.event_types, &body.description)
-        .await
-        .map_err(AppError::Unprocessable)?;
-    let secret = sign::new_secret();
-    let endpoint =
-        db::insert_endpoint(&state.db, &new.url, &new.types, &new.description, &secret).await?;
-    tracing::info!(admin = %admin.username, endpoint = %endpoint.id, "webhook endpoint created");
-    let mut json = serde_json::to_value(&endpoint).expect("endpoints serialise");
-    json["secret"] = serde_json::Value::String(secret);
-    Ok(HttpResponse::Created()
-        .insert_header((header::CACHE_CONTROL, "no-store"))
-        .json(json))
-}
-
-pub async fn delete_api_webhook(
-    req: HttpRequest,
-    admin: Admin,
-    state: web::Data<AppState>,
-    path: web::Path<String>,
-) -> Result<HttpResponse, AppError> {
-    check_api_csrf(&req, &admin)?;
-    let id = endpoint_id(&path)?;
-    if !db::delete_endpoint(&state.db, id).await? {
-        return Err(AppError::not_found("No such webhook endpoint."));
-    }
-    Ok(HttpResponse::NoContent().finish())
-}
-
-pub async fn get_api_deliveries(
-    _admin: Admin,
-    state: web::Data<AppState>,
-    query: web::Query<DeliveriesQuery>,
-) -> Result<HttpResponse, AppError> {
-    let status = status_filter(query.status.as_deref())?;
-    let deliveries = db::deliveries(&state.db, status, DELIVERIES_SHOWN).await?;
-    Ok(HttpResponse::Ok()
-        .insert_header((header::CACHE_CONTROL, "no-store"))
-        .json(deliveries))
-}
-
-/// 202: queued to be sent again at once, attempts counted from zero.
-pub async fn post_api_resend_delivery(
-    req: HttpRequest,
-    admin: Admin,
-    state: web::Data<AppState>,
-    path: web::Path<String>,
-) -> Result<HttpResponse, AppError> {
-    check_api_csrf(&req, &admin)?;
-    let id = delivery_id(&path)?;
-    if !db::resend(&state.db, id).await? {
-        return Err(AppError::not_found("No such delivery."));
-    }
-    Ok(HttpResponse::Accepted().json(serde_json::json!({ "id": id, "status": "pending" })))
 }

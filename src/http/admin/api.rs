@@ -1,0 +1,363 @@
+//! The admin JSON API (`/api/v1/admin/…`), every area's in one place: the dashboard's
+//! numbers, a product's settings, stock changes (applied once per `Idempotency-Key`), and
+//! webhook endpoints and deliveries. Browser clients send the session's CSRF token in
+//! `X-CSRF-Token`.
+
+use std::time::Duration;
+
+use actix_web::http::{StatusCode, header};
+use actix_web::{HttpRequest, HttpResponse, web};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+
+use super::check_api_csrf;
+use super::dashboard::dashboard;
+use super::once::{Changed, Once, admin_key, apply_once};
+use super::stock::{reason_of, too_much};
+use super::webhooks::{
+    DELIVERIES_SHOWN, DeliveriesQuery, check_new, delivery_id, endpoint_id, status_filter,
+};
+use crate::admin::Admin;
+use crate::catalog::{self, Sku};
+use crate::error::AppError;
+use crate::events::db;
+use crate::events::sign;
+use crate::http::AppState;
+use crate::idempotency::Scope;
+use crate::inventory::db::{self as stock, Adjusted};
+
+pub async fn get_dashboard_json(
+    _admin: Admin,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, AppError> {
+    Ok(HttpResponse::Ok()
+        .insert_header((header::CACHE_CONTROL, "no-store"))
+        .json(dashboard(&state).await?))
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+pub struct RestockBody {
+    units: i64,
+    reason: String,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+pub struct AdjustBody {
+    expected_on_hand: i64,
+    on_hand: i64,
+    reason: String,
+}
+
+/// The admin API's answer to a stock change under an `Idempotency-Key`: the stored JSON,
+/// the first time and (marked replayed) for every retry.
+fn api_answer(once: Once) -> Result<HttpResponse, AppError> {
+    let (stored, replayed) = match once {
+        Once::Applied(stored) => (stored, false),
+        Once::Replayed(stored) => (stored, true),
+        Once::Mismatch => {
+            return Err(AppError::Unprocessable(
+                "This Idempotency-Key was already used for a different request.".into(),
+            ));
+        }
+        Once::InFlight => {
+            return Err(AppError::Conflict {
+                message: "A request with this Idempotency-Key is still being processed.".into(),
+                retry_after: Some(1),
+                details: None,
+            });
+        }
+    };
+    let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
+    let mut res = HttpResponse::build(status);
+    if replayed {
+        res.insert_header((crate::http::api::REPLAYED_HEADER, "true"));
+    }
+    Ok(res.json(stored.body))
+}
+
+/// `PATCH /api/v1/admin/products/{sku}`: `{"purchase_limit": n}` sets the most units one
+/// customer may buy (`null` removes the limit). Answers the product's new settings.
+pub async fn patch_api_product(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    body: web::Json<serde_json::Value>,
+) -> Result<HttpResponse, AppError> {
+    check_api_csrf(&req, &admin)?;
+    let sku = Sku::parse(&path)
+        .map_err(|_| AppError::not_found(format!("No product with SKU {:?}.", path.as_str())))?;
+    let fields = body
+        .as_object()
+        .ok_or_else(|| AppError::Unprocessable("The body must be a JSON object.".into()))?;
+    const FIELDS: [&str; 2] = ["purchase_limit", "category"];
+    if let Some(other) = fields.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+        return Err(AppError::Unprocessable(format!(
+            "{other:?} cannot be changed here; only \"purchase_limit\" and \"category\" can."
+        )));
+    }
+    if fields.is_empty() {
+        return Err(AppError::Unprocessable(
+            "Send {\"purchase_limit\": n} (or null for no limit) and/or {\"category\": \"…\"} \
+             (or null for none)."
+                .into(),
+        ));
+    }
+    // Both are checked before either is written.
+    let limit = match fields.get("purchase_limit") {
+        None => None,
+        Some(serde_json::Value::Null) => Some(None),
+        Some(value) => Some(Some(
+            value
+                .as_i64()
+                .filter(|n| (1..=1_000_000).contains(n))
+                .map(|n| n as i32)
+                .ok_or_else(|| {
+                    AppError::Unprocessable(
+                        "purchase_limit is a whole number from 1 to 1,000,000, or null.".into(),
+                    )
+                })?,
+        )),
+    };
+    let category = match fields.get("category") {
+        None => None,
+        Some(serde_json::Value::Null) => Some(None),
+        Some(serde_json::Value::String(c)) => {
+            Some(Some(catalog::browse::parse_category(c).map_err(|e| {
+                AppError::Unprocessable(crate::error::sentence(&e.0))
+            })?))
+        }
+        Some(_) => {
+            return Err(AppError::Unprocessable(
+                "category is a text of 1 to 40 characters, or null.".into(),
+            ));
+        }
+    };
+    let not_found = || AppError::not_found(format!("No product with SKU {sku}."));
+    let mut tx = state.db.begin().await?;
+    if let Some(limit) = limit
+        && !catalog::db::set_purchase_limit(&mut *tx, &sku, limit).await?
+    {
+        return Err(not_found());
+    }
+    if let Some(category) = &category
+        && !catalog::db::set_category(&mut *tx, &sku, category.as_deref()).await?
+    {
+        return Err(not_found());
+    }
+    tx.commit().await?;
+    let (limit, category): (Option<i32>, Option<String>) =
+        sqlx::query_as("select purchase_limit, category from products where sku = $1")
+            .bind(sku.as_str())
+            .fetch_one(&state.db)
+            .await?;
+    state.catalog.forget(&sku);
+    Ok(HttpResponse::Ok()
+        .json(serde_json::json!({"sku": sku, "purchase_limit": limit, "category": category})))
+}
+
+pub async fn post_api_restock(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    body: web::Json<RestockBody>,
+) -> Result<HttpResponse, AppError> {
+    check_api_csrf(&req, &admin)?;
+    let sku = Sku::parse(&path)
+        .map_err(|_| AppError::not_found(format!("No product with SKU {:?}.", path.as_str())))?;
+    catalog::db::find_product(&state.db, &sku)
+        .await?
+        .ok_or_else(|| AppError::not_found(format!("No product with SKU {sku}.")))?;
+    // Bounds are checked here, before any SQL: a count the column cannot hold is a 422.
+    let units = i32::try_from(body.units)
+        .ok()
+        .filter(|n| (1..=10_000_000).contains(n))
+        .ok_or_else(|| AppError::Unprocessable("units must be from 1 to 10,000,000.".into()))?;
+    let reason = reason_of(&body.reason)?;
+    let fingerprint = ("restock", sku.as_str(), units, reason.clone());
+    let key = admin_key(&admin, &crate::http::api::idempotency_key(&req)?)?;
+    let actor = admin.username.clone();
+    let restocked = sku.clone();
+    let once = apply_once(
+        &state,
+        Scope::Admin,
+        key,
+        &fingerprint,
+        Duration::ZERO,
+        async move |db: &PgPool| -> Result<Changed, AppError> {
+            let sku = restocked;
+            let mut tx = db.begin().await?;
+            let on_hand = stock::restock(&mut tx, &sku, units, &reason, &actor)
+                .await?
+                .ok_or_else(|| too_much(units))?;
+            let body = serde_json::json!({"sku": sku, "on_hand": on_hand});
+            Ok(Changed {
+                tx,
+                status: 200,
+                body,
+            })
+        },
+    )
+    .await??;
+    state.stock_changed(&sku).await;
+    api_answer(once)
+}
+
+pub async fn post_api_adjust(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    body: web::Json<AdjustBody>,
+) -> Result<HttpResponse, AppError> {
+    check_api_csrf(&req, &admin)?;
+    let sku = Sku::parse(&path)
+        .map_err(|_| AppError::not_found(format!("No product with SKU {:?}.", path.as_str())))?;
+    catalog::db::find_product(&state.db, &sku)
+        .await?
+        .ok_or_else(|| AppError::not_found(format!("No product with SKU {sku}.")))?;
+    let new = i32::try_from(body.on_hand)
+        .ok()
+        .filter(|n| (0..=10_000_000).contains(n))
+        .ok_or_else(|| AppError::Unprocessable("on_hand must be from 0 to 10,000,000.".into()))?;
+    let expected = i32::try_from(body.expected_on_hand)
+        .ok()
+        .filter(|n| *n >= 0)
+        .ok_or_else(|| {
+            AppError::Unprocessable(format!(
+                "expected_on_hand must be from 0 to {}.",
+                stock::MAX_ON_HAND
+            ))
+        })?;
+    let reason = reason_of(&body.reason)?;
+    let fingerprint = ("adjust", sku.as_str(), expected, new, reason.clone());
+    let key = admin_key(&admin, &crate::http::api::idempotency_key(&req)?)?;
+    let actor = admin.username.clone();
+    let adjusted = sku.clone();
+    let once = apply_once(
+        &state,
+        Scope::Admin,
+        key,
+        &fingerprint,
+        Duration::ZERO,
+        async move |db: &PgPool| -> Result<Changed, AppError> {
+            let sku = adjusted;
+            let mut tx = db.begin().await?;
+            match stock::adjust(&mut tx, &sku, expected, new, &reason, &actor).await? {
+                Adjusted::Done => {
+                    let body = serde_json::json!({"sku": sku, "on_hand": new});
+                    Ok(Changed {
+                        tx,
+                        status: 200,
+                        body,
+                    })
+                }
+                Adjusted::Moved { on_hand } => Err(AppError::Conflict {
+                    message: format!(
+                        "Stock moved: expected {expected} on hand, but there are {on_hand}; \
+                         nothing was changed."
+                    ),
+                    retry_after: None,
+                    details: Some(serde_json::json!({"on_hand": on_hand})),
+                }),
+                Adjusted::BelowReserved { reserved } => Err(AppError::Conflict {
+                    message: format!(
+                        "{reserved} units are held in checkouts; on_hand cannot go below that."
+                    ),
+                    retry_after: None,
+                    details: Some(serde_json::json!({"reserved": reserved})),
+                }),
+            }
+        },
+    )
+    .await??;
+    state.stock_changed(&sku).await;
+    api_answer(once)
+}
+
+// ---------------------------------------------------------------- webhooks
+
+pub async fn get_api_webhooks(
+    _admin: Admin,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, AppError> {
+    Ok(HttpResponse::Ok().json(db::endpoints(&state.db).await?))
+}
+
+#[derive(Deserialize)]
+pub struct NewEndpointBody {
+    url: String,
+    event_types: Vec<String>,
+    #[serde(default)]
+    description: String,
+}
+
+/// 201 with the endpoint and its `secret` (the only time it is shown).
+pub async fn post_api_webhooks(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+    body: web::Json<serde_json::Value>,
+) -> Result<HttpResponse, AppError> {
+    // The token first: a forged request learns nothing, not even how its body is wrong.
+    check_api_csrf(&req, &admin)?;
+    let body: NewEndpointBody = serde_json::from_value(body.into_inner()).map_err(|e| {
+        AppError::Unprocessable(format!(
+            "The body must be {{\"url\": \"https://…\", \"event_types\": [\"order.placed\", …]}}: {e}."
+        ))
+    })?;
+    let new = check_new(&state, &body.url, &body.event_types, &body.description)
+        .await
+        .map_err(AppError::Unprocessable)?;
+    let secret = sign::new_secret();
+    let endpoint =
+        db::insert_endpoint(&state.db, &new.url, &new.types, &new.description, &secret).await?;
+    tracing::info!(admin = %admin.username, endpoint = %endpoint.id, "webhook endpoint created");
+    let mut json = serde_json::to_value(&endpoint).expect("endpoints serialise");
+    json["secret"] = serde_json::Value::String(secret);
+    Ok(HttpResponse::Created()
+        .insert_header((header::CACHE_CONTROL, "no-store"))
+        .json(json))
+}
+
+pub async fn delete_api_webhook(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, AppError> {
+    check_api_csrf(&req, &admin)?;
+    let id = endpoint_id(&path)?;
+    if !db::delete_endpoint(&state.db, id).await? {
+        return Err(AppError::not_found("No such webhook endpoint."));
+    }
+    Ok(HttpResponse::NoContent().finish())
+}
+
+pub async fn get_api_deliveries(
+    _admin: Admin,
+    state: web::Data<AppState>,
+    query: web::Query<DeliveriesQuery>,
+) -> Result<HttpResponse, AppError> {
+    let status = status_filter(query.status.as_deref())?;
+    let deliveries = db::deliveries(&state.db, status, DELIVERIES_SHOWN).await?;
+    Ok(HttpResponse::Ok()
+        .insert_header((header::CACHE_CONTROL, "no-store"))
+        .json(deliveries))
+}
+
+/// 202: queued to be sent again at once, attempts counted from zero.
+pub async fn post_api_resend_delivery(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, AppError> {
+    check_api_csrf(&req, &admin)?;
+    let id = delivery_id(&path)?;
+    if !db::resend(&state.db, id).await? {
+        return Err(AppError::not_found("No such delivery."));
+    }
+    Ok(HttpResponse::Accepted().json(serde_json::json!({ "id": id, "status": "pending" })))
+}

@@ -1,0 +1,146 @@
+//! The dashboard: stock, today's orders and revenue, holds, low and sold-out products,
+//! recent orders, and the health of Redis, the events and the replica. Its JSON twin (polled
+//! for live updates) is [`super::api::get_dashboard_json`].
+
+use std::time::Duration;
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, web};
+use askama::Template;
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::page_chrome;
+use crate::admin::Admin;
+use crate::catalog::format_cents;
+use crate::error::AppError;
+use crate::http::{AppState, Chrome, html};
+use crate::orders::{self, db::OrderFilter, db::OrderSummary};
+
+/// The numbers on the dashboard (also its JSON, polled for live updates).
+#[derive(Debug, Clone, Serialize)]
+pub struct Dashboard {
+    pub on_hand: i64,
+    pub reserved: i64,
+    pub available: i64,
+    pub orders_today: i64,
+    pub revenue_today_cents: i64,
+    pub revenue_today: String,
+    pub active_holds: i64,
+    pub low_stock: Vec<StockRow>,
+    pub sold_out: Vec<StockRow>,
+    pub recent_orders: Vec<RecentOrder>,
+    pub strategy: String,
+    /// `up`, or `degraded` while Redis is unreachable.
+    pub lease_layer: String,
+    /// Events out: deliveries pending, sent, failed, and the oldest pending's age.
+    pub events: crate::events::db::Stats,
+    /// How far the read replica is behind ("no replica", "down", or its lag).
+    pub replica: String,
+}
+
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct StockRow {
+    pub sku: String,
+    pub name: String,
+    pub on_hand: i32,
+    pub reserved: i32,
+    pub available: i32,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RecentOrder {
+    pub id: Uuid,
+    pub reference: String,
+    pub status: String,
+    pub total: String,
+    pub units: i64,
+    pub at: String,
+}
+
+pub(super) async fn dashboard(state: &AppState) -> Result<Dashboard, AppError> {
+    let db = state.read_pool();
+    let (on_hand, reserved): (i64, i64) = sqlx::query_as(
+        "select coalesce(sum(on_hand), 0)::bigint, coalesce(sum(reserved), 0)::bigint from stock",
+    )
+    .fetch_one(db)
+    .await?;
+    let (orders_today, revenue): (i64, i64) = sqlx::query_as(
+        r#"select count(*), coalesce(sum(total_cents), 0)::bigint from orders
+            where status = 'placed' and created_at >= date_trunc('day', now())"#,
+    )
+    .fetch_one(db)
+    .await?;
+    let active_holds: i64 = sqlx::query_scalar(
+        "select count(*) from holds where state = 'active' and expires_at > now()",
+    )
+    .fetch_one(db)
+    .await?;
+    let stock_rows = |condition: &'static str| {
+        sqlx::query_as::<_, StockRow>(sqlx::AssertSqlSafe(format!(
+            r#"select p.sku, p.name, s.on_hand, s.reserved, s.on_hand - s.reserved as available
+                 from stock s join products p on p.sku = s.sku
+                where p.active and {condition}
+                order by s.on_hand - s.reserved, p.sku limit 12"#
+        )))
+        .fetch_all(db)
+    };
+    let low_stock = stock_rows("s.on_hand - s.reserved between 1 and 5").await?;
+    let sold_out = stock_rows("s.on_hand - s.reserved <= 0").await?;
+    let (recent, _) = orders::db::list_orders(db, &OrderFilter::default(), 8, 0).await?;
+    let redis_up = tokio::time::timeout(Duration::from_secs(1), state.redis.ping())
+        .await
+        .is_ok_and(|r| r.is_ok());
+    Ok(Dashboard {
+        on_hand,
+        reserved,
+        available: on_hand - reserved,
+        orders_today,
+        revenue_today_cents: revenue,
+        revenue_today: format_cents(revenue),
+        active_holds,
+        low_stock,
+        sold_out,
+        recent_orders: recent.into_iter().map(recent_order).collect(),
+        strategy: state.settings.order_strategy.to_string(),
+        lease_layer: if redis_up { "up" } else { "degraded" }.into(),
+        events: crate::events::db::stats(db).await?,
+        replica: match &state.replica {
+            None => "none".into(),
+            Some(r) => match r.lag() {
+                Some((ms, bytes)) => format!("{ms} ms behind ({bytes} bytes of WAL)"),
+                None => "down; reads on the primary".into(),
+            },
+        },
+    })
+}
+
+fn recent_order(o: OrderSummary) -> RecentOrder {
+    RecentOrder {
+        reference: o.id.simple().to_string()[..8].to_uppercase(),
+        id: o.id,
+        status: o.status,
+        total: format_cents(o.total_cents),
+        units: o.units,
+        at: o.created_at.format("%H:%M:%S").to_string(),
+    }
+}
+
+#[derive(Template)]
+#[template(path = "admin/dashboard.html")]
+struct DashboardPage {
+    chrome: Chrome,
+    d: Dashboard,
+}
+
+pub async fn get_dashboard(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, AppError> {
+    let page = DashboardPage {
+        chrome: page_chrome(&req, &admin),
+        d: dashboard(&state).await?,
+    };
+    html(StatusCode::OK, &page)
+}

@@ -1,0 +1,221 @@
+//! Admin changes applied once per idempotency key: the stock forms and the stock API claim
+//! a key (in the admin's own key space), run their change, and store its answer in the
+//! change's transaction; a form answers 303 to the page that shows the result, and that page
+//! finds the result again by `?done=<key>`.
+
+use std::time::{Duration, Instant};
+
+use actix_web::HttpResponse;
+use actix_web::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+
+use crate::admin::Admin;
+use crate::error::AppError;
+use crate::http::{AppState, detached, see_other};
+use crate::idempotency::{self, Begin, IdempotencyKey, Scope, StoredResponse};
+use crate::orders;
+
+/// How long a second press of a stock form (a double click, a refresh while the first is
+/// still running) waits for the first to finish before it is answered 409.
+const SECOND_PRESS_WAIT: Duration = Duration::from_secs(2);
+
+/// A stock change that went through, and the transaction it is still open in: the
+/// idempotency record is completed in that same transaction, so the change and the record
+/// of it commit together or not at all.
+pub(super) struct Changed {
+    pub(super) tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    pub(super) status: u16,
+    pub(super) body: serde_json::Value,
+}
+
+/// What claiming a key for a stock change came to.
+pub(super) enum Once {
+    /// The change ran now; this answer is stored under the key.
+    Applied(StoredResponse),
+    /// The change ran before under this key: its stored answer. Nothing ran now.
+    Replayed(StoredResponse),
+    /// The key was used before for a change with other values. Nothing ran.
+    Mismatch,
+    /// The key's first request is still running. Nothing ran.
+    InFlight,
+}
+
+/// An admin's own key space: `{admin id}:{key}`, so two admins never share a key.
+pub(super) fn admin_key(admin: &Admin, key: &IdempotencyKey) -> Result<IdempotencyKey, AppError> {
+    IdempotencyKey::parse(&format!("{}:{}", admin.id, key.as_str()))
+        .map_err(|_| AppError::BadRequest("The Idempotency-Key is too long.".into()))
+}
+
+/// Runs `change` at most once per `key`, by the orders' protocol: the key is claimed, the
+/// change runs and the key is completed with its answer in the change's own transaction; a
+/// change that fails (`Err`, which is not stored) releases the key so a retry starts
+/// afresh. While the key's first request is still running, waits up to `wait` for it.
+///
+/// The outer error is the machinery's (the database), the inner one the change's. It runs
+/// as its own task, so a client that goes away leaves the key completed or released, never
+/// stuck in flight.
+pub(super) async fn apply_once<E, F>(
+    state: &AppState,
+    scope: Scope,
+    key: IdempotencyKey,
+    fingerprint: &impl Serialize,
+    wait: Duration,
+    change: F,
+) -> Result<Result<Once, E>, AppError>
+where
+    E: 'static,
+    F: AsyncFnOnce(&PgPool) -> Result<Changed, E> + 'static,
+{
+    let fingerprint = idempotency::Fingerprint::of(fingerprint);
+    let stale = orders::stale_after(&state.settings);
+    let db = state.db.clone();
+    detached(async move {
+        let deadline = Instant::now() + wait;
+        let mut pause = Duration::from_millis(20);
+        let claim = loop {
+            match idempotency::begin(&db, scope, &key, &fingerprint, stale).await? {
+                Begin::Started(claim) => break claim,
+                Begin::Replay(stored) => return Ok(Ok(Once::Replayed(stored))),
+                Begin::Mismatch => return Ok(Ok(Once::Mismatch)),
+                Begin::InFlight if Instant::now() < deadline => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(200));
+                }
+                Begin::InFlight => return Ok(Ok(Once::InFlight)),
+            }
+        };
+        match change(&db).await {
+            Ok(Changed {
+                mut tx,
+                status,
+                body,
+            }) => {
+                let stored = StoredResponse { status, body };
+                if !idempotency::complete(&mut tx, &claim, &stored).await? {
+                    tx.rollback().await?;
+                    return Err(AppError::conflict(
+                        "This request was taken over by a retry.",
+                    ));
+                }
+                tx.commit().await?;
+                Ok(Ok(Once::Applied(stored)))
+            }
+            Err(e) => {
+                idempotency::abandon(&db, &claim).await?;
+                Ok(Err(e))
+            }
+        }
+    })
+    .await?
+}
+
+/// What a stock form did, stored under the form's key: the page that shows the result, and
+/// the notice it shows there.
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct FormOutcome {
+    pub(super) page: String,
+    pub(super) notice: String,
+}
+
+impl FormOutcome {
+    /// A form's change that went through in `tx`, answered by this outcome.
+    pub(super) fn changed(self, tx: sqlx::Transaction<'static, sqlx::Postgres>) -> Changed {
+        Changed {
+            tx,
+            status: StatusCode::SEE_OTHER.as_u16(),
+            body: serde_json::to_value(self).expect("a form outcome is plain JSON"),
+        }
+    }
+}
+
+/// A fresh key for a stock form being rendered.
+pub(super) fn new_form_key() -> String {
+    IdempotencyKey::generate().as_str().to_string()
+}
+
+/// The hidden key a stock form carries (made when the form was rendered).
+pub(super) fn form_key(raw: &str) -> Result<IdempotencyKey, AppError> {
+    IdempotencyKey::parse(raw).map_err(|_| {
+        AppError::BadRequest(
+            "This form is out of date or damaged; reload the page and submit it again.".into(),
+        )
+    })
+}
+
+/// Runs a stock form's change once per form key (and admin), and answers post/redirect/get:
+/// 303 to the page that shows the result, the first time and for every replay of the same
+/// form (a refresh, a double click, going back and submitting again); 422 when the key
+/// comes back with other values; 409 while its first request is still running.
+pub(super) async fn apply_form<E, F>(
+    state: &AppState,
+    admin: &Admin,
+    key: &IdempotencyKey,
+    fingerprint: &impl Serialize,
+    change: F,
+) -> Result<Result<HttpResponse, E>, AppError>
+where
+    E: 'static,
+    F: AsyncFnOnce(&PgPool) -> Result<Changed, E> + 'static,
+{
+    let scoped = admin_key(admin, key)?;
+    let once = apply_once(
+        state,
+        Scope::AdminForm,
+        scoped,
+        fingerprint,
+        SECOND_PRESS_WAIT,
+        change,
+    )
+    .await?;
+    let stored = match once {
+        Err(e) => return Ok(Err(e)),
+        Ok(Once::Applied(stored) | Once::Replayed(stored)) => stored,
+        Ok(Once::Mismatch) => {
+            return Err(AppError::Unprocessable(
+                "This form was already submitted with other values, so these were not \
+                 applied and nothing changed. Open the page again for a fresh form."
+                    .into(),
+            ));
+        }
+        Ok(Once::InFlight) => {
+            return Err(AppError::Conflict {
+                message: "This form was sent twice and the first is still being applied; \
+                          nothing was done twice. Reload the page in a moment to see the result."
+                    .into(),
+                retry_after: Some(1),
+                details: None,
+            });
+        }
+    };
+    let outcome: FormOutcome =
+        serde_json::from_value(stored.body).map_err(|e| AppError::Internal(e.into()))?;
+    let done = crate::error::percent_encode(key.as_str());
+    Ok(Ok(see_other(&format!("{}?done={done}", outcome.page))))
+}
+
+/// `?done=<form key>` on a page a stock form redirected to.
+#[derive(Deserialize)]
+pub struct DoneQuery {
+    pub(super) done: Option<String>,
+}
+
+/// The notice of this admin's stock form `done`, if it was applied and shows on `page`.
+pub(super) async fn done_notice(
+    state: &AppState,
+    admin: &Admin,
+    page: &str,
+    done: Option<&str>,
+) -> Result<Option<String>, AppError> {
+    let Some(key) = done.and_then(|raw| IdempotencyKey::parse(raw).ok()) else {
+        return Ok(None);
+    };
+    let Ok(key) = admin_key(admin, &key) else {
+        return Ok(None);
+    };
+    let stored = idempotency::stored(&state.db, Scope::AdminForm, &key).await?;
+    Ok(stored
+        .and_then(|s| serde_json::from_value::<FormOutcome>(s.body).ok())
+        .filter(|outcome| outcome.page == page)
+        .map(|outcome| outcome.notice))
+}

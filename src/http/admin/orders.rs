@@ -1,0 +1,194 @@
+//! Orders: the list with its filters, an order's page and its cancel form (applied once
+//! per form).
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, web};
+use askama::Template;
+use serde::Deserialize;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::once::{
+    Changed, DoneQuery, FormOutcome, apply_form, done_notice, form_key, new_form_key,
+};
+use super::{MAX_PAGE, PAGE, page_chrome};
+use crate::admin::Admin;
+use crate::catalog::Sku;
+use crate::error::AppError;
+use crate::http::{AppState, Chrome, csrf, html};
+use crate::orders::db::{OrderFilter, OrderSummary};
+use crate::orders::{self, Cancelled, Order};
+
+#[derive(Template)]
+#[template(path = "admin/orders.html")]
+struct OrdersPage {
+    chrome: Chrome,
+    orders: Vec<OrderSummary>,
+    status: String,
+    sku: String,
+    date: String,
+    page: i64,
+    pages: i64,
+    query: String,
+}
+
+#[derive(Deserialize)]
+pub struct OrdersQuery {
+    status: Option<String>,
+    sku: Option<String>,
+    date: Option<String>,
+    page: Option<i64>,
+}
+
+pub async fn get_orders(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+    query: web::Query<OrdersQuery>,
+) -> Result<HttpResponse, AppError> {
+    let text = |v: &Option<String>| {
+        v.as_deref()
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+    };
+    let status = text(&query.status);
+    if let Some(s) = &status
+        && s != "placed"
+        && s != "cancelled"
+    {
+        return Err(AppError::Unprocessable(
+            "Status is placed or cancelled.".into(),
+        ));
+    }
+    let sku = match text(&query.sku) {
+        Some(raw) => Some(
+            Sku::parse(&raw)
+                .map_err(|e| AppError::Unprocessable(e.to_string()))?
+                .to_string(),
+        ),
+        None => None,
+    };
+    let date =
+        match text(&query.date) {
+            Some(raw) => Some(chrono::NaiveDate::parse_from_str(&raw, "%Y-%m-%d").map_err(
+                |_| AppError::Unprocessable(format!("{raw:?} is not a date like 2026-11-30.")),
+            )?),
+            None => None,
+        };
+    let page = query.page.unwrap_or(1).clamp(1, MAX_PAGE);
+    let filter = OrderFilter {
+        status: status.clone(),
+        sku: sku.clone(),
+        date,
+    };
+    let (orders, total) =
+        orders::db::list_orders(&state.db, &filter, PAGE, (page - 1) * PAGE).await?;
+    let query_string = format!(
+        "status={}&sku={}&date={}",
+        status.clone().unwrap_or_default(),
+        sku.clone().unwrap_or_default(),
+        date.map(|d| d.to_string()).unwrap_or_default()
+    );
+    let page = OrdersPage {
+        chrome: page_chrome(&req, &admin),
+        orders,
+        status: status.unwrap_or_default(),
+        sku: sku.unwrap_or_default(),
+        date: date.map(|d| d.to_string()).unwrap_or_default(),
+        page,
+        pages: ((total + PAGE - 1) / PAGE).max(1),
+        query: query_string,
+    };
+    html(StatusCode::OK, &page)
+}
+
+#[derive(Template)]
+#[template(path = "admin/order.html")]
+struct OrderPage {
+    chrome: Chrome,
+    order: Order,
+    notice: Option<String>,
+    /// A fresh idempotency key for the cancel form.
+    cancel_key: String,
+}
+
+async fn load_order(state: &AppState, raw: &str) -> Result<Order, AppError> {
+    let not_found = || AppError::not_found(format!("No order with id {raw:?}."));
+    let id = Uuid::parse_str(raw).map_err(|_| not_found())?;
+    orders::db::find_order(&state.db, id)
+        .await?
+        .ok_or_else(not_found)
+}
+
+/// An order, with its cancel form; after cancelling, `?done=<key>` shows what it did.
+pub async fn get_order(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    query: web::Query<DoneQuery>,
+) -> Result<HttpResponse, AppError> {
+    let order = load_order(&state, &path).await?;
+    let page = format!("/admin/orders/{}", order.id);
+    let page = OrderPage {
+        chrome: page_chrome(&req, &admin),
+        notice: done_notice(&state, &admin, &page, query.done.as_deref()).await?,
+        order,
+        cancel_key: new_form_key(),
+    };
+    html(StatusCode::OK, &page)
+}
+
+/// The forms that act on one thing (cancel an order, release a hold).
+#[derive(Deserialize)]
+pub struct ActionForm {
+    #[serde(default)]
+    pub(super) csrf: String,
+    #[serde(default)]
+    pub(super) key: String,
+}
+
+/// Cancels an order (its units come back through `cancel` ledger rows). Applied once per
+/// form; cancelling an order that is already cancelled changes nothing and says so.
+pub async fn post_cancel(
+    admin: Admin,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    form: web::Form<ActionForm>,
+) -> Result<HttpResponse, AppError> {
+    csrf::check_admin(&admin, &form.csrf)?;
+    let key = form_key(&form.key)?;
+    let order = load_order(&state, &path).await?;
+    let shared = state.clone().into_inner();
+    let actor = admin.username.clone();
+    apply_form(
+        &state,
+        &admin,
+        &key,
+        &("cancel", order.id),
+        async move |db: &PgPool| -> Result<Changed, AppError> {
+            // The cancel commits on its own, and only once per order however often it is
+            // asked (it locks the order and checks its status); the key is completed just
+            // after, so a retry that finds the key stale and takes it over is told
+            // "already cancelled".
+            let notice = match orders::cancel(db, order.id, &actor, "cancelled by an admin").await?
+            {
+                Some(Cancelled::Now) => {
+                    for line in &order.lines {
+                        shared.stock_changed(&line.sku()).await;
+                    }
+                    "Order cancelled; its units are back in stock."
+                }
+                Some(Cancelled::Already) => "This order was already cancelled; nothing changed.",
+                None => return Err(AppError::not_found("No such order.")),
+            };
+            let outcome = FormOutcome {
+                page: format!("/admin/orders/{}", order.id),
+                notice: notice.into(),
+            };
+            Ok(outcome.changed(db.begin().await?))
+        },
+    )
+    .await?
+}

@@ -1,0 +1,79 @@
+//! A product's picture: the upload form's handler (decoded, resized and stored by
+//! [`crate::catalog::images`]).
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, web};
+
+use super::once::new_form_key;
+use super::products::{ProductPage, load_product};
+use super::{check_api_csrf, page_chrome};
+use crate::admin::Admin;
+use crate::catalog::{Sku, images};
+use crate::error::AppError;
+use crate::http::{AppState, csrf, html, see_other};
+
+/// Uploads a product's picture (a multipart form: `csrf`, then `image`). A refused file
+/// leaves the product as it was and says why on its page.
+#[tracing::instrument(skip_all, fields(sku = %path))]
+pub async fn post_product_image(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Result<HttpResponse, AppError> {
+    let product = load_product(&state, &path).await?;
+    // The file, plus room for the form's other field and part headers.
+    let cap = images::MAX_UPLOAD_BYTES + 64 * 1024;
+    let parts = match crate::http::multipart::read(
+        &req,
+        payload,
+        cap,
+        "The picture is larger than 5 MB; choose a smaller one (it is resized anyway).",
+    )
+    .await
+    {
+        // No form to find the token in: only a caller with the token in its header
+        // learns more than that this was refused.
+        Err(not_a_form @ AppError::UnsupportedMediaType(_)) => {
+            check_api_csrf(&req, &admin)?;
+            return Err(not_a_form);
+        }
+        read => read?,
+    };
+    let field = |name: &str| parts.iter().find(|p| p.name == name).map(|p| &p.data[..]);
+    let csrf = field("csrf")
+        .and_then(|t| std::str::from_utf8(t).ok())
+        .unwrap_or_default();
+    csrf::check_admin(&admin, csrf)?;
+    let upload = field("image").unwrap_or_default().to_vec();
+    // Decoding and encoding take real CPU time: off the request thread.
+    let processed = web::block(move || images::process(&upload))
+        .await
+        .map_err(|e| AppError::Internal(e.into()))?;
+    let processed = match processed {
+        Ok(processed) => processed,
+        Err(refused) => {
+            let page = ProductPage {
+                chrome: page_chrome(&req, &admin),
+                product,
+                is_new: false,
+                notice: Some((
+                    crate::error::sentence(&format!("picture not changed: {refused}")),
+                    true,
+                )),
+                moved: None,
+                restock_key: new_form_key(),
+                adjust_key: new_form_key(),
+            };
+            return html(StatusCode::UNPROCESSABLE_ENTITY, &page);
+        }
+    };
+    let sku = Sku::parse(&product.sku).expect("stored SKUs are valid");
+    if !images::save(&state.db, &sku, &processed, &admin.username).await? {
+        return Err(AppError::not_found(format!("No product with SKU {sku}.")));
+    }
+    state.catalog.forget(&sku);
+    tracing::info!(bytes = processed.image.len(), "product picture replaced");
+    Ok(see_other(&format!("/admin/products/{sku}")))
+}

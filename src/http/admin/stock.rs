@@ -1,0 +1,315 @@
+//! Stock on a product's page: "add N units" (a delta), "set the count to N" (compare-and-set
+//! against the count the form showed), each applied once per form, and the ledger with its
+//! "verify" check.
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, web};
+use askama::Template;
+use serde::Deserialize;
+use sqlx::PgPool;
+
+use super::once::{Changed, FormOutcome, apply_form, form_key, new_form_key};
+use super::products::{ProductPage, ProductRow, load_product};
+use super::{MAX_PAGE, PAGE, page_chrome};
+use crate::admin::Admin;
+use crate::catalog::Sku;
+use crate::error::AppError;
+use crate::http::{AppState, Chrome, csrf, html};
+use crate::inventory::db::{self as stock, Adjusted, Movement};
+
+#[derive(Deserialize)]
+pub struct StockForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    key: String,
+    #[serde(default)]
+    units: String,
+    #[serde(default)]
+    expected: String,
+    #[serde(default)]
+    on_hand: String,
+    #[serde(default)]
+    reason: String,
+}
+
+pub(super) fn reason_of(raw: &str) -> Result<String, AppError> {
+    crate::text::single_line("The reason", raw)?;
+    let reason = raw.trim();
+    if reason.is_empty() {
+        return Err(AppError::Unprocessable(
+            "Please give a reason for the change (it goes into the ledger).".into(),
+        ));
+    }
+    if reason.chars().count() > 500 {
+        return Err(AppError::Unprocessable(
+            "A reason is at most 500 characters.".into(),
+        ));
+    }
+    Ok(reason.to_string())
+}
+
+/// A restock that would take a product past what its count can hold.
+pub(super) fn too_much(units: i32) -> AppError {
+    AppError::Unprocessable(format!(
+        "Adding {units} units would take this product past the most it can have on hand \
+         ({}); nothing was changed.",
+        stock::MAX_ON_HAND
+    ))
+}
+
+fn whole(raw: &str, what: &str, min: i32, max: i32) -> Result<i32, AppError> {
+    raw.trim()
+        .parse::<i32>()
+        .ok()
+        .filter(|n| (min..=max).contains(n))
+        .ok_or_else(|| {
+            AppError::Unprocessable(format!(
+                "{what} must be a whole number from {min} to {max}."
+            ))
+        })
+}
+
+async fn product_notice(
+    req: &HttpRequest,
+    admin: &Admin,
+    state: &AppState,
+    sku: &str,
+    status: StatusCode,
+    notice: (String, bool),
+    moved: Option<i32>,
+) -> Result<HttpResponse, AppError> {
+    let page = ProductPage {
+        chrome: page_chrome(req, admin),
+        product: load_product(state, sku).await?,
+        is_new: false,
+        notice: Some(notice),
+        moved,
+        restock_key: new_form_key(),
+        adjust_key: new_form_key(),
+    };
+    html(status, &page)
+}
+
+/// "Add N units": a delta, which never conflicts with sales. Applied once per form.
+pub async fn post_restock(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    form: web::Form<StockForm>,
+) -> Result<HttpResponse, AppError> {
+    csrf::check_admin(&admin, &form.csrf)?;
+    let key = form_key(&form.key)?;
+    let product = load_product(&state, &path).await?;
+    let checked = whole(&form.units, "Units to add", 1, 10_000_000)
+        .and_then(|units| Ok((units, reason_of(&form.reason)?)));
+    let (units, reason) = match checked {
+        Ok(v) => v,
+        Err(e) => {
+            let notice = (e.public_message(), true);
+            return product_notice(
+                &req,
+                &admin,
+                &state,
+                &product.sku,
+                StatusCode::UNPROCESSABLE_ENTITY,
+                notice,
+                None,
+            )
+            .await;
+        }
+    };
+    let sku = Sku::parse(&product.sku).expect("stored SKUs are valid");
+    let fingerprint = ("restock", sku.as_str(), units, reason.clone());
+    let (restocked, actor) = (sku.clone(), admin.username.clone());
+    let answer = apply_form(
+        &state,
+        &admin,
+        &key,
+        &fingerprint,
+        async move |db: &PgPool| -> Result<Changed, AppError> {
+            let mut tx = db.begin().await?;
+            let on_hand = stock::restock(&mut tx, &restocked, units, &reason, &actor)
+                .await?
+                .ok_or_else(|| too_much(units))?;
+            let outcome = FormOutcome {
+                page: format!("/admin/products/{restocked}"),
+                notice: format!("Added {units} units; {on_hand} on hand now."),
+            };
+            Ok(outcome.changed(tx))
+        },
+    )
+    .await??;
+    state.stock_changed(&sku).await;
+    Ok(answer)
+}
+
+/// "Set the count to N": compare-and-set against the count the form was rendered with.
+/// Applied once per form; when stock moved under the form, nothing is applied and the
+/// form comes back (409) with the new figure.
+pub async fn post_adjust(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    form: web::Form<StockForm>,
+) -> Result<HttpResponse, AppError> {
+    csrf::check_admin(&admin, &form.csrf)?;
+    let key = form_key(&form.key)?;
+    let product = load_product(&state, &path).await?;
+    let checked = (|| {
+        let expected = whole(&form.expected, "The count the form showed", 0, i32::MAX)?;
+        let new = whole(&form.on_hand, "The new count", 0, 10_000_000)?;
+        Ok::<_, AppError>((expected, new, reason_of(&form.reason)?))
+    })();
+    let (expected, new, reason) = match checked {
+        Ok(v) => v,
+        Err(e) => {
+            let notice = (e.public_message(), true);
+            return product_notice(
+                &req,
+                &admin,
+                &state,
+                &product.sku,
+                StatusCode::UNPROCESSABLE_ENTITY,
+                notice,
+                None,
+            )
+            .await;
+        }
+    };
+    let sku = Sku::parse(&product.sku).expect("stored SKUs are valid");
+    let fingerprint = ("adjust", sku.as_str(), expected, new, reason.clone());
+    let (adjusted, actor) = (sku.clone(), admin.username.clone());
+    let answer = apply_form(
+        &state,
+        &admin,
+        &key,
+        &fingerprint,
+        async move |db: &PgPool| -> Result<Changed, NotSet> {
+            let mut tx = db.begin().await.map_err(AppError::from)?;
+            let outcome = stock::adjust(&mut tx, &adjusted, expected, new, &reason, &actor)
+                .await
+                .map_err(AppError::from)?;
+            match outcome {
+                Adjusted::Done => {
+                    let outcome = FormOutcome {
+                        page: format!("/admin/products/{adjusted}"),
+                        notice: format!("On hand set to {new}."),
+                    };
+                    Ok(outcome.changed(tx))
+                }
+                Adjusted::Moved { on_hand } => Err(NotSet::Moved { on_hand }),
+                Adjusted::BelowReserved { reserved } => Err(NotSet::BelowReserved { reserved }),
+            }
+        },
+    )
+    .await?;
+    let (notice, moved) = match answer {
+        Ok(answer) => {
+            state.stock_changed(&sku).await;
+            return Ok(answer);
+        }
+        Err(NotSet::Failed(e)) => return Err(e),
+        Err(NotSet::Moved { on_hand }) => (
+            format!(
+                "Stock moved while you were counting: the form showed {expected} on hand, \
+                 now there are {on_hand}. Nothing was changed; check the new figure and \
+                 submit again."
+            ),
+            Some(on_hand),
+        ),
+        Err(NotSet::BelowReserved { reserved }) => (
+            format!("{reserved} units are held in checkouts; the count cannot go below that."),
+            None,
+        ),
+    };
+    let notice = (notice, true);
+    product_notice(
+        &req,
+        &admin,
+        &state,
+        &product.sku,
+        StatusCode::CONFLICT,
+        notice,
+        moved,
+    )
+    .await
+}
+
+/// Why a count was not set: stock moved under the form (nothing changed, nothing stored
+/// under the key, so the same form may be sent again), or an error.
+enum NotSet {
+    Moved { on_hand: i32 },
+    BelowReserved { reserved: i32 },
+    Failed(AppError),
+}
+
+impl From<AppError> for NotSet {
+    fn from(e: AppError) -> Self {
+        Self::Failed(e)
+    }
+}
+
+#[derive(Template)]
+#[template(path = "admin/ledger.html")]
+struct LedgerPage {
+    chrome: Chrome,
+    product: ProductRow,
+    movements: Vec<Movement>,
+    page: i64,
+    pages: i64,
+    /// After "verify": the ledger's on hand and reserved, whether they match, and the
+    /// stock record's on hand and reserved (read in the same snapshot).
+    verified: Option<(i64, i64, bool, i32, i32)>,
+}
+
+#[derive(Deserialize)]
+pub struct LedgerQuery {
+    page: Option<i64>,
+    verify: Option<String>,
+}
+
+pub async fn get_ledger(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    query: web::Query<LedgerQuery>,
+) -> Result<HttpResponse, AppError> {
+    let product = load_product(&state, &path).await?;
+    let sku = Sku::parse(&product.sku).expect("stored SKUs are valid");
+    let page = query.page.unwrap_or(1).clamp(1, MAX_PAGE);
+    let movements = stock::ledger(&state.db, &sku, PAGE * 2, (page - 1) * PAGE * 2).await?;
+    let total = stock::ledger_len(&state.db, &sku).await?;
+    let verified = match query.verify {
+        Some(_) => {
+            // One statement, one snapshot: sales in between cannot fake a mismatch.
+            let (on_hand, reserved, ledger_on_hand, ledger_reserved): (i32, i32, i64, i64) =
+                sqlx::query_as(
+                    r#"select s.on_hand, s.reserved,
+                              coalesce(sum(m.delta), 0)::bigint,
+                              coalesce(sum(m.reserved_delta), 0)::bigint
+                         from stock s left join stock_movements m on m.sku = s.sku
+                        where s.sku = $1
+                        group by s.on_hand, s.reserved"#,
+                )
+                .bind(sku.as_str())
+                .fetch_one(&state.db)
+                .await?;
+            let ok = ledger_on_hand == i64::from(on_hand) && ledger_reserved == i64::from(reserved);
+            Some((ledger_on_hand, ledger_reserved, ok, on_hand, reserved))
+        }
+        None => None,
+    };
+    let page = LedgerPage {
+        chrome: page_chrome(&req, &admin),
+        product,
+        movements,
+        page,
+        pages: ((total + PAGE * 2 - 1) / (PAGE * 2)).max(1),
+        verified,
+    };
+    html(StatusCode::OK, &page)
+}
