@@ -198,7 +198,7 @@ struct LineBody {
 #[derive(utoipa::IntoParams)]
 #[into_params(parameter_in = Header)]
 #[allow(dead_code)]
-struct IdempotencyKeyHeader {
+pub(crate) struct IdempotencyKeyHeader {
     /// A unique value per order (printable ASCII, up to 255 characters); send the same value
     /// when retrying it. Scoped to the API client.
     #[param(

@@ -7,18 +7,20 @@
 //! [`crate::orders::Order`], [`crate::holds::Hold`] …); every error is the problem
 //! document [`ProblemDocument`]. The error responses shared by many operations are defined
 //! once here ([`NotFound`], [`Conflict`] …). A unit test below checks that every `/api/`
-//! route of [`super::public_routes`] is in the document and nothing else is; the
-//! integration test `openapi.rs` fuzzes the running app against it with schemathesis.
+//! route of [`super::public_routes`] and [`super::admin::routes`] is in the document and
+//! nothing else is; the integration test `openapi.rs` fuzzes the running app against it
+//! with schemathesis. The admin API's handlers are annotated in [`super::admin::api`].
 
 use std::sync::OnceLock;
 
 use actix_web::HttpResponse;
 use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::response::{Response, ResponseBuilder};
-use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::openapi::security::{ApiKey, ApiKeyValue, Http, HttpAuthScheme, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, Type};
 use utoipa::{Modify, OpenApi, ToResponse};
 
+use super::admin::api as admin;
 use super::api;
 use crate::error::ProblemDocument;
 
@@ -45,6 +47,15 @@ pub const API_KEY_SCHEME: &str = "api_key";
         api::delete_hold,
         api::post_hold_confirm,
         get_openapi_json,
+        admin::get_dashboard_json,
+        admin::patch_api_product,
+        admin::post_api_restock,
+        admin::post_api_adjust,
+        admin::get_api_webhooks,
+        admin::post_api_webhooks,
+        admin::delete_api_webhook,
+        admin::get_api_deliveries,
+        admin::post_api_resend_delivery,
     ),
     components(
         schemas(ProblemDocument),
@@ -68,12 +79,17 @@ pub const API_KEY_SCHEME: &str = "api_key";
         (name = "orders", description = "Placing and reading orders."),
         (name = "holds", description = "Checkout holds: stock reserved for a while, then \
             confirmed into an order or released."),
+        (name = "admin", description = "The admin API: an admin's session cookie, and on \
+            writes the session's `X-CSRF-Token`."),
         (name = "contract", description = "This document."),
     )
 )]
 pub struct ApiDoc;
 
-/// Adds the bearer scheme API clients authenticate with.
+/// Name of the admin's session scheme (the session cookie the admin login sets).
+pub const ADMIN_SCHEME: &str = "admin_session";
+
+/// Adds the bearer scheme API clients authenticate with, and the admin's session cookie.
 struct ApiKeyScheme;
 
 impl Modify for ApiKeyScheme {
@@ -87,6 +103,13 @@ impl Modify for ApiKeyScheme {
                 .into(),
         );
         components.add_security_scheme(API_KEY_SCHEME, SecurityScheme::Http(http));
+        let cookie = ApiKeyValue::with_description(
+            crate::http::admin::SESSION_COOKIE,
+            "The session cookie `POST /admin/login` sets (`__Host-` prefixed with \
+             STOCKADE_SECURE_COOKIES).",
+        );
+        components
+            .add_security_scheme(ADMIN_SCHEME, SecurityScheme::ApiKey(ApiKey::Cookie(cookie)));
     }
 }
 
@@ -95,6 +118,7 @@ impl Modify for ApiKeyScheme {
 pub fn api_routes() -> Vec<(String, String)> {
     let mut routes: Vec<(String, String)> = super::public_routes()
         .into_iter()
+        .chain(super::admin::routes())
         .filter(|(_, path, _)| path.starts_with("/api/"))
         .map(|(method, path, _)| (method.to_string(), path.to_string()))
         .collect();
@@ -245,7 +269,7 @@ mod tests {
     fn every_api_route_is_documented_and_nothing_else() {
         let doc: serde_json::Value = serde_json::from_str(document_json()).unwrap();
         let routes = api_routes();
-        assert!(routes.len() >= 9, "{routes:?}");
+        assert!(routes.len() >= 18, "{routes:?}");
         assert_eq!(operations(&doc), routes);
     }
 
