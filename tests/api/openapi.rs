@@ -57,8 +57,34 @@ async fn schemathesis_finds_no_server_error_and_no_response_off_the_contract() {
     let (_, key) = clients::create(&app.db, "schemathesis", Limit::Unlimited)
         .await
         .unwrap();
-    // Its working files (the example database) go to a folder of its own.
+    // An admin session, so the admin API is fuzzed past its login.
+    stockade::admin::create_admin(&app.db, ADMIN_USER, ADMIN_PASSWORD)
+        .await
+        .unwrap();
+    let admin_id = stockade::admin::authenticate(&app.db, ADMIN_USER, ADMIN_PASSWORD)
+        .await
+        .unwrap()
+        .expect("the admin exists");
+    let session = stockade::admin::start_session(&app.db, admin_id)
+        .await
+        .unwrap();
+    let csrf = stockade::admin::session(&app.db, &session)
+        .await
+        .unwrap()
+        .expect("the session is live")
+        .csrf;
+    // Its working files go to a folder of its own, with the credentials for each security
+    // scheme of the document (so it can also leave them out, and expect 401).
     let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("schemathesis.toml"),
+        format!(
+            "[auth.openapi.{}]\nbearer = \"{key}\"\n\n[auth.openapi.{}]\napi_key = \"{session}\"\n",
+            openapi::API_KEY_SCHEME,
+            openapi::ADMIN_SCHEME
+        ),
+    )
+    .unwrap();
     let started = Instant::now();
     let out = tokio::process::Command::new(&exe)
         .current_dir(dir.path())
@@ -68,7 +94,7 @@ async fn schemathesis_finds_no_server_error_and_no_response_off_the_contract() {
             "--url",
             &app.address,
             "--header",
-            &format!("Authorization: Bearer {key}"),
+            &format!("X-CSRF-Token: {csrf}"),
             "--max-examples",
             EXAMPLES_PER_OPERATION,
             // One worker: with more, schemathesis 4.32 trips over its own threads now and
