@@ -5,6 +5,7 @@ pub mod browse;
 pub mod cache;
 pub mod db;
 pub mod images;
+pub mod manage;
 mod seed;
 
 pub use seed::{DEMO_CATALOGUE, seed_demo};

@@ -11,6 +11,7 @@
 //!   in batches and returns their stock, so several processes never release one twice.
 
 pub mod db;
+pub mod reports;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

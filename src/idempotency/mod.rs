@@ -14,6 +14,9 @@
 //! Decided outcomes (an order, or "not enough stock") are stored; validation failures and
 //! "busy, try again" are not, and their record is removed.
 
+mod run;
+pub use run::{Once, Request, RunError, run};
+
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};

@@ -5,6 +5,7 @@
 pub mod batch;
 pub mod db;
 mod place;
+pub mod reports;
 pub mod sold_out;
 
 pub use batch::Batcher;

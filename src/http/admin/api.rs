@@ -8,17 +8,17 @@ use std::time::Duration;
 use actix_web::http::{StatusCode, header};
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde::{Deserialize, Serialize};
-use sqlx::PgPool;
+use sqlx::PgConnection;
 
 use super::check_api_csrf;
 use super::dashboard::dashboard;
-use super::once::{Changed, Once, admin_key, apply_once};
+use super::once::{admin_key, apply_once};
 use super::stock::{reason_of, too_much};
 use super::webhooks::{
     DELIVERIES_SHOWN, DeliveriesQuery, check_new, delivery_id, endpoint_id, status_filter,
 };
 use crate::admin::Admin;
-use crate::catalog::{self, Sku};
+use crate::catalog::{self, Sku, manage};
 use crate::error::AppError;
 use crate::events::db;
 use crate::events::sign;
@@ -27,7 +27,7 @@ use crate::http::openapi::{
     BadRequest, Conflict, Forbidden, NotFound, TooLarge, Unauthorized, Unavailable, Unprocessable,
     UnsupportedMediaType,
 };
-use crate::idempotency::Scope;
+use crate::idempotency::{Once, Scope, StoredResponse};
 use crate::inventory::db::{self as stock, Adjusted};
 
 /// The dashboard's numbers: stock, orders, holds, events.
@@ -195,14 +195,15 @@ pub async fn patch_api_product(
         return Err(not_found());
     }
     tx.commit().await?;
-    let (limit, category): (Option<i32>, Option<String>) =
-        sqlx::query_as("select purchase_limit, category from products where sku = $1")
-            .bind(sku.as_str())
-            .fetch_one(&state.db)
-            .await?;
+    let settings = manage::settings(&state.db, &sku)
+        .await?
+        .ok_or_else(not_found)?;
     state.catalog.forget(&sku);
-    Ok(HttpResponse::Ok()
-        .json(serde_json::json!({"sku": sku, "purchase_limit": limit, "category": category})))
+    Ok(HttpResponse::Ok().json(serde_json::json!({
+        "sku": sku,
+        "purchase_limit": settings.purchase_limit,
+        "category": settings.category,
+    })))
 }
 
 /// Adds units to a product's stock (a ledger row), once per `Idempotency-Key`.
@@ -258,18 +259,13 @@ pub async fn post_api_restock(
         key,
         &fingerprint,
         Duration::ZERO,
-        async move |db: &PgPool| -> Result<Changed, AppError> {
+        async move |tx: &mut PgConnection| -> Result<StoredResponse, AppError> {
             let sku = restocked;
-            let mut tx = db.begin().await?;
-            let on_hand = stock::restock(&mut tx, &sku, units, &reason, &actor)
+            let on_hand = stock::restock(tx, &sku, units, &reason, &actor)
                 .await?
                 .ok_or_else(|| too_much(units))?;
             let body = serde_json::json!({"sku": sku, "on_hand": on_hand});
-            Ok(Changed {
-                tx,
-                status: 200,
-                body,
-            })
+            Ok(StoredResponse { status: 200, body })
         },
     )
     .await??;
@@ -339,17 +335,12 @@ pub async fn post_api_adjust(
         key,
         &fingerprint,
         Duration::ZERO,
-        async move |db: &PgPool| -> Result<Changed, AppError> {
+        async move |tx: &mut PgConnection| -> Result<StoredResponse, AppError> {
             let sku = adjusted;
-            let mut tx = db.begin().await?;
-            match stock::adjust(&mut tx, &sku, expected, new, &reason, &actor).await? {
+            match stock::adjust(tx, &sku, expected, new, &reason, &actor).await? {
                 Adjusted::Done => {
                     let body = serde_json::json!({"sku": sku, "on_hand": new});
-                    Ok(Changed {
-                        tx,
-                        status: 200,
-                        body,
-                    })
+                    Ok(StoredResponse { status: 200, body })
                 }
                 Adjusted::Moved { on_hand } => Err(AppError::Conflict {
                     message: format!(

@@ -12,9 +12,11 @@ use uuid::Uuid;
 
 use super::page_chrome;
 use crate::admin::Admin;
-use crate::catalog::format_cents;
+use crate::catalog::{LOW_STOCK, format_cents};
 use crate::error::AppError;
+use crate::holds;
 use crate::http::{AppState, Chrome, html};
+use crate::inventory::reports::{self, StockRow};
 use crate::orders::{self, db::OrderFilter, db::OrderSummary};
 
 /// The numbers on the dashboard (also its JSON, polled for live updates).
@@ -39,15 +41,6 @@ pub struct Dashboard {
     pub replica: String,
 }
 
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
-pub struct StockRow {
-    pub sku: String,
-    pub name: String,
-    pub on_hand: i32,
-    pub reserved: i32,
-    pub available: i32,
-}
-
 #[derive(Debug, Clone, Serialize)]
 pub struct RecentOrder {
     pub id: Uuid,
@@ -58,46 +51,27 @@ pub struct RecentOrder {
     pub at: String,
 }
 
+/// Products listed under "low" and under "sold out".
+const LISTED: i64 = 12;
+
 pub(super) async fn dashboard(state: &AppState) -> Result<Dashboard, AppError> {
     let db = state.read_pool();
-    let (on_hand, reserved): (i64, i64) = sqlx::query_as(
-        "select coalesce(sum(on_hand), 0)::bigint, coalesce(sum(reserved), 0)::bigint from stock",
-    )
-    .fetch_one(db)
-    .await?;
-    let (orders_today, revenue): (i64, i64) = sqlx::query_as(
-        r#"select count(*), coalesce(sum(total_cents), 0)::bigint from orders
-            where status = 'placed' and created_at >= date_trunc('day', now())"#,
-    )
-    .fetch_one(db)
-    .await?;
-    let active_holds: i64 = sqlx::query_scalar(
-        "select count(*) from holds where state = 'active' and expires_at > now()",
-    )
-    .fetch_one(db)
-    .await?;
-    let stock_rows = |condition: &'static str| {
-        sqlx::query_as::<_, StockRow>(sqlx::AssertSqlSafe(format!(
-            r#"select p.sku, p.name, s.on_hand, s.reserved, s.on_hand - s.reserved as available
-                 from stock s join products p on p.sku = s.sku
-                where p.active and {condition}
-                order by s.on_hand - s.reserved, p.sku limit 12"#
-        )))
-        .fetch_all(db)
-    };
-    let low_stock = stock_rows("s.on_hand - s.reserved between 1 and 5").await?;
-    let sold_out = stock_rows("s.on_hand - s.reserved <= 0").await?;
-    let (recent, _) = orders::db::list_orders(db, &OrderFilter::default(), 8, 0).await?;
+    let stock = reports::totals(db).await?;
+    let today = orders::reports::today(db).await?;
+    let active_holds = holds::reports::active_count(db).await?;
+    let low_stock = reports::available_between(db, 1..=LOW_STOCK, LISTED).await?;
+    let sold_out = reports::available_between(db, i32::MIN..=0, LISTED).await?;
+    let (recent, _) = orders::reports::list(db, &OrderFilter::default(), 8, 0).await?;
     let redis_up = tokio::time::timeout(Duration::from_secs(1), state.redis.ping())
         .await
         .is_ok_and(|r| r.is_ok());
     Ok(Dashboard {
-        on_hand,
-        reserved,
-        available: on_hand - reserved,
-        orders_today,
-        revenue_today_cents: revenue,
-        revenue_today: format_cents(revenue),
+        on_hand: stock.on_hand,
+        reserved: stock.reserved,
+        available: stock.on_hand - stock.reserved,
+        orders_today: today.orders,
+        revenue_today_cents: today.revenue_cents,
+        revenue_today: format_cents(today.revenue_cents),
         active_holds,
         low_stock,
         sold_out,

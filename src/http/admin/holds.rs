@@ -3,17 +3,16 @@
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
-use sqlx::PgPool;
+use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::once::{
-    Changed, DoneQuery, FormOutcome, apply_form, done_notice, form_key, new_form_key,
-};
+use super::once::{DoneQuery, FormOutcome, apply_form, done_notice, form_key, new_form_key};
 use super::orders::ActionForm;
 use super::page_chrome;
 use crate::admin::Admin;
 use crate::error::AppError;
 use crate::http::{AppState, Chrome, csrf, html};
+use crate::idempotency::StoredResponse;
 
 #[derive(Template)]
 #[template(path = "admin/holds.html")]
@@ -57,21 +56,22 @@ pub async fn post_release_hold(
         &admin,
         &key,
         &("release", id),
-        async move |db: &PgPool| -> Result<Changed, AppError> {
+        async move |_: &mut PgConnection| -> Result<StoredResponse, AppError> {
             // Like a cancel: the release commits on its own and happens once per hold;
             // the key is completed just after.
             use crate::holds::{HoldError, Released};
-            let notice = match crate::holds::release(db, Some(&shared.redis), id, &actor).await {
-                Ok(Released::Now) => "Hold released; its units are back on sale.",
-                Ok(Released::Already) => "That hold was already released.",
-                Err(HoldError::AlreadyConfirmed(_)) => "That hold has already become an order.",
-                Err(e) => return Err(e.into()),
-            };
+            let notice =
+                match crate::holds::release(&shared.db, Some(&shared.redis), id, &actor).await {
+                    Ok(Released::Now) => "Hold released; its units are back on sale.",
+                    Ok(Released::Already) => "That hold was already released.",
+                    Err(HoldError::AlreadyConfirmed(_)) => "That hold has already become an order.",
+                    Err(e) => return Err(e.into()),
+                };
             let outcome = FormOutcome {
                 page: "/admin/holds".into(),
                 notice: notice.into(),
             };
-            Ok(outcome.changed(db.begin().await?))
+            Ok(outcome.stored())
         },
     )
     .await?

@@ -1,45 +1,25 @@
-//! Admin changes applied once per idempotency key: the stock forms and the stock API claim
-//! a key (in the admin's own key space), run their change, and store its answer in the
-//! change's transaction; a form answers 303 to the page that shows the result, and that page
-//! finds the result again by `?done=<key>`.
+//! Admin changes applied once per idempotency key, by [`idempotency::run`]: the stock
+//! forms, the cancel and release forms and the stock API claim a key (in the admin's own
+//! key space), run their change, and store its answer in the change's transaction. A form
+//! answers 303 to the page that shows the result, and that page finds the result again by
+//! `?done=<key>`; the API answers the stored JSON ([`super::api`]).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use actix_web::HttpResponse;
 use actix_web::http::StatusCode;
 use serde::{Deserialize, Serialize};
-use sqlx::PgPool;
+use sqlx::PgConnection;
 
 use crate::admin::Admin;
 use crate::error::AppError;
 use crate::http::{AppState, detached, see_other};
-use crate::idempotency::{self, Begin, IdempotencyKey, Scope, StoredResponse};
+use crate::idempotency::{self, IdempotencyKey, Once, RunError, Scope, StoredResponse};
 use crate::orders;
 
 /// How long a second press of a stock form (a double click, a refresh while the first is
 /// still running) waits for the first to finish before it is answered 409.
 const SECOND_PRESS_WAIT: Duration = Duration::from_secs(2);
-
-/// A stock change that went through, and the transaction it is still open in: the
-/// idempotency record is completed in that same transaction, so the change and the record
-/// of it commit together or not at all.
-pub(super) struct Changed {
-    pub(super) tx: sqlx::Transaction<'static, sqlx::Postgres>,
-    pub(super) status: u16,
-    pub(super) body: serde_json::Value,
-}
-
-/// What claiming a key for a stock change came to.
-pub(super) enum Once {
-    /// The change ran now; this answer is stored under the key.
-    Applied(StoredResponse),
-    /// The change ran before under this key: its stored answer. Nothing ran now.
-    Replayed(StoredResponse),
-    /// The key was used before for a change with other values. Nothing ran.
-    Mismatch,
-    /// The key's first request is still running. Nothing ran.
-    InFlight,
-}
 
 /// An admin's own key space: `{admin id}:{key}`, so two admins never share a key.
 pub(super) fn admin_key(admin: &Admin, key: &IdempotencyKey) -> Result<IdempotencyKey, AppError> {
@@ -47,14 +27,11 @@ pub(super) fn admin_key(admin: &Admin, key: &IdempotencyKey) -> Result<Idempoten
         .map_err(|_| AppError::BadRequest("The Idempotency-Key is too long.".into()))
 }
 
-/// Runs `change` at most once per `key`, by the orders' protocol: the key is claimed, the
-/// change runs and the key is completed with its answer in the change's own transaction; a
-/// change that fails (`Err`, which is not stored) releases the key so a retry starts
-/// afresh. While the key's first request is still running, waits up to `wait` for it.
+/// Runs `change` at most once per `key` ([`idempotency::run`]), waiting up to `wait` for
+/// a twin request still running. It runs as its own task, so a client that goes away
+/// leaves the key completed or released, never stuck in flight.
 ///
-/// The outer error is the machinery's (the database), the inner one the change's. It runs
-/// as its own task, so a client that goes away leaves the key completed or released, never
-/// stuck in flight.
+/// The outer error is the machinery's (the database), the inner one the change's.
 pub(super) async fn apply_once<E, F>(
     state: &AppState,
     scope: Scope,
@@ -65,49 +42,23 @@ pub(super) async fn apply_once<E, F>(
 ) -> Result<Result<Once, E>, AppError>
 where
     E: 'static,
-    F: AsyncFnOnce(&PgPool) -> Result<Changed, E> + 'static,
+    F: AsyncFnOnce(&mut PgConnection) -> Result<StoredResponse, E> + 'static,
 {
-    let fingerprint = idempotency::Fingerprint::of(fingerprint);
-    let stale = orders::stale_after(&state.settings);
+    let request = idempotency::Request {
+        scope,
+        key,
+        fingerprint: idempotency::Fingerprint::of(fingerprint),
+        stale_after: orders::stale_after(&state.settings),
+        wait,
+    };
     let db = state.db.clone();
-    detached(async move {
-        let deadline = Instant::now() + wait;
-        let mut pause = Duration::from_millis(20);
-        let claim = loop {
-            match idempotency::begin(&db, scope, &key, &fingerprint, stale).await? {
-                Begin::Started(claim) => break claim,
-                Begin::Replay(stored) => return Ok(Ok(Once::Replayed(stored))),
-                Begin::Mismatch => return Ok(Ok(Once::Mismatch)),
-                Begin::InFlight if Instant::now() < deadline => {
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_millis(200));
-                }
-                Begin::InFlight => return Ok(Ok(Once::InFlight)),
-            }
-        };
-        match change(&db).await {
-            Ok(Changed {
-                mut tx,
-                status,
-                body,
-            }) => {
-                let stored = StoredResponse { status, body };
-                if !idempotency::complete(&mut tx, &claim, &stored).await? {
-                    tx.rollback().await?;
-                    return Err(AppError::conflict(
-                        "This request was taken over by a retry.",
-                    ));
-                }
-                tx.commit().await?;
-                Ok(Ok(Once::Applied(stored)))
-            }
-            Err(e) => {
-                idempotency::abandon(&db, &claim).await?;
-                Ok(Err(e))
-            }
-        }
-    })
-    .await?
+    match detached(async move { idempotency::run(&db, request, change).await }).await? {
+        Ok(once) => Ok(once),
+        Err(RunError::TakenOver) => Err(AppError::conflict(
+            "This request was taken over by a retry.",
+        )),
+        Err(RunError::Database(e)) => Err(e.into()),
+    }
 }
 
 /// What a stock form did, stored under the form's key: the page that shows the result, and
@@ -119,10 +70,9 @@ pub(super) struct FormOutcome {
 }
 
 impl FormOutcome {
-    /// A form's change that went through in `tx`, answered by this outcome.
-    pub(super) fn changed(self, tx: sqlx::Transaction<'static, sqlx::Postgres>) -> Changed {
-        Changed {
-            tx,
+    /// A form's change that went through, answered by this outcome (a 303 to its page).
+    pub(super) fn stored(self) -> StoredResponse {
+        StoredResponse {
             status: StatusCode::SEE_OTHER.as_u16(),
             body: serde_json::to_value(self).expect("a form outcome is plain JSON"),
         }
@@ -156,7 +106,7 @@ pub(super) async fn apply_form<E, F>(
 ) -> Result<Result<HttpResponse, E>, AppError>
 where
     E: 'static,
-    F: AsyncFnOnce(&PgPool) -> Result<Changed, E> + 'static,
+    F: AsyncFnOnce(&mut PgConnection) -> Result<StoredResponse, E> + 'static,
 {
     let scoped = admin_key(admin, key)?;
     let once = apply_once(

@@ -5,17 +5,16 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
 use serde::Deserialize;
-use sqlx::PgPool;
+use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::once::{
-    Changed, DoneQuery, FormOutcome, apply_form, done_notice, form_key, new_form_key,
-};
+use super::once::{DoneQuery, FormOutcome, apply_form, done_notice, form_key, new_form_key};
 use super::{MAX_PAGE, PAGE, page_chrome};
 use crate::admin::Admin;
 use crate::catalog::Sku;
 use crate::error::AppError;
 use crate::http::{AppState, Chrome, csrf, html};
+use crate::idempotency::StoredResponse;
 use crate::orders::db::{OrderFilter, OrderSummary};
 use crate::orders::{self, Cancelled, Order};
 
@@ -83,7 +82,7 @@ pub async fn get_orders(
         date,
     };
     let (orders, total) =
-        orders::db::list_orders(&state.db, &filter, PAGE, (page - 1) * PAGE).await?;
+        orders::reports::list(&state.db, &filter, PAGE, (page - 1) * PAGE).await?;
     let query_string = format!(
         "status={}&sku={}&date={}",
         status.clone().unwrap_or_default(),
@@ -167,12 +166,13 @@ pub async fn post_cancel(
         &admin,
         &key,
         &("cancel", order.id),
-        async move |db: &PgPool| -> Result<Changed, AppError> {
+        async move |_: &mut PgConnection| -> Result<StoredResponse, AppError> {
             // The cancel commits on its own, and only once per order however often it is
             // asked (it locks the order and checks its status); the key is completed just
             // after, so a retry that finds the key stale and takes it over is told
             // "already cancelled".
-            let notice = match orders::cancel(db, order.id, &actor, "cancelled by an admin").await?
+            let notice = match orders::cancel(&shared.db, order.id, &actor, "cancelled by an admin")
+                .await?
             {
                 Some(Cancelled::Now) => {
                     for line in &order.lines {
@@ -187,7 +187,7 @@ pub async fn post_cancel(
                 page: format!("/admin/orders/{}", order.id),
                 notice: notice.into(),
             };
-            Ok(outcome.changed(db.begin().await?))
+            Ok(outcome.stored())
         },
     )
     .await?

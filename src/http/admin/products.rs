@@ -9,47 +9,12 @@ use serde::Deserialize;
 use super::once::{DoneQuery, done_notice, new_form_key};
 use super::{MAX_PAGE, PAGE, page_chrome};
 use crate::admin::Admin;
-use crate::catalog::{self, Sku, format_cents};
+use crate::catalog::manage::ProductRow;
+use crate::catalog::manage::{self, ProductFields};
+use crate::catalog::{self, Sku};
 use crate::error::AppError;
 use crate::http::{AppState, Chrome, csrf, html, see_other};
 use crate::inventory::db as stock;
-
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct ProductRow {
-    pub sku: String,
-    pub name: String,
-    pub description: String,
-    pub price_cents: i64,
-    pub active: bool,
-    pub on_hand: i32,
-    pub reserved: i32,
-    /// At most this many per customer (none: no limit).
-    pub purchase_limit: Option<i32>,
-    pub category: Option<String>,
-    /// The picture's ETag, when it has one (read on the product page only).
-    #[sqlx(default)]
-    pub image: Option<String>,
-}
-
-impl ProductRow {
-    pub fn price(&self) -> String {
-        format_cents(self.price_cents)
-    }
-    pub fn price_input(&self) -> String {
-        format!("{}.{:02}", self.price_cents / 100, self.price_cents % 100)
-    }
-    pub fn available(&self) -> i32 {
-        self.on_hand - self.reserved
-    }
-    pub fn category_input(&self) -> &str {
-        self.category.as_deref().unwrap_or_default()
-    }
-    pub fn limit_input(&self) -> String {
-        self.purchase_limit
-            .map(|n| n.to_string())
-            .unwrap_or_default()
-    }
-}
 
 #[derive(Template)]
 #[template(path = "admin/products.html")]
@@ -76,30 +41,7 @@ pub async fn get_products(
     let q = query.q.clone().unwrap_or_default().trim().to_string();
     crate::text::single_line("The search", &q)?;
     let page = query.page.unwrap_or(1).clamp(1, MAX_PAGE);
-    let pattern = format!(
-        "%{}%",
-        q.replace('\\', "\\\\")
-            .replace('%', "\\%")
-            .replace('_', "\\_")
-    );
-    let products: Vec<ProductRow> = sqlx::query_as(
-        r#"select p.sku, p.name, p.description, p.price_cents, p.active, s.on_hand, s.reserved,
-                  p.purchase_limit, p.category
-             from products p join stock s on s.sku = p.sku
-            where p.sku ilike $1 or p.name ilike $1
-            order by p.sku limit $2 offset $3"#,
-    )
-    .bind(&pattern)
-    .bind(PAGE)
-    .bind((page - 1) * PAGE)
-    .fetch_all(&state.db)
-    .await?;
-    let total: i64 = sqlx::query_scalar(
-        "select count(*) from products p where p.sku ilike $1 or p.name ilike $1",
-    )
-    .bind(&pattern)
-    .fetch_one(&state.db)
-    .await?;
+    let (products, total) = manage::search(&state.db, &q, PAGE, (page - 1) * PAGE).await?;
     let page = ProductsPage {
         chrome: page_chrome(&req, &admin),
         products,
@@ -128,17 +70,7 @@ pub(super) struct ProductPage {
 pub(super) async fn load_product(state: &AppState, raw: &str) -> Result<ProductRow, AppError> {
     let not_found = || AppError::not_found(format!("No product with SKU {raw:?}."));
     let sku = Sku::parse(raw).map_err(|_| not_found())?;
-    sqlx::query_as(
-        r#"select p.sku, p.name, p.description, p.price_cents, p.active, s.on_hand, s.reserved,
-                  p.purchase_limit, p.category, i.image_etag as image
-             from products p join stock s on s.sku = p.sku
-             left join product_images i on i.sku = p.sku
-            where p.sku = $1"#,
-    )
-    .bind(sku.as_str())
-    .fetch_optional(&state.db)
-    .await?
-    .ok_or_else(not_found)
+    manage::find(&state.db, &sku).await?.ok_or_else(not_found)
 }
 
 pub async fn get_new_product(req: HttpRequest, admin: Admin) -> Result<HttpResponse, AppError> {
@@ -221,15 +153,6 @@ fn parse_limit(raw: &str) -> Result<Option<i32>, String> {
     }
 }
 
-/// A product form's fields, checked.
-struct ProductFields {
-    name: String,
-    description: String,
-    price_cents: i64,
-    purchase_limit: Option<i32>,
-    category: Option<String>,
-}
-
 /// A category as typed: empty for none.
 fn parse_category(raw: &str) -> Result<Option<String>, String> {
     match raw.trim() {
@@ -257,6 +180,7 @@ fn check_product(form: &ProductForm) -> Result<ProductFields, String> {
         name,
         description,
         price_cents: parse_price(&form.price)?,
+        active: form.active.is_some(),
         purchase_limit: parse_limit(&form.purchase_limit)?,
         category: parse_category(&form.category)?,
     })
@@ -309,22 +233,7 @@ pub async fn post_products(
         _ => return refuse("the opening stock is a whole number from 0 to 10,000,000".into()),
     };
     let mut tx = state.db.begin().await?;
-    let created = sqlx::query(
-        r#"insert into products (sku, name, description, price_cents, active, purchase_limit,
-                                 category)
-           values ($1, $2, $3, $4, $5, $6, $7) on conflict (sku) do nothing"#,
-    )
-    .bind(sku.as_str())
-    .bind(&fields.name)
-    .bind(&fields.description)
-    .bind(fields.price_cents)
-    .bind(form.active.is_some())
-    .bind(fields.purchase_limit)
-    .bind(&fields.category)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected()
-        == 1;
+    let created = manage::insert(&mut tx, &sku, &fields).await?;
     if !created {
         return refuse(format!("there is already a product with SKU {sku}"));
     }
@@ -383,23 +292,9 @@ pub async fn post_product(
             html(StatusCode::UNPROCESSABLE_ENTITY, &page)
         }
         Ok(fields) => {
-            sqlx::query(
-                r#"update products set name = $2, description = $3, price_cents = $4, active = $5,
-                          purchase_limit = $6, category = $7
-                    where sku = $1"#,
-            )
-            .bind(&product.sku)
-            .bind(fields.name)
-            .bind(fields.description)
-            .bind(fields.price_cents)
-            .bind(form.active.is_some())
-            .bind(fields.purchase_limit)
-            .bind(fields.category)
-            .execute(&state.db)
-            .await?;
-            state
-                .catalog
-                .forget(&Sku::parse(&product.sku).expect("stored SKUs are valid"));
+            let sku = Sku::parse(&product.sku).expect("stored SKUs are valid");
+            manage::update(&state.db, &sku, &fields).await?;
+            state.catalog.forget(&sku);
             Ok(see_other(&format!("/admin/products/{}", product.sku)))
         }
     }

@@ -6,16 +6,19 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
 use serde::Deserialize;
-use sqlx::PgPool;
+use sqlx::PgConnection;
 
-use super::once::{Changed, FormOutcome, apply_form, form_key, new_form_key};
-use super::products::{ProductPage, ProductRow, load_product};
+use super::once::{FormOutcome, apply_form, form_key, new_form_key};
+use super::products::{ProductPage, load_product};
 use super::{MAX_PAGE, PAGE, page_chrome};
 use crate::admin::Admin;
 use crate::catalog::Sku;
+use crate::catalog::manage::ProductRow;
 use crate::error::AppError;
 use crate::http::{AppState, Chrome, csrf, html};
+use crate::idempotency::StoredResponse;
 use crate::inventory::db::{self as stock, Adjusted, Movement};
+use crate::inventory::reports;
 
 #[derive(Deserialize)]
 pub struct StockForm {
@@ -128,16 +131,15 @@ pub async fn post_restock(
         &admin,
         &key,
         &fingerprint,
-        async move |db: &PgPool| -> Result<Changed, AppError> {
-            let mut tx = db.begin().await?;
-            let on_hand = stock::restock(&mut tx, &restocked, units, &reason, &actor)
+        async move |tx: &mut PgConnection| -> Result<StoredResponse, AppError> {
+            let on_hand = stock::restock(tx, &restocked, units, &reason, &actor)
                 .await?
                 .ok_or_else(|| too_much(units))?;
             let outcome = FormOutcome {
                 page: format!("/admin/products/{restocked}"),
                 notice: format!("Added {units} units; {on_hand} on hand now."),
             };
-            Ok(outcome.changed(tx))
+            Ok(outcome.stored())
         },
     )
     .await??;
@@ -187,9 +189,8 @@ pub async fn post_adjust(
         &admin,
         &key,
         &fingerprint,
-        async move |db: &PgPool| -> Result<Changed, NotSet> {
-            let mut tx = db.begin().await.map_err(AppError::from)?;
-            let outcome = stock::adjust(&mut tx, &adjusted, expected, new, &reason, &actor)
+        async move |tx: &mut PgConnection| -> Result<StoredResponse, NotSet> {
+            let outcome = stock::adjust(tx, &adjusted, expected, new, &reason, &actor)
                 .await
                 .map_err(AppError::from)?;
             match outcome {
@@ -198,7 +199,7 @@ pub async fn post_adjust(
                         page: format!("/admin/products/{adjusted}"),
                         notice: format!("On hand set to {new}."),
                     };
-                    Ok(outcome.changed(tx))
+                    Ok(outcome.stored())
                 }
                 Adjusted::Moved { on_hand } => Err(NotSet::Moved { on_hand }),
                 Adjusted::BelowReserved { reserved } => Err(NotSet::BelowReserved { reserved }),
@@ -285,21 +286,16 @@ pub async fn get_ledger(
     let total = stock::ledger_len(&state.db, &sku).await?;
     let verified = match query.verify {
         Some(_) => {
-            // One statement, one snapshot: sales in between cannot fake a mismatch.
-            let (on_hand, reserved, ledger_on_hand, ledger_reserved): (i32, i32, i64, i64) =
-                sqlx::query_as(
-                    r#"select s.on_hand, s.reserved,
-                              coalesce(sum(m.delta), 0)::bigint,
-                              coalesce(sum(m.reserved_delta), 0)::bigint
-                         from stock s left join stock_movements m on m.sku = s.sku
-                        where s.sku = $1
-                        group by s.on_hand, s.reserved"#,
-                )
-                .bind(sku.as_str())
-                .fetch_one(&state.db)
-                .await?;
-            let ok = ledger_on_hand == i64::from(on_hand) && ledger_reserved == i64::from(reserved);
-            Some((ledger_on_hand, ledger_reserved, ok, on_hand, reserved))
+            let check = reports::check_ledger(&state.db, &sku)
+                .await?
+                .ok_or_else(|| AppError::not_found(format!("No product with SKU {sku}.")))?;
+            Some((
+                check.ledger_on_hand,
+                check.ledger_reserved,
+                check.matches(),
+                check.on_hand,
+                check.reserved,
+            ))
         }
         None => None,
     };
