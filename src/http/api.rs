@@ -83,8 +83,9 @@ const API_PER_PAGE: i64 = 100;
             pattern = "^(relevance|name|price-low|price-high|newest)?$",
             description = "`relevance` (the default), `name`, `price-low`, `price-high` or \
                 `newest`."),
-        ("page" = Option<i64>, Query, minimum = 1, maximum = 10000,
-            description = "Pages of 100, from 1; without it, every match."),
+        ("page" = Option<String>, Query, pattern = "^\\s*[0-9]*\\s*$",
+            description = "Pages of 100, from 1 to 10000 (else 422); without it (or empty), \
+                every match."),
     ),
     responses(
         (status = 200, description = "The matching products, by name or as sorted.",
