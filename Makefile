@@ -3,10 +3,13 @@
 
 SHELL := /bin/bash
 APT := DEBIAN_FRONTEND=noninteractive apt-get
+# The API fuzzer the contract test runs, pinned, in a virtualenv of the project's own.
+SCHEMATHESIS_VERSION := 4.32.5
+VENV := .venv
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test bench cluster build deps-run deps-test deps-bench deps-cluster lint clean \
-	sqlx-cli sqlx-prepare
+.PHONY: run test bench cluster build deps-run deps-test deps-bench deps-cluster deps-schemathesis \
+	lint clean sqlx-cli sqlx-prepare
 
 ## run: install PostgreSQL and Redis if missing, build, start the shop in local mode
 run: deps-run
@@ -55,7 +58,7 @@ clean:
 
 # Installs what is missing with one apt-get run (Debian/Ubuntu); elsewhere names it.
 # $(1): "run" (servers), "bench" (servers, pgbench), "cluster" (servers, HAProxy, PgBouncer,
-# Redis Sentinel) or "test" (all of these, browser, docker-compose). pgbench comes with the server on Debian 12; newer releases ship it in
+# Redis Sentinel) or "test" (all of these, browser, docker-compose, python3-venv for schemathesis). pgbench comes with the server on Debian 12; newer releases ship it in
 # postgresql-client.
 define install_missing
 	@missing=""; \
@@ -72,6 +75,7 @@ define install_missing
 	if [ "$(1)" = test ]; then \
 	  ( command -v chromium && command -v chromedriver ) >/dev/null 2>&1 || missing="$$missing chromium chromium-driver"; \
 	  command -v docker-compose >/dev/null 2>&1 || missing="$$missing docker-compose"; \
+	  python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing="$$missing python3-venv"; \
 	fi; \
 	if [ -n "$$missing" ]; then \
 	  if command -v apt-get >/dev/null 2>&1; then \
@@ -93,6 +97,15 @@ deps-run:
 
 deps-test:
 	$(call install_missing,test)
+	@$(MAKE) --no-print-directory deps-schemathesis
+
+# schemathesis $(SCHEMATHESIS_VERSION) in $(VENV)/ (from PyPI), unless that version is there.
+deps-schemathesis:
+	@$(VENV)/bin/schemathesis --version 2>/dev/null | grep -qxF "schemathesis, version $(SCHEMATHESIS_VERSION)" || { \
+	  echo "Installing schemathesis $(SCHEMATHESIS_VERSION) into $(VENV)/ (pip; a minute on a fresh machine)"; \
+	  python3 -m venv $(VENV) && \
+	  $(VENV)/bin/pip install -q --disable-pip-version-check "schemathesis==$(SCHEMATHESIS_VERSION)"; \
+	}
 
 deps-bench:
 	$(call install_missing,bench)

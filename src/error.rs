@@ -67,6 +67,30 @@ pub enum AppError {
     Internal(#[from] anyhow::Error),
 }
 
+/// The shape of every API error body (`application/problem+json`, RFC 9457), as the API
+/// contract ([`crate::http::openapi`]) describes it; the middleware renders it from the
+/// error. Members may be added; these are always there.
+#[derive(Debug, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+#[schema(as = Problem)]
+pub struct ProblemDocument {
+    /// Always `about:blank`: the status says what kind of problem it is.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// A short title for the status (`Not found`, `Conflict`).
+    pub title: String,
+    /// The HTTP status, repeated.
+    pub status: u16,
+    /// What went wrong, in a sentence a person can act on.
+    pub detail: String,
+    /// The path the request was for.
+    pub instance: String,
+    /// The id of the request, as in the `X-Request-Id` header and the server's log.
+    pub request_id: String,
+    /// On 409 "Not enough stock": each SKU that is short, and what is left of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shortages: Option<Vec<crate::orders::Shortage>>,
+}
+
 impl AppError {
     pub fn not_found(what: impl Into<String>) -> Self {
         Self::NotFound(what.into())

@@ -14,9 +14,12 @@ use serde::Serialize;
 ///
 /// Rows decode straight into it (`#[sqlx(transparent)]`): what the database holds passed
 /// this check on the way in. From JSON it is parsed like any other input.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, sqlx::Type)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, sqlx::Type, utoipa::ToSchema,
+)]
 #[serde(transparent)]
 #[sqlx(transparent)]
+#[schema(example = "KB-ALPINE-75")]
 pub struct Sku(String);
 
 impl<'de> serde::Deserialize<'de> for Sku {

@@ -29,7 +29,7 @@ use crate::locking::Redis;
 use crate::orders::{Order, OrderLine, OrderStatus, Shortage, text_column};
 
 /// Where a hold stands (`holds.state`). It leaves `Active` once, under its row lock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum HoldState {
     /// Its stock is reserved (until `expires_at`; the sweeper then expires it).
@@ -62,7 +62,7 @@ impl HoldState {
 text_column!(HoldState);
 
 /// A hold as pages and the API show it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Hold {
     pub id: Uuid,
     pub state: HoldState,

@@ -12,6 +12,7 @@ mod health;
 pub mod limits;
 pub mod middleware;
 mod multipart;
+pub mod openapi;
 mod pages;
 pub mod shop;
 
@@ -208,6 +209,11 @@ fn public_routes() -> Vec<(Method, &'static str, actix_web::Route)> {
             M::POST,
             "/api/v1/holds/{id}/confirm",
             web::post().to(api::post_hold_confirm),
+        ),
+        (
+            M::GET,
+            "/api/v1/openapi.json",
+            get().to(openapi::get_openapi_json),
         ),
         (M::GET, "/healthz", get().to(health::get_healthz)),
         (M::GET, "/readyz", get().to(health::get_readyz)),

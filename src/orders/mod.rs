@@ -57,7 +57,7 @@ macro_rules! text_column {
 pub(crate) use text_column;
 
 /// Where an order stands (`orders.status`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum OrderStatus {
     /// Placed: its units are sold.
@@ -84,7 +84,7 @@ impl OrderStatus {
 text_column!(OrderStatus);
 
 /// A placed order, as pages and the API show it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Order {
     pub id: Uuid,
     pub status: OrderStatus,
@@ -109,7 +109,7 @@ impl crate::events::Event {
 }
 
 /// One line of a placed order, with the unit price captured when it was placed.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct OrderLine {
     pub sku: Sku,
     pub name: String,
@@ -139,7 +139,7 @@ impl OrderLine {
 }
 
 /// A SKU an order wanted more of than was available.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Shortage {
     pub sku: String,
     pub requested: i32,

@@ -16,6 +16,7 @@ mod holds;
 mod images;
 mod limits;
 mod loadtest;
+mod openapi;
 mod orders;
 mod plans;
 mod process;

@@ -23,9 +23,25 @@ use crate::error::AppError;
 use crate::events::db;
 use crate::events::sign;
 use crate::http::AppState;
+use crate::http::openapi::{
+    BadRequest, Conflict, Forbidden, NotFound, TooLarge, Unauthorized, Unavailable, Unprocessable,
+    UnsupportedMediaType,
+};
 use crate::idempotency::{Once, Scope, StoredResponse};
 use crate::inventory::db::{self as stock, Adjusted};
 
+/// The dashboard's numbers: stock, orders, holds, events.
+#[utoipa::path(
+    get,
+    path = "/api/v1/admin/dashboard",
+    tag = "admin",
+    security(("admin_session" = [])),
+    responses(
+        (status = 200, description = "The dashboard.", body = Object),
+        (status = 401, response = Unauthorized),
+        (status = 503, response = Unavailable),
+    )
+)]
 pub async fn get_dashboard_json(
     _admin: Admin,
     state: web::Data<AppState>,
@@ -35,17 +51,29 @@ pub async fn get_dashboard_json(
         .json(dashboard(&state).await?))
 }
 
-#[derive(Debug, Deserialize, Serialize)]
+/// Units received into stock.
+#[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
 pub struct RestockBody {
     units: i64,
     reason: String,
 }
 
-#[derive(Debug, Deserialize, Serialize)]
+/// A stock count: `on_hand` becomes the count, if it still is `expected_on_hand`.
+#[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
 pub struct AdjustBody {
     expected_on_hand: i64,
     on_hand: i64,
     reason: String,
+}
+
+/// The `X-CSRF-Token` header every admin API write carries (the session's token).
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Header)]
+#[allow(dead_code)]
+struct CsrfHeader {
+    /// The admin session's CSRF token (shown on the admin pages).
+    #[param(rename = "X-CSRF-Token")]
+    csrf_token: String,
 }
 
 /// The admin API's answer to a stock change under an `Idempotency-Key`: the stored JSON,
@@ -77,6 +105,27 @@ fn api_answer(once: Once) -> Result<HttpResponse, AppError> {
 
 /// `PATCH /api/v1/admin/products/{sku}`: `{"purchase_limit": n}` sets the most units one
 /// customer may buy (`null` removes the limit). Answers the product's new settings.
+#[utoipa::path(
+    patch,
+    path = "/api/v1/admin/products/{sku}",
+    tag = "admin",
+    security(("admin_session" = [])),
+    params(("sku" = String, Path, description = "The product's SKU."), CsrfHeader),
+    request_body(content = Object, description = "`{\"purchase_limit\": n | null}` and/or \
+        `{\"category\": \"…\" | null}`."),
+    responses(
+        (status = 200, description = "The product's settings now: `{\"sku\", \
+            \"purchase_limit\", \"category\"}`.", body = Object),
+        (status = 400, response = BadRequest),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, response = NotFound),
+        (status = 413, response = TooLarge),
+        (status = 415, response = UnsupportedMediaType),
+        (status = 422, response = Unprocessable),
+        (status = 503, response = Unavailable),
+    )
+)]
 pub async fn patch_api_product(
     req: HttpRequest,
     admin: Admin,
@@ -157,6 +206,30 @@ pub async fn patch_api_product(
     })))
 }
 
+/// Adds units to a product's stock (a ledger row), once per `Idempotency-Key`.
+#[utoipa::path(
+    post,
+    path = "/api/v1/admin/stock/{sku}/restock",
+    tag = "admin",
+    security(("admin_session" = [])),
+    params(("sku" = String, Path, description = "The product's SKU."), CsrfHeader,
+        crate::http::api::IdempotencyKeyHeader),
+    request_body = RestockBody,
+    responses(
+        (status = 200, description = "`{\"sku\", \"on_hand\"}` after the restock.", body = Object,
+            headers(("Idempotency-Replayed" = String,
+                description = "`true` when this answers an earlier request with the key."))),
+        (status = 400, response = BadRequest),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, response = NotFound),
+        (status = 409, response = Conflict),
+        (status = 413, response = TooLarge),
+        (status = 415, response = UnsupportedMediaType),
+        (status = 422, response = Unprocessable),
+        (status = 503, response = Unavailable),
+    )
+)]
 pub async fn post_api_restock(
     req: HttpRequest,
     admin: Admin,
@@ -200,6 +273,31 @@ pub async fn post_api_restock(
     api_answer(once)
 }
 
+/// Sets a product's on-hand count (a ledger row for the difference), once per
+/// `Idempotency-Key`; 409 when the stock moved since `expected_on_hand` was read.
+#[utoipa::path(
+    post,
+    path = "/api/v1/admin/stock/{sku}/adjust",
+    tag = "admin",
+    security(("admin_session" = [])),
+    params(("sku" = String, Path, description = "The product's SKU."), CsrfHeader,
+        crate::http::api::IdempotencyKeyHeader),
+    request_body = AdjustBody,
+    responses(
+        (status = 200, description = "`{\"sku\", \"on_hand\"}` after the count.", body = Object,
+            headers(("Idempotency-Replayed" = String,
+                description = "`true` when this answers an earlier request with the key."))),
+        (status = 400, response = BadRequest),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, response = NotFound),
+        (status = 409, response = Conflict),
+        (status = 413, response = TooLarge),
+        (status = 415, response = UnsupportedMediaType),
+        (status = 422, response = Unprocessable),
+        (status = 503, response = Unavailable),
+    )
+)]
 pub async fn post_api_adjust(
     req: HttpRequest,
     admin: Admin,
@@ -269,6 +367,18 @@ pub async fn post_api_adjust(
 
 // ---------------------------------------------------------------- webhooks
 
+/// Every webhook endpoint.
+#[utoipa::path(
+    get,
+    path = "/api/v1/admin/webhooks",
+    tag = "admin",
+    security(("admin_session" = [])),
+    responses(
+        (status = 200, description = "The endpoints.", body = [Object]),
+        (status = 401, response = Unauthorized),
+        (status = 503, response = Unavailable),
+    )
+)]
 pub async fn get_api_webhooks(
     _admin: Admin,
     state: web::Data<AppState>,
@@ -285,6 +395,25 @@ pub struct NewEndpointBody {
 }
 
 /// 201 with the endpoint and its `secret` (the only time it is shown).
+#[utoipa::path(
+    post,
+    path = "/api/v1/admin/webhooks",
+    tag = "admin",
+    security(("admin_session" = [])),
+    params(CsrfHeader),
+    request_body(content = Object, description = "`{\"url\": \"https://…\", \
+        \"event_types\": [\"order.placed\", …], \"description\"?}`."),
+    responses(
+        (status = 201, description = "The endpoint, with its `secret`.", body = Object),
+        (status = 400, response = BadRequest),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 413, response = TooLarge),
+        (status = 415, response = UnsupportedMediaType),
+        (status = 422, response = Unprocessable),
+        (status = 503, response = Unavailable),
+    )
+)]
 pub async fn post_api_webhooks(
     req: HttpRequest,
     admin: Admin,
@@ -312,6 +441,21 @@ pub async fn post_api_webhooks(
         .json(json))
 }
 
+/// Deletes a webhook endpoint.
+#[utoipa::path(
+    delete,
+    path = "/api/v1/admin/webhooks/{id}",
+    tag = "admin",
+    security(("admin_session" = [])),
+    params(("id" = String, Path, description = "The endpoint's id."), CsrfHeader),
+    responses(
+        (status = 204, description = "Deleted."),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, response = NotFound),
+        (status = 503, response = Unavailable),
+    )
+)]
 pub async fn delete_api_webhook(
     req: HttpRequest,
     admin: Admin,
@@ -326,6 +470,21 @@ pub async fn delete_api_webhook(
     Ok(HttpResponse::NoContent().finish())
 }
 
+/// The latest webhook deliveries, newest first.
+#[utoipa::path(
+    get,
+    path = "/api/v1/admin/webhooks/deliveries",
+    tag = "admin",
+    security(("admin_session" = [])),
+    params(("status" = Option<String>, Query,
+        description = "Only `pending`, `sent` or `failed` ones.")),
+    responses(
+        (status = 200, description = "The deliveries.", body = [Object]),
+        (status = 400, response = BadRequest),
+        (status = 401, response = Unauthorized),
+        (status = 503, response = Unavailable),
+    )
+)]
 pub async fn get_api_deliveries(
     _admin: Admin,
     state: web::Data<AppState>,
@@ -339,6 +498,20 @@ pub async fn get_api_deliveries(
 }
 
 /// 202: queued to be sent again at once, attempts counted from zero.
+#[utoipa::path(
+    post,
+    path = "/api/v1/admin/webhooks/deliveries/{id}/resend",
+    tag = "admin",
+    security(("admin_session" = [])),
+    params(("id" = String, Path, description = "The delivery's id."), CsrfHeader),
+    responses(
+        (status = 202, description = "`{\"id\", \"status\": \"pending\"}`.", body = Object),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, response = NotFound),
+        (status = 503, response = Unavailable),
+    )
+)]
 pub async fn post_api_resend_delivery(
     req: HttpRequest,
     admin: Admin,

@@ -16,7 +16,7 @@
 //! that shows the result (`?done=<key>`), so a refresh, a double click or a resubmit from
 //! the back button replays that answer instead of changing stock again.
 
-mod api;
+pub(crate) mod api;
 mod clients;
 mod dashboard;
 mod holds;
