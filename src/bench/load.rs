@@ -104,6 +104,7 @@ fn histogram() -> Histogram<u64> {
 
 /// The HTTP client of one phase, with a pooled connection per loop.
 pub fn client(connections: usize, timeout: Duration) -> anyhow::Result<reqwest::Client> {
+    crate::install_tls_provider(); // a library caller (a test) may not have
     Ok(reqwest::Client::builder()
         .pool_max_idle_per_host(connections.max(16))
         .timeout(timeout)

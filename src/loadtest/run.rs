@@ -461,6 +461,7 @@ pub async fn run(plan: &Plan, live: Arc<Live>) -> anyhow::Result<RunResult> {
         value.set_sensitive(true);
         headers.insert(reqwest::header::AUTHORIZATION, value);
     }
+    crate::install_tls_provider(); // a library caller (a test) may not have
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(plan.concurrency.max(16))
         .timeout(plan.timeout)

@@ -64,6 +64,7 @@ async fn three_hundred_shoppers_hold_fifty_units_then_thirty_confirm_and_twenty_
         serve_app(&app, &extra, &[]).await,
         serve_app(&app, &extra, &[]).await,
     ];
+    stockade::install_tls_provider();
     let client = reqwest::Client::new();
     let answers = join_all((0..300).map(|i| {
         let (client, base) = (client.clone(), servers[i % 2].address.clone());

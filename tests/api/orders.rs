@@ -546,6 +546,7 @@ async fn multi_sku_orders_in_random_line_order_never_deadlock() {
         serve_app(&app, &patient, &[]).await,
         serve_app(&app, &patient, &[]).await,
     ];
+    stockade::install_tls_provider();
     let client = reqwest::Client::new();
     let answers = join_all((0..120).map(|i| {
         let (client, base) = (client.clone(), servers[i % 2].address.clone());
