@@ -134,8 +134,7 @@ pub async fn patch_api_product(
     body: web::Json<serde_json::Value>,
 ) -> Result<HttpResponse, AppError> {
     check_api_csrf(&req, &admin)?;
-    let sku = Sku::parse(&path)
-        .map_err(|_| AppError::not_found(format!("No product with SKU {:?}.", path.as_str())))?;
+    let sku = sku_in_path(&path)?;
     let fields = body
         .as_object()
         .ok_or_else(|| AppError::Unprocessable("The body must be a JSON object.".into()))?;
@@ -238,11 +237,7 @@ pub async fn post_api_restock(
     body: web::Json<RestockBody>,
 ) -> Result<HttpResponse, AppError> {
     check_api_csrf(&req, &admin)?;
-    let sku = Sku::parse(&path)
-        .map_err(|_| AppError::not_found(format!("No product with SKU {:?}.", path.as_str())))?;
-    catalog::db::find_product(&state.db, &sku)
-        .await?
-        .ok_or_else(|| AppError::not_found(format!("No product with SKU {sku}.")))?;
+    let sku = existing_sku(&state, &path).await?;
     // Bounds are checked here, before any SQL: a count the column cannot hold is a 422.
     let units = i32::try_from(body.units)
         .ok()
@@ -306,11 +301,7 @@ pub async fn post_api_adjust(
     body: web::Json<AdjustBody>,
 ) -> Result<HttpResponse, AppError> {
     check_api_csrf(&req, &admin)?;
-    let sku = Sku::parse(&path)
-        .map_err(|_| AppError::not_found(format!("No product with SKU {:?}.", path.as_str())))?;
-    catalog::db::find_product(&state.db, &sku)
-        .await?
-        .ok_or_else(|| AppError::not_found(format!("No product with SKU {sku}.")))?;
+    let sku = existing_sku(&state, &path).await?;
     let new = i32::try_from(body.on_hand)
         .ok()
         .filter(|n| (0..=10_000_000).contains(n))
@@ -524,4 +515,18 @@ pub async fn post_api_resend_delivery(
         return Err(AppError::not_found("No such delivery."));
     }
     Ok(HttpResponse::Accepted().json(serde_json::json!({ "id": id, "status": "pending" })))
+}
+
+/// The SKU an address names; 404 when it cannot be one.
+fn sku_in_path(path: &str) -> Result<Sku, AppError> {
+    Sku::parse(path).map_err(|_| AppError::not_found(format!("No product with SKU {path:?}.")))
+}
+
+/// The SKU an address names, of a product that exists; 404 otherwise.
+async fn existing_sku(state: &AppState, path: &str) -> Result<Sku, AppError> {
+    let sku = sku_in_path(path)?;
+    catalog::db::find_product(&state.db, &sku)
+        .await?
+        .ok_or_else(|| AppError::not_found(format!("No product with SKU {sku}.")))?;
+    Ok(sku)
 }
