@@ -142,8 +142,10 @@ async fn a_flash_sale_through_haproxy_survives_losing_a_redis_master_an_app_the_
     // 1. The Redis master dies mid-sale: Sentinel promotes the replica, orders go on under
     //    the database guard meanwhile, and leases resume on the new master with its fence
     //    counter raised past every fence the database has seen.
-    let stock = 400;
-    let args = sale(&cluster, stock, 2_000, standby, 1);
+    // Enough stock that the sale outlasts the failover on a fast machine too: the last
+    //    check needs orders after leases are back.
+    let stock = 800;
+    let args = sale(&cluster, stock, 2_400, standby, 1);
     let sale_started = Instant::now();
     let (report, (killed_at, fence_before, leases_back)) = tokio::join!(run_report(&args), async {
         tokio::time::sleep(Duration::from_millis(1_500)).await;
