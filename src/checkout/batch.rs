@@ -5,24 +5,35 @@
 //! concurrent single-SKU orders queue in this process behind one leader task, which
 //! applies them in batches of up to `STOCKADE_BATCH_MAX`, whatever their SKUs:
 //!
-//! 1. orders for a SKU this process saw sold out are answered from Redis with no write
-//!    (see [`super::sold_out`]); the other keys are marked in Redis as being decided in
-//!    PostgreSQL, and a key that has an answer there already gets it;
+//! 1. orders for a SKU this process saw sold out go to a task of their own, which answers
+//!    them from Redis with no write (see [`super::sold_out`]) while the leader goes on;
+//!    the other keys are marked in Redis as being decided in PostgreSQL, and a key that
+//!    has an answer there already gets it;
 //! 2. the leader takes the leases of the batch's SKUs that are free, all under one fence
 //!    (exclusion and fencing across processes, as `redis-lock`); orders for a SKU whose
 //!    lease another process holds wait for the next batch, and give up with 503 after
 //!    `STOCKADE_LEASE_WAIT_MS`;
-//! 3. one transaction: the stock rows are locked in SKU order and prices read; one read
-//!    finds the keys that have a record (they drop out and are answered from it, as does
-//!    the second of a key sent twice); units are allocated per SKU in arrival order, each
-//!    order accepted while enough is left, the others refused with their own shortage;
-//!    one conditional update takes each SKU's accepted total (it still refuses to go below
-//!    zero or past a newer fence); set-based inserts (`unnest`) write every order, line
-//!    and ledger row, and one insert records every key, completed with its own answer. A
-//!    request elsewhere that claimed one of the keys meanwhile holds that insert until it
-//!    ends; if it recorded the key (or its order), nothing is written and the batch starts
-//!    again, and the key is answered from that record;
-//! 4. one COMMIT, then every request gets its own answer.
+//! 3. one read ([`db::read`]) gets the stock rows, today's prices and which keys have a
+//!    record (they drop out and are answered from it, as does the second of a key sent
+//!    twice); units are allocated per SKU in arrival order, each order accepted while
+//!    enough is left, the others refused with their own shortage;
+//! 4. one write ([`db::write`]), a single statement and so atomic on its own: the
+//!    conditional update of each SKU's accepted total (it refuses to go below zero or past
+//!    a newer fence, and then nothing is written and the batch starts again from a fresh
+//!    read), every order, line, ledger row and `order.placed` event by `unnest`, and every
+//!    key, completed with its own answer. A request elsewhere that claimed one of the keys
+//!    meanwhile holds that insert until it ends; if it recorded the key (or its order),
+//!    the write fails on the unique index, nothing is written, the batch starts again and
+//!    the key is answered from that record;
+//! 5. every request gets its own answer, then the leases are released.
+//!
+//! Under a lease the read and the write are the whole transaction: two round trips, no
+//! `BEGIN`, and the hot row locked only while the write runs. The lease keeps other
+//! batches of the SKU out; the write's conditions catch anything else (a stale lease, a
+//! hold or an order of several SKUs, which take no lease, an admin's count). Two cases lock
+//! the rows for the whole transaction instead: no lease (Redis is down), and a SKU with a
+//! purchase limit, whose count of what a shopper already has must not miss a hold placed
+//! between the read and the write.
 //!
 //! A request never poisons its batch: it is parsed and validated before it queues, a key
 //! decided elsewhere drops out, and a SKU no longer on sale refuses only its own orders.
@@ -30,6 +41,8 @@
 //! are read by the batch's transaction. Orders of several SKUs, and holds, take the
 //! per-request path: their SKU sets rarely coincide, and a batch that mixed them would
 //! hold many leases for the sake of one order.
+
+pub mod db;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -73,6 +86,8 @@ struct Queued {
     job: Job,
     answer: oneshot::Sender<BatchAnswer>,
     since: Instant,
+    /// Redis was asked for a sold-out answer already, and sent it on to PostgreSQL.
+    past_sold_out: bool,
 }
 
 impl Queued {
@@ -129,22 +144,25 @@ impl Batcher {
     /// answer.
     pub async fn submit(self: &Arc<Self>, job: Job) -> BatchAnswer {
         let (answer, rx) = oneshot::channel();
-        let queued = Queued {
+        self.enqueue(Queued {
             job,
             answer,
             since: Instant::now(),
-        };
-        {
-            let mut queue = self.queue.lock().expect("batch queue");
-            let sender = queue.get_or_insert_with(|| {
-                let (sender, jobs) = mpsc::unbounded_channel();
-                tokio::spawn(Arc::clone(self).lead(jobs));
-                sender
-            });
-            // The leader leaves only under this lock, after seeing its queue empty.
-            let _ = sender.send(queued);
-        }
+            past_sold_out: false,
+        });
         rx.await.unwrap_or(BatchAnswer::Failed(OrderError::Busy))
+    }
+
+    /// Puts `queued` behind the leader, starting one if there is none.
+    fn enqueue(self: &Arc<Self>, queued: Queued) {
+        let mut queue = self.queue.lock().expect("batch queue");
+        let sender = queue.get_or_insert_with(|| {
+            let (sender, jobs) = mpsc::unbounded_channel();
+            tokio::spawn(Arc::clone(self).lead(jobs));
+            sender
+        });
+        // The leader leaves only under this lock, after seeing its queue empty.
+        let _ = sender.send(queued);
     }
 
     /// The leader: applies batches while orders keep coming, then leaves. Orders whose
@@ -198,8 +216,8 @@ impl Batcher {
 
     /// Applies one batch and answers every job in it, except those whose SKU's lease is
     /// held elsewhere: they are returned, to wait for the next batch.
-    async fn apply(&self, batch: Vec<Queued>) -> Vec<Queued> {
-        let batch = self.answer_sold_out(batch).await;
+    async fn apply(self: &Arc<Self>, batch: Vec<Queued>) -> Vec<Queued> {
+        let batch = self.send_sold_out_aside(batch);
         let mut batch = self.answer_from_redis(batch).await;
         if batch.is_empty() {
             return Vec::new();
@@ -299,17 +317,33 @@ impl Batcher {
         }
     }
 
+    /// Hands the orders for SKUs this process saw sold out to a task of their own, which
+    /// answers them from Redis while the leader goes on with the others (returned). What
+    /// Redis cannot answer comes back to the queue, to be decided in PostgreSQL.
+    fn send_sold_out_aside(self: &Arc<Self>, batch: Vec<Queued>) -> Vec<Queued> {
+        let (believed, rest): (Vec<Queued>, Vec<Queued>) = batch.into_iter().partition(|q| {
+            !q.past_sold_out
+                && self
+                    .redis
+                    .believes_sold_out(std::slice::from_ref(q.job.sku()))
+        });
+        if !believed.is_empty() {
+            let this = Arc::clone(self);
+            tokio::spawn(async move {
+                for mut q in this.answer_sold_out(believed).await {
+                    q.past_sold_out = true;
+                    this.enqueue(q);
+                }
+            });
+        }
+        rest
+    }
+
     /// Answers from Redis the orders for SKUs this process saw sold out (one read of
     /// PostgreSQL for all their keys, one Redis call per SKU, no write); keys with a
     /// record in PostgreSQL are answered from it by their own requests. Returns the rest.
-    async fn answer_sold_out(&self, batch: Vec<Queued>) -> Vec<Queued> {
-        let (believed, mut rest): (Vec<Queued>, Vec<Queued>) = batch.into_iter().partition(|q| {
-            self.redis
-                .believes_sold_out(std::slice::from_ref(q.job.sku()))
-        });
-        if believed.is_empty() {
-            return rest;
-        }
+    async fn answer_sold_out(&self, believed: Vec<Queued>) -> Vec<Queued> {
+        let mut rest = Vec::new();
         let keys: Vec<(&str, &str)> = believed
             .iter()
             .map(|q| (q.job.scope.as_str(), q.job.key.as_str()))
@@ -409,7 +443,7 @@ struct Answers {
     sold_out: Vec<Sku>,
 }
 
-/// A SKU of the batch as its locked row and product say.
+/// A SKU of the batch as its row and product say.
 struct Stocked {
     left: i32,
     taken: i32,
@@ -418,53 +452,78 @@ struct Stocked {
     limit: Option<i32>,
 }
 
-/// The batch's one transaction (see the module documentation).
+/// The batch's transaction (see the module documentation): under a lease, two statements
+/// and no `BEGIN` when no SKU of the batch has a purchase limit; otherwise its stock rows
+/// are locked first, in one transaction.
 async fn transact(db: &PgPool, jobs: &[&Job], fence: Option<i64>) -> sqlx::Result<Applied> {
-    let mut skus: Vec<Sku> = jobs.iter().map(|j| j.sku().clone()).collect();
+    let mut skus: Vec<&str> = jobs.iter().map(|j| j.sku().as_str()).collect();
     skus.sort_unstable();
     skus.dedup();
-    let names: Vec<&str> = skus.iter().map(Sku::as_str).collect();
-    let mut tx = db.begin().await?;
-
-    // 1. Lock the stock rows and read today's prices. A SKU without both (gone, or no
-    //    longer sold) refuses its own orders; a row a newer lease wrote refuses the batch.
-    let locked = stock::lock_for_sale(&mut tx, &names).await?;
-    if let Some(fence) = fence
-        && let Some(last_fence) = locked.iter().map(|(_, _, f)| *f).max()
-        && last_fence >= fence
-    {
-        tx.rollback().await?;
-        return Ok(Applied::StaleFence { last_fence });
-    }
-    let products = super::db::products_for(&mut *tx, &skus).await?;
-    let mut stocked: HashMap<&str, Stocked> = HashMap::new();
-    for (sku, available, _) in &locked {
-        if let Some(p) = products.iter().find(|p| &p.sku == sku) {
-            let entry = Stocked {
-                left: *available,
-                taken: 0,
-                name: p.name.clone(),
-                price_cents: p.price_cents,
-                limit: p.purchase_limit,
-            };
-            stocked.insert(sku.as_str(), entry);
+    let scopes: Vec<&str> = jobs.iter().map(|j| j.scope.as_str()).collect();
+    let keys: Vec<&str> = jobs.iter().map(|j| j.key.as_str()).collect();
+    let mut conn = db.acquire().await?;
+    if fence.is_some() {
+        // The lease keeps every other batch of these SKUs out, and the write re-checks
+        // stock and fence. A purchase limit also counts holds and orders of several SKUs,
+        // which take no lease: batches with a limited SKU lock their rows instead.
+        let rows = db::read(&mut conn, &skus, &scopes, &keys).await?;
+        if !rows.iter().any(|r| r.purchase_limit.is_some()) {
+            return decide(&mut conn, jobs, rows, fence).await;
         }
     }
+    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    stock::lock_for_sale(&mut tx, &skus).await?;
+    let rows = db::read(&mut tx, &skus, &scopes, &keys).await?;
+    let applied = decide(&mut tx, jobs, rows, fence).await?;
+    if matches!(applied, Applied::Done(_)) {
+        tx.commit().await?;
+    }
+    Ok(applied)
+}
+
+/// Decides every job from `rows` and writes the decisions by one statement.
+async fn decide(
+    conn: &mut sqlx::PgConnection,
+    jobs: &[&Job],
+    rows: Vec<db::Row>,
+    fence: Option<i64>,
+) -> sqlx::Result<Applied> {
+    // 1. A row a newer lease wrote refuses the batch. A SKU without an active product
+    //    (gone, or no longer sold) refuses its own orders.
+    if let Some(fence) = fence
+        && let Some(last_fence) = rows.iter().map(|r| r.last_fence).max()
+        && last_fence >= fence
+    {
+        return Ok(Applied::StaleFence { last_fence });
+    }
+    let recorded: HashSet<usize> = rows
+        .first()
+        .map(|r| r.recorded.iter().map(|i| (*i - 1) as usize).collect())
+        .unwrap_or_default();
+    let mut stocked: HashMap<String, Stocked> = rows
+        .into_iter()
+        .filter(|r| r.active)
+        .map(|r| {
+            let entry = Stocked {
+                left: r.available,
+                taken: 0,
+                name: r.name,
+                price_cents: r.price_cents,
+                limit: r.purchase_limit,
+            };
+            (r.sku, entry)
+        })
+        .collect();
 
     // 2. Keys with a record already drop out (answered from it); the batch decides the
-    //    others, the first of each key if one came twice. Their records are written at
-    //    the end, completed; a request elsewhere that records one of them first makes
-    //    the batch start again. Then allocate in arrival order.
-    let on_sale: Vec<(&str, &str)> = jobs
+    //    others, the first of each key if one came twice. Their records are written with
+    //    the orders; a request elsewhere that records one of them first makes the write
+    //    fail, and the batch start again. Then allocate in arrival order.
+    let mut claims: HashSet<(&str, &str)> = jobs
         .iter()
-        .filter(|j| stocked.contains_key(j.sku().as_str()))
-        .map(|j| (j.scope.as_str(), j.key.as_str()))
-        .collect();
-    let recorded = crate::idempotency::present(&mut *tx, &on_sale).await?;
-    let mut claims: HashSet<(&str, &str)> = on_sale
-        .iter()
-        .zip(recorded)
-        .filter_map(|(key, recorded)| (!recorded).then_some(*key))
+        .enumerate()
+        .filter(|(i, j)| stocked.contains_key(j.sku().as_str()) && !recorded.contains(i))
+        .map(|(_, j)| (j.scope.as_str(), j.key.as_str()))
         .collect();
 
     // Purchase limits: what each limited order's shopper bought or holds already (the
@@ -487,7 +546,7 @@ async fn transact(db: &PgPool, jobs: &[&Job], fence: Option<i64>) -> sqlx::Resul
     let counted = if asks.is_empty() {
         Vec::new()
     } else {
-        super::db::bought_by(&mut tx, &asks).await?
+        crate::orders::db::bought_by(conn, &asks).await?
     };
     let mut bought: HashMap<usize, i64> = limited.iter().map(|(i, _)| *i).zip(counted).collect();
 
@@ -555,92 +614,29 @@ async fn transact(db: &PgPool, jobs: &[&Job], fence: Option<i64>) -> sqlx::Resul
         }
     }
 
-    // 3. One conditional update for each SKU's accepted total: the database still refuses
-    //    to go below zero, or past a newer fence.
-    let sold: Vec<(&str, i32)> = names
-        .iter()
-        .filter_map(|sku| {
-            let taken = stocked.get(sku)?.taken;
-            (taken > 0).then_some((*sku, taken))
-        })
-        .collect();
-    if !sold.is_empty() {
-        let (sold_skus, sold_units): (Vec<&str>, Vec<i32>) = sold.iter().copied().unzip();
-        let changed = stock::sell_many(&mut tx, &sold_skus, &sold_units, fence).await?;
-        if changed as usize != sold.len() {
-            // Impossible under the row locks; refuse the whole batch rather than guess.
-            return Err(sqlx::Error::Protocol(
-                "a stock row changed under its lock".into(),
-            ));
-        }
-    }
-    let placed: Vec<(&Job, &Order)> = jobs
-        .iter()
-        .zip(&each)
-        .filter_map(|(job, answer)| match answer {
-            BatchAnswer::Placed(order) => Some((*job, order)),
-            _ => None,
-        })
-        .collect();
-    if !placed.is_empty() {
-        match insert_orders(&mut tx, &placed).await {
-            // A key got its order elsewhere meanwhile: start again, without it.
+    // 3. One statement writes it all; it still refuses to take stock below zero or past a
+    //    newer fence, and then writes nothing.
+    let decided = columns(jobs, &each, &stocked, fence);
+    if !decided.keys.is_empty() {
+        match db::write(conn, &decided).await {
+            Ok(true) => {}
+            Ok(false) => return Ok(Applied::Raced),
+            // A key (or its order) was recorded elsewhere meanwhile: start again.
             Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-                tx.rollback().await?;
                 return Ok(Applied::Raced);
             }
-            other => other?,
+            Err(e) => return Err(e),
         }
-        // One `order.placed` event per order, by one statement.
-        let placed_events = placed
-            .iter()
-            .map(|(_, order)| crate::events::Event::order_placed(order).payload)
-            .collect();
-        crate::events::db::record_many(
-            &mut tx,
-            crate::events::EventType::OrderPlaced,
-            placed_events,
-        )
-        .await?;
     }
-
-    // Every key the batch decided, recorded with its own answer. A request elsewhere that
-    // claimed one of these keys since the read above holds this insert until it ends; if
-    // it recorded the key, the batch starts again without it.
-    let decisions: Vec<crate::idempotency::Decision<'_>> = jobs
+    let sold = decided
+        .sold_skus
         .iter()
-        .zip(&each)
-        .filter_map(|(job, answer)| {
-            let (status, body) = match answer {
-                BatchAnswer::Placed(order) => {
-                    (201, serde_json::to_value(order).expect("orders serialise"))
-                }
-                BatchAnswer::Short(shortages) => {
-                    (409, serde_json::json!({ "shortages": shortages }))
-                }
-                _ => return None,
-            };
-            Some(crate::idempotency::Decision {
-                scope: job.scope.as_str(),
-                key: job.key.as_str(),
-                fingerprint: job.fingerprint.as_str(),
-                response: crate::idempotency::StoredResponse { status, body },
-            })
-        })
+        .filter_map(|sku| Sku::parse(sku).ok())
         .collect();
-    let recorded = crate::idempotency::store_decided(&mut *tx, &decisions).await?;
-    if recorded as usize != decisions.len() {
-        tx.rollback().await?;
-        return Ok(Applied::Raced);
-    }
-    tx.commit().await?;
-    let sold = sold
+    let sold_out = stocked
         .iter()
+        .filter(|(_, s)| s.left <= 0)
         .filter_map(|(sku, _)| Sku::parse(sku).ok())
-        .collect();
-    let sold_out = skus
-        .into_iter()
-        .filter(|sku| stocked.get(sku.as_str()).is_some_and(|s| s.left <= 0))
         .collect();
     Ok(Applied::Done(Answers {
         each,
@@ -649,65 +645,52 @@ async fn transact(db: &PgPool, jobs: &[&Job], fence: Option<i64>) -> sqlx::Resul
     }))
 }
 
-/// The accepted orders, their lines and their ledger rows, each by one statement.
-async fn insert_orders(
-    conn: &mut sqlx::PgConnection,
-    placed: &[(&Job, &Order)],
-) -> sqlx::Result<()> {
-    let ids: Vec<Uuid> = placed.iter().map(|(_, o)| o.id).collect();
-    let names: Vec<Option<&str>> = placed
+/// The batch's decisions as the columns [`db::write`] takes.
+fn columns<'a>(
+    jobs: &[&'a Job],
+    each: &'a [BatchAnswer],
+    stocked: &'a HashMap<String, Stocked>,
+    fence: Option<i64>,
+) -> db::Decided<'a> {
+    let mut d = db::Decided {
+        fence,
+        ..db::Decided::default()
+    };
+    let mut sold: Vec<(&str, i32)> = stocked
         .iter()
-        .map(|(_, o)| o.customer_name.as_deref())
+        .filter(|(_, s)| s.taken > 0)
+        .map(|(sku, s)| (sku.as_str(), s.taken))
         .collect();
-    let emails: Vec<Option<&str>> = placed.iter().map(|(_, o)| o.email.as_deref()).collect();
-    let totals: Vec<i64> = placed.iter().map(|(_, o)| o.total_cents).collect();
-    let scopes: Vec<&str> = placed.iter().map(|(j, _)| j.scope.as_str()).collect();
-    let keys: Vec<&str> = placed.iter().map(|(j, _)| j.key.as_str()).collect();
-    let created: Vec<chrono::DateTime<Utc>> = placed.iter().map(|(_, o)| o.created_at).collect();
-    // unnest() flattens arrays of arrays, so each identity set travels as one string.
-    let shoppers: Vec<String> = placed
-        .iter()
-        .map(|(j, _)| j.request.shopper().identities().join("\n"))
-        .collect();
-    sqlx::query(
-        r#"insert into orders
-             (id, status, customer_name, email, total_cents, idempotency_scope, idempotency_key,
-              created_at, shopper)
-           select id, 'placed', name, email, total, scope, key, created,
-                  string_to_array(shopper, E'\n')
-             from unnest($1::uuid[], $2::text[], $3::text[], $4::bigint[], $5::text[],
-                         $6::text[], $7::timestamptz[], $8::text[])
-                  as u(id, name, email, total, scope, key, created, shopper)"#,
-    )
-    .bind(&ids)
-    .bind(&names)
-    .bind(&emails)
-    .bind(&totals)
-    .bind(&scopes)
-    .bind(&keys)
-    .bind(&created)
-    .bind(&shoppers)
-    .execute(&mut *conn)
-    .await?;
-    let skus: Vec<&str> = placed.iter().map(|(j, _)| j.sku().as_str()).collect();
-    let quantities: Vec<i32> = placed.iter().map(|(_, o)| o.lines[0].quantity).collect();
-    let prices: Vec<i64> = placed
-        .iter()
-        .map(|(_, o)| o.lines[0].unit_price_cents)
-        .collect();
-    sqlx::query(
-        r#"insert into order_lines (order_id, sku, quantity, unit_price_cents)
-           select id, sku, quantity, price
-             from unnest($1::uuid[], $2::text[], $3::int[], $4::bigint[])
-                  as u(id, sku, quantity, price)"#,
-    )
-    .bind(&ids)
-    .bind(&skus)
-    .bind(&quantities)
-    .bind(&prices)
-    .execute(&mut *conn)
-    .await?;
-    let references: Vec<String> = ids.iter().map(Uuid::to_string).collect();
-    stock::record_sales(conn, &skus, &quantities, &references, &scopes).await?;
-    Ok(())
+    sold.sort_unstable();
+    (d.sold_skus, d.sold_units) = sold.into_iter().unzip();
+    for (job, answer) in jobs.iter().zip(each) {
+        let (status, body) = match answer {
+            BatchAnswer::Placed(order) => {
+                let line = &order.lines[0];
+                d.order_ids.push(order.id);
+                d.names.push(order.customer_name.as_deref());
+                d.emails.push(order.email.as_deref());
+                d.totals.push(order.total_cents);
+                d.order_scopes.push(job.scope.as_str());
+                d.order_keys.push(job.key.as_str());
+                d.created.push(order.created_at);
+                d.shoppers
+                    .push(job.request.shopper().identities().join("\n"));
+                d.skus.push(line.sku.as_str());
+                d.quantities.push(line.quantity);
+                d.prices.push(line.unit_price_cents);
+                d.events
+                    .push(crate::events::Event::order_placed(order).payload);
+                (201, serde_json::to_value(order).expect("orders serialise"))
+            }
+            BatchAnswer::Short(shortages) => (409, serde_json::json!({ "shortages": shortages })),
+            _ => continue,
+        };
+        d.key_scopes.push(job.scope.as_str());
+        d.keys.push(job.key.as_str());
+        d.fingerprints.push(job.fingerprint.as_str());
+        d.statuses.push(status);
+        d.bodies.push(body);
+    }
+    d
 }

@@ -69,7 +69,7 @@ use crate::idempotency::{IdempotencyKey, Scope};
 use crate::locking::Redis;
 use crate::metrics::Metrics;
 // Also what `batch` and `sold_out` read and write, as `super::…`.
-use crate::orders::{Order, OrderLine, Shortage, db};
+use crate::orders::{Order, OrderLine, Shortage};
 
 /// What placing an order or hold needs.
 #[derive(Clone, Copy)]

@@ -362,38 +362,11 @@ pub async fn lock_for_sale(
     .await
 }
 
-/// Sells `quantities[i]` units of `skus[i]` for every i, by one statement of the same
-/// conditional form as [`sell_units`]. Returns how many rows it changed: fewer than
-/// `skus.len()` means a row refused, and the caller must roll back.
-pub async fn sell_many(
-    conn: &mut PgConnection,
-    skus: &[&str],
-    quantities: &[i32],
-    fence: Option<i64>,
-) -> sqlx::Result<u64> {
-    Ok(sqlx::query(
-        r#"update stock s
-              set on_hand = s.on_hand - u.quantity,
-                  last_fence = greatest(s.last_fence, $3),
-                  updated_at = now()
-             from unnest($1::text[], $2::int[]) as u(sku, quantity)
-            where s.sku = u.sku
-              and s.on_hand - s.reserved >= u.quantity
-              and ($3::bigint is null or s.last_fence < $3)"#,
-    )
-    .bind(skus)
-    .bind(quantities)
-    .bind(fence)
-    .execute(conn)
-    .await?
-    .rows_affected())
-}
-
 /// Sells `quantity` units of `sku` with the one conditional statement every sale goes
 /// through: nothing changes unless enough is available and, with a `fence`, no newer
 /// lease has written the row. Returns the units left, or `None` when refused. Writes no
-/// ledger row: single orders write theirs in [`take_stock`], batches with
-/// [`record_sales`].
+/// ledger row: single orders write theirs in [`take_stock`]. (A batch sells by the same
+/// conditional update inside its one write, `checkout/batch/db.rs`.)
 pub async fn sell_units(
     conn: &mut PgConnection,
     sku: &Sku,
@@ -415,30 +388,6 @@ pub async fn sell_units(
     .bind(fence)
     .fetch_optional(conn)
     .await
-}
-
-/// One `order` ledger row per sale (SKU, quantity, order reference, actor), by one
-/// statement.
-pub async fn record_sales(
-    conn: &mut PgConnection,
-    skus: &[&str],
-    quantities: &[i32],
-    references: &[String],
-    actors: &[&str],
-) -> sqlx::Result<()> {
-    sqlx::query(
-        r#"insert into stock_movements (sku, delta, reserved_delta, reason, reference, actor)
-           select sku, -quantity, 0, 'order', reference, actor
-             from unnest($1::text[], $2::int[], $3::text[], $4::text[])
-                  as u(sku, quantity, reference, actor)"#,
-    )
-    .bind(skus)
-    .bind(quantities)
-    .bind(references)
-    .bind(actors)
-    .execute(conn)
-    .await?;
-    Ok(())
 }
 
 /// One ledger row to append: `delta` to on_hand, `reserved_delta` to reserved.

@@ -1,0 +1,171 @@
+//! The batch's two statements: one read of everything a batch decides from, and one write
+//! of everything it decided. Under a lease they are the whole transaction: no `BEGIN`, no
+//! `COMMIT`, two round trips, and the hot row locked only while the write runs.
+//!
+//! The write is one statement of data-modifying `WITH` parts, so it is atomic on its own:
+//! the stock update refuses unless every sold SKU still has the units and no newer fence,
+//! and every insert runs only if that update took all of them. A refused write therefore
+//! writes nothing, and the batch starts again from a fresh read. A key or order recorded
+//! elsewhere since the read fails the statement on its unique index, also writing nothing.
+
+use serde_json::Value;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+/// A stock row of the batch's SKUs with its product, as the read found it.
+#[derive(Debug, sqlx::FromRow)]
+pub struct Row {
+    pub sku: String,
+    pub available: i32,
+    pub last_fence: i64,
+    /// On sale: an inactive product refuses its own orders.
+    pub active: bool,
+    pub name: String,
+    pub price_cents: i64,
+    pub purchase_limit: Option<i32>,
+    /// Positions (from 1) of the batch's keys that have a record; the same on every row.
+    pub recorded: Vec<i64>,
+}
+
+/// The stock and product rows of `skus`, and which of the keys (`scopes[i]`, `keys[i]`)
+/// have a record already, by one statement. Reads without locking; see [`write`].
+pub async fn read(
+    conn: &mut PgConnection,
+    skus: &[&str],
+    scopes: &[&str],
+    keys: &[&str],
+) -> sqlx::Result<Vec<Row>> {
+    // A runtime query, planned afresh each time (`persistent(false)`, which the macros do
+    // not offer): a plan kept from when `idempotency_keys` was small joins the keys by
+    // reading the whole table, and that table grows by every order.
+    sqlx::query_as(
+        r#"select s.sku, s.on_hand - s.reserved as available, s.last_fence, p.active,
+                  p.name, p.price_cents, p.purchase_limit,
+                  array(select u.i
+                          from unnest($2::text[], $3::text[]) with ordinality as u(scope, key, i)
+                         where exists (select 1 from idempotency_keys k
+                                        where k.scope = u.scope and k.key = u.key)) as recorded
+             from stock s
+             join products p on p.sku = s.sku
+            where s.sku = any($1)
+            order by s.sku collate "C""#,
+    )
+    .bind(skus)
+    .bind(scopes)
+    .bind(keys)
+    .persistent(false)
+    .fetch_all(conn)
+    .await
+}
+
+/// Everything one batch decided, as the columns of its rows.
+#[derive(Debug, Default)]
+pub struct Decided<'a> {
+    /// Units sold per SKU (each SKU once).
+    pub sold_skus: Vec<&'a str>,
+    pub sold_units: Vec<i32>,
+    /// The fence of the batch's lease; `None` without one (the rows are then locked).
+    pub fence: Option<i64>,
+    /// One entry per placed order.
+    pub order_ids: Vec<Uuid>,
+    pub names: Vec<Option<&'a str>>,
+    pub emails: Vec<Option<&'a str>>,
+    pub totals: Vec<i64>,
+    pub order_scopes: Vec<&'a str>,
+    pub order_keys: Vec<&'a str>,
+    pub created: Vec<chrono::DateTime<chrono::Utc>>,
+    /// Each shopper's identities, joined by newlines (`unnest` flattens arrays of arrays).
+    pub shoppers: Vec<String>,
+    pub skus: Vec<&'a str>,
+    pub quantities: Vec<i32>,
+    pub prices: Vec<i64>,
+    /// The `order.placed` payload of each order.
+    pub events: Vec<Value>,
+    /// One entry per decided key (placed or short), with its answer.
+    pub key_scopes: Vec<&'a str>,
+    pub keys: Vec<&'a str>,
+    pub fingerprints: Vec<&'a str>,
+    pub statuses: Vec<i16>,
+    pub bodies: Vec<Value>,
+}
+
+/// Writes what a batch decided by one statement: the stock of each sold SKU, every order,
+/// line, ledger row and `order.placed` event, and every decided key with its answer.
+/// Returns false, having written nothing, when the stock update refused (a row no longer
+/// has the units, or a newer lease wrote it). Fails with a unique violation, having
+/// written nothing, when a key or an order was recorded elsewhere since the read.
+pub async fn write(conn: &mut PgConnection, d: &Decided<'_>) -> sqlx::Result<bool> {
+    sqlx::query_scalar!(
+        r#"with sold as (
+               update stock s
+                  set on_hand = s.on_hand - u.quantity,
+                      last_fence = greatest(s.last_fence, $3),
+                      updated_at = now()
+                 from unnest($1::text[], $2::int[]) as u(sku, quantity)
+                where s.sku = u.sku
+                  and s.on_hand - s.reserved >= u.quantity
+                  and ($3::bigint is null or s.last_fence < $3)
+               returning s.sku
+           ), go as (
+               select count(*) = cardinality($1::text[]) as go from sold
+           ), placed as (
+               insert into orders
+                      (id, status, customer_name, email, total_cents, idempotency_scope,
+                       idempotency_key, created_at, shopper)
+               select id, 'placed', name, email, total, scope, key, created,
+                      string_to_array(shopper, E'\n')
+                 from unnest($4::uuid[], $5::text[], $6::text[], $7::bigint[], $8::text[],
+                             $9::text[], $10::timestamptz[], $11::text[])
+                      as u(id, name, email, total, scope, key, created, shopper)
+                where (select go from go)
+           ), lines as (
+               insert into order_lines (order_id, sku, quantity, unit_price_cents)
+               select id, sku, quantity, price
+                 from unnest($4::uuid[], $12::text[], $13::int[], $14::bigint[])
+                      as u(id, sku, quantity, price)
+                where (select go from go)
+           ), ledger as (
+               insert into stock_movements (sku, delta, reserved_delta, reason, reference, actor)
+               select sku, -quantity, 0, 'order', id::text, scope
+                 from unnest($4::uuid[], $12::text[], $13::int[], $8::text[])
+                      as u(id, sku, quantity, scope)
+                where (select go from go)
+           ), placed_events as (
+               insert into events (type, payload)
+               select 'order.placed', p from unnest($15::jsonb[]) as p
+                where (select go from go)
+           ), answers as (
+               insert into idempotency_keys
+                      (scope, key, fingerprint, state, owner, response_status, response_body,
+                       completed_at)
+               select scope, key, fingerprint, 'completed', $21, status, body, now()
+                 from unnest($16::text[], $17::text[], $18::text[], $19::int2[], $20::jsonb[])
+                      as u(scope, key, fingerprint, status, body)
+                where (select go from go)
+           )
+           select go as "go!" from go"#,
+        &d.sold_skus as &[&str],
+        &d.sold_units,
+        d.fence,
+        &d.order_ids,
+        &d.names as &[Option<&str>],
+        &d.emails as &[Option<&str>],
+        &d.totals,
+        &d.order_scopes as &[&str],
+        &d.order_keys as &[&str],
+        &d.created,
+        &d.shoppers,
+        &d.skus as &[&str],
+        &d.quantities,
+        &d.prices,
+        &d.events,
+        &d.key_scopes as &[&str],
+        &d.keys as &[&str],
+        &d.fingerprints as &[&str],
+        &d.statuses,
+        &d.bodies,
+        Uuid::new_v4(),
+    )
+    .fetch_one(conn)
+    .await
+}
