@@ -60,7 +60,7 @@ use crate::catalog::cache::CatalogCache;
 use crate::config::Settings;
 use crate::idempotency::{Fingerprint, IdempotencyKey, Scope};
 use crate::inventory::db as stock;
-use crate::locking::{AcquireFree, Redis};
+use crate::locking::{AcquireFree, Lease, Redis};
 use crate::metrics::Metrics;
 
 /// One single-SKU order for the queue.
@@ -171,6 +171,9 @@ impl Batcher {
         let s = &self.settings;
         let mut waiting: VecDeque<Queued> = VecDeque::new();
         let mut backoff = Duration::from_millis(1);
+        // The last batch's leases, released together with the next batch's first Redis
+        // call (one round trip for both), or at once when nothing follows.
+        let mut to_release: Option<Lease> = None;
         loop {
             let mut batch: Vec<Queued> = Vec::new();
             while batch.len() < s.batch_max {
@@ -185,6 +188,9 @@ impl Batcher {
                     Ok(q) => batch.push(q),
                     Err(_) => break,
                 }
+            }
+            if batch.is_empty() || retried == batch.len() {
+                self.release(to_release.take().as_ref()).await;
             }
             if batch.is_empty() {
                 let mut queue = self.queue.lock().expect("batch queue");
@@ -210,27 +216,54 @@ impl Batcher {
                     }
                 }
             }
-            waiting.extend(self.apply(batch).await);
+            let (later, lease) = self.apply(batch, to_release.take()).await;
+            waiting.extend(later);
+            to_release = lease;
         }
     }
 
     /// Applies one batch and answers every job in it, except those whose SKU's lease is
-    /// held elsewhere: they are returned, to wait for the next batch.
-    async fn apply(self: &Arc<Self>, batch: Vec<Queued>) -> Vec<Queued> {
+    /// held elsewhere: they are returned, to wait for the next batch. `previous` (the last
+    /// batch's leases) is released by the batch's first Redis round trip; the leases of a
+    /// batch that committed are returned, for the next batch to release the same way.
+    async fn apply(
+        self: &Arc<Self>,
+        batch: Vec<Queued>,
+        previous: Option<Lease>,
+    ) -> (Vec<Queued>, Option<Lease>) {
         let batch = self.send_sold_out_aside(batch);
-        let mut batch = self.answer_from_redis(batch).await;
-        if batch.is_empty() {
-            return Vec::new();
-        }
         let s = &self.settings;
         let mut skus: Vec<Sku> = batch.iter().map(|q| q.job.sku().clone()).collect();
         skus.sort_unstable();
         skus.dedup();
+        if batch.is_empty() {
+            self.release(previous.as_ref()).await;
+            return (Vec::new(), None);
+        }
+        // Three calls, one round trip: the commands leave on the one Redis connection in
+        // this order (the release first, so this batch can lease what the last one held).
+        let keys: Vec<(&str, &str)> = batch
+            .iter()
+            .map(|q| (q.job.scope.as_str(), q.job.key.as_str()))
+            .collect();
+        let stale = super::stale_after(s);
+        let (_, marked, acquired) = tokio::join!(
+            self.release(previous.as_ref()),
+            self.redis.mark_keys(&keys, stale),
+            self.redis.acquire_free(&skus, s.lease_ttl),
+        );
+        drop(keys);
+        let mut batch = answer_marked(batch, marked);
+        let mut acquired = Some(acquired);
 
         let mut attempts = 0;
         loop {
             attempts += 1;
-            let (lease, granted) = match self.redis.acquire_free(&skus, s.lease_ttl).await {
+            let acquired = match acquired.take() {
+                Some(acquired) => acquired,
+                None => self.redis.acquire_free(&skus, s.lease_ttl).await,
+            };
+            let (lease, granted) = match acquired {
                 AcquireFree::Granted(lease, granted) => (lease, granted),
                 AcquireFree::Degraded => (None, vec![true; skus.len()]),
             };
@@ -244,7 +277,8 @@ impl Batcher {
                 .partition(|q| leased.contains(q.job.sku()));
             let later = self.give_up_on_stale(later);
             if now.is_empty() {
-                return later;
+                self.release(lease.as_ref()).await;
+                return (later, None);
             }
             self.metrics.batch_size.observe(now.len() as f64);
             let fence = lease.as_ref().map(|l| l.fence);
@@ -284,17 +318,16 @@ impl Batcher {
                     for (q, answer) in now.into_iter().zip(decided.each) {
                         q.answer(answer);
                     }
-                    self.release(lease.as_ref()).await;
                     for sku in &decided.sold_out {
                         self.redis.hint_sold_out(sku).await;
                     }
-                    return later;
+                    return (later, lease);
                 }
             };
             for q in now {
                 q.answer(BatchAnswer::Failed(copy_error(&error)));
             }
-            return later;
+            return (later, None);
         }
     }
 
@@ -385,28 +418,23 @@ impl Batcher {
         }
         rest
     }
+}
 
-    /// Marks the batch's keys as decided in PostgreSQL (so no twin is answered from
-    /// Redis), and answers the jobs whose key has a sold-out answer kept in Redis; returns
-    /// the others.
-    async fn answer_from_redis(&self, batch: Vec<Queued>) -> Vec<Queued> {
-        let keys: Vec<(&str, &str)> = batch
-            .iter()
-            .map(|q| (q.job.scope.as_str(), q.job.key.as_str()))
-            .collect();
-        let stale = super::stale_after(&self.settings);
-        let Some(stored) = self.redis.mark_keys(&keys, stale).await else {
-            return batch;
-        };
-        let mut rest = Vec::with_capacity(batch.len());
-        for (q, stored) in batch.into_iter().zip(stored) {
-            match stored.map(|s| sold_out::replay(&s, &q.job.fingerprint)) {
-                None | Some(Answer::Elsewhere) => rest.push(q),
-                Some(answer) => q.answer(BatchAnswer::FromRedis(answer)),
-            }
+/// Answers the jobs whose key has a sold-out answer kept in Redis (`marked`, from
+/// [`Redis::mark_keys`], which also marked the others as decided in PostgreSQL so no twin
+/// is answered from Redis); returns the others.
+fn answer_marked(batch: Vec<Queued>, marked: Option<Vec<Option<String>>>) -> Vec<Queued> {
+    let Some(stored) = marked else {
+        return batch;
+    };
+    let mut rest = Vec::with_capacity(batch.len());
+    for (q, stored) in batch.into_iter().zip(stored) {
+        match stored.map(|s| sold_out::replay(&s, &q.job.fingerprint)) {
+            None | Some(Answer::Elsewhere) => rest.push(q),
+            Some(answer) => q.answer(BatchAnswer::FromRedis(answer)),
         }
-        rest
     }
+    rest
 }
 
 /// The same failure for every job of a failed batch (each request then checks whether its
