@@ -5,9 +5,9 @@
 //! concurrent single-SKU orders queue in this process behind one leader task, which
 //! applies them in batches of up to `STOCKADE_BATCH_MAX`, whatever their SKUs:
 //!
-//! 1. orders for a SKU this process saw sold out go to a task of their own, which answers
-//!    them from Redis with no write (see [`super::sold_out`]) while the leader goes on;
-//!    the other keys are marked in Redis as being decided in PostgreSQL, and a key that
+//! 1. orders for a SKU this process saw sold out queue apart, behind a leader of their
+//!    own, which answers them from Redis with no write (see [`super::sold_out`]) and
+//!    never waits for a lease or a commit; the other keys are marked in Redis as being decided in PostgreSQL, and a key that
 //!    has an answer there already gets it;
 //! 2. the leader takes the leases of the batch's SKUs that are free, all under one fence
 //!    (exclusion and fencing across processes, as `redis-lock`); orders for a SKU whose
@@ -115,6 +115,10 @@ pub enum BatchAnswer {
 pub struct Batcher {
     /// Open while a leader runs; the leader leaves (and closes it) when it runs dry.
     queue: Mutex<Option<mpsc::UnboundedSender<Queued>>>,
+    /// The same for orders of a SKU this process saw sold out, answered from Redis by a
+    /// leader of their own ([`Batcher::lead_sold_out`]) that never waits for a lease or
+    /// a commit.
+    sold_out_queue: Mutex<Option<mpsc::UnboundedSender<Queued>>>,
     db: PgPool,
     redis: Redis,
     settings: Arc<Settings>,
@@ -132,6 +136,7 @@ impl Batcher {
     ) -> Self {
         Self {
             queue: Mutex::default(),
+            sold_out_queue: Mutex::default(),
             db,
             redis,
             settings,
@@ -153,16 +158,58 @@ impl Batcher {
         rx.await.unwrap_or(BatchAnswer::Failed(OrderError::Busy))
     }
 
-    /// Puts `queued` behind the leader, starting one if there is none.
+    /// Puts `queued` behind the leader of its queue, starting one if there is none: the
+    /// sold-out queue if its SKU was seen sold out (and Redis was not asked yet), else the
+    /// batch queue.
     fn enqueue(self: &Arc<Self>, queued: Queued) {
-        let mut queue = self.queue.lock().expect("batch queue");
+        let sold_out = !queued.past_sold_out
+            && self
+                .redis
+                .believes_sold_out(std::slice::from_ref(queued.job.sku()));
+        let lane = if sold_out {
+            &self.sold_out_queue
+        } else {
+            &self.queue
+        };
+        let mut queue = lane.lock().expect("batch queue");
         let sender = queue.get_or_insert_with(|| {
             let (sender, jobs) = mpsc::unbounded_channel();
-            tokio::spawn(Arc::clone(self).lead(jobs));
+            if sold_out {
+                tokio::spawn(Arc::clone(self).lead_sold_out(jobs));
+            } else {
+                tokio::spawn(Arc::clone(self).lead(jobs));
+            }
             sender
         });
-        // The leader leaves only under this lock, after seeing its queue empty.
+        // A leader leaves only under this lock, after seeing its queue empty.
         let _ = sender.send(queued);
+    }
+
+    /// The sold-out leader: answers from Redis whatever queued while it answered the last
+    /// lot (one read of PostgreSQL and one Redis call per SKU for all of them), sends what
+    /// Redis cannot answer to the batch queue, and leaves when its queue runs dry.
+    async fn lead_sold_out(self: Arc<Self>, mut jobs: mpsc::UnboundedReceiver<Queued>) {
+        loop {
+            let mut lot = Vec::new();
+            while lot.len() < self.settings.batch_max {
+                match jobs.try_recv() {
+                    Ok(q) => lot.push(q),
+                    Err(_) => break,
+                }
+            }
+            if lot.is_empty() {
+                let mut queue = self.sold_out_queue.lock().expect("batch queue");
+                if jobs.is_empty() {
+                    *queue = None;
+                    return;
+                }
+                continue;
+            }
+            for mut q in self.answer_sold_out(lot).await {
+                q.past_sold_out = true;
+                self.enqueue(q);
+            }
+        }
     }
 
     /// The leader: applies batches while orders keep coming, then leaves. Orders whose
@@ -350,9 +397,8 @@ impl Batcher {
         }
     }
 
-    /// Hands the orders for SKUs this process saw sold out to a task of their own, which
-    /// answers them from Redis while the leader goes on with the others (returned). What
-    /// Redis cannot answer comes back to the queue, to be decided in PostgreSQL.
+    /// Hands the orders for SKUs this process saw sold out since they queued to the
+    /// sold-out queue; returns the others.
     fn send_sold_out_aside(self: &Arc<Self>, batch: Vec<Queued>) -> Vec<Queued> {
         let (believed, rest): (Vec<Queued>, Vec<Queued>) = batch.into_iter().partition(|q| {
             !q.past_sold_out
@@ -360,14 +406,8 @@ impl Batcher {
                     .redis
                     .believes_sold_out(std::slice::from_ref(q.job.sku()))
         });
-        if !believed.is_empty() {
-            let this = Arc::clone(self);
-            tokio::spawn(async move {
-                for mut q in this.answer_sold_out(believed).await {
-                    q.past_sold_out = true;
-                    this.enqueue(q);
-                }
-            });
+        for q in believed {
+            self.enqueue(q);
         }
         rest
     }
