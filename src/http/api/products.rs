@@ -13,7 +13,7 @@ use crate::http::openapi::{BadRequest, NotFound, Unavailable, Unprocessable};
 #[derive(Serialize, utoipa::ToSchema)]
 #[schema(as = Product)]
 struct ProductJson {
-    sku: String,
+    sku: Sku,
     name: String,
     description: String,
     price_cents: i64,
