@@ -7,7 +7,7 @@ use askama::Template;
 use serde::Deserialize;
 
 use super::once::{DoneQuery, done_notice, new_form_key};
-use super::{MAX_PAGE, PAGE, page_chrome};
+use super::{PAGE, Page, page_chrome};
 use crate::admin::Admin;
 use crate::catalog::manage::ProductRow;
 use crate::catalog::manage::{self, ProductFields};
@@ -40,14 +40,14 @@ pub async fn get_products(
 ) -> Result<HttpResponse, AppError> {
     let q = query.q.clone().unwrap_or_default().trim().to_string();
     crate::text::single_line("The search", &q)?;
-    let page = query.page.unwrap_or(1).clamp(1, MAX_PAGE);
-    let (products, total) = manage::search(&state.db, &q, PAGE, (page - 1) * PAGE).await?;
+    let page = Page::of(query.page, PAGE);
+    let (products, total) = manage::search(&state.db, &q, page.size, page.offset()).await?;
     let page = ProductsPage {
         chrome: page_chrome(&req, &admin),
         products,
         q,
-        page,
-        pages: ((total + PAGE - 1) / PAGE).max(1),
+        page: page.number,
+        pages: page.count(total),
     };
     html(StatusCode::OK, &page)
 }

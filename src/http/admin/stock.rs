@@ -10,7 +10,7 @@ use sqlx::PgConnection;
 
 use super::once::{FormOutcome, apply_form, form_key};
 use super::products::{ProductPage, load_product};
-use super::{MAX_PAGE, PAGE, page_chrome};
+use super::{PAGE, Page, page_chrome};
 use crate::admin::Admin;
 use crate::catalog::Sku;
 use crate::catalog::manage::ProductRow;
@@ -272,8 +272,9 @@ pub async fn get_ledger(
     query: web::Query<LedgerQuery>,
 ) -> Result<HttpResponse, AppError> {
     let (sku, product) = load_product(&state, &path).await?;
-    let page = query.page.unwrap_or(1).clamp(1, MAX_PAGE);
-    let movements = stock::ledger(&state.db, &sku, PAGE * 2, (page - 1) * PAGE * 2).await?;
+    // Ledger rows are short: twice as many a page.
+    let page = Page::of(query.page, PAGE * 2);
+    let movements = stock::ledger(&state.db, &sku, page.size, page.offset()).await?;
     let total = stock::ledger_len(&state.db, &sku).await?;
     let verified = match query.verify {
         Some(_) => {
@@ -294,8 +295,8 @@ pub async fn get_ledger(
         chrome: page_chrome(&req, &admin),
         product,
         movements,
-        page,
-        pages: ((total + PAGE * 2 - 1) / (PAGE * 2)).max(1),
+        page: page.number,
+        pages: page.count(total),
         verified,
     };
     html(StatusCode::OK, &page)

@@ -11,10 +11,7 @@ use crate::clients;
 use crate::error::AppError;
 use crate::holds;
 use crate::http::limits;
-use crate::http::openapi::{
-    BadRequest, Conflict, Forbidden, NotFound, RequestTimeout, TooLarge, TooManyRequests,
-    Unauthorized, Unavailable, Unprocessable, UnsupportedMediaType,
-};
+use crate::http::openapi::{ConfirmErrors, OwnLookupErrors, PlaceErrors, ReleaseErrors};
 use crate::http::{AppState, detached};
 use crate::idempotency::Scope;
 
@@ -43,16 +40,7 @@ use crate::idempotency::Scope;
                 ("Idempotency-Replayed" = String,
                     description = "`true` when this answers an earlier request with the key."),
             )),
-        (status = 400, response = BadRequest),
-        (status = 401, response = Unauthorized),
-        (status = 403, response = Forbidden),
-        (status = 408, response = RequestTimeout),
-        (status = 409, response = Conflict),
-        (status = 413, response = TooLarge),
-        (status = 415, response = UnsupportedMediaType),
-        (status = 422, response = Unprocessable),
-        (status = 429, response = TooManyRequests),
-        (status = 503, response = Unavailable),
+        PlaceErrors,
     )
 )]
 #[tracing::instrument(skip_all)]
@@ -87,9 +75,7 @@ async fn own_hold(req: &HttpRequest, state: &AppState, path: &str) -> Result<Uui
     params(("id" = Uuid, Path, description = "The hold's id.")),
     responses(
         (status = 200, description = "The hold.", body = crate::holds::Hold),
-        (status = 401, response = Unauthorized),
-        (status = 404, response = NotFound),
-        (status = 503, response = Unavailable),
+        OwnLookupErrors,
     )
 )]
 pub async fn get_hold(
@@ -134,15 +120,7 @@ pub struct ConfirmBody {
                 ("Idempotency-Replayed" = String,
                     description = "`true` when the hold was confirmed before."),
             )),
-        (status = 400, response = BadRequest),
-        (status = 401, response = Unauthorized),
-        (status = 403, response = Forbidden),
-        (status = 404, response = NotFound),
-        (status = 408, response = RequestTimeout),
-        (status = 409, response = Conflict),
-        (status = 413, response = TooLarge),
-        (status = 422, response = Unprocessable),
-        (status = 503, response = Unavailable),
+        ConfirmErrors,
     )
 )]
 #[tracing::instrument(skip_all)]
@@ -203,11 +181,7 @@ pub async fn post_hold_confirm(
     params(("id" = Uuid, Path, description = "The hold's id.")),
     responses(
         (status = 204, description = "Released (or it was already)."),
-        (status = 401, response = Unauthorized),
-        (status = 403, response = Forbidden),
-        (status = 404, response = NotFound),
-        (status = 409, response = Conflict),
-        (status = 503, response = Unavailable),
+        ReleaseErrors,
     )
 )]
 pub async fn delete_hold(

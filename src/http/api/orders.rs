@@ -9,10 +9,7 @@ use crate::clients;
 use crate::error::AppError;
 use crate::http::AppState;
 use crate::http::limits;
-use crate::http::openapi::{
-    BadRequest, Conflict, Forbidden, NotFound, RequestTimeout, TooLarge, TooManyRequests,
-    Unauthorized, Unavailable, Unprocessable, UnsupportedMediaType,
-};
+use crate::http::openapi::{OwnLookupErrors, PlaceErrors};
 use crate::idempotency::Scope;
 use crate::orders;
 
@@ -35,16 +32,7 @@ use crate::orders;
                 ("Idempotency-Replayed" = String,
                     description = "`true` when this answers an earlier request with the key."),
             )),
-        (status = 400, response = BadRequest),
-        (status = 401, response = Unauthorized),
-        (status = 403, response = Forbidden),
-        (status = 408, response = RequestTimeout),
-        (status = 409, response = Conflict),
-        (status = 413, response = TooLarge),
-        (status = 415, response = UnsupportedMediaType),
-        (status = 422, response = Unprocessable),
-        (status = 429, response = TooManyRequests),
-        (status = 503, response = Unavailable),
+        PlaceErrors,
     )
 )]
 #[tracing::instrument(skip_all)]
@@ -65,9 +53,7 @@ pub async fn post_orders(
     params(("id" = Uuid, Path, description = "The order's id.")),
     responses(
         (status = 200, description = "The order.", body = crate::orders::Order),
-        (status = 401, response = Unauthorized),
-        (status = 404, response = NotFound),
-        (status = 503, response = Unavailable),
+        OwnLookupErrors,
     )
 )]
 pub async fn get_order(

@@ -7,7 +7,7 @@ use serde::Serialize;
 use crate::catalog::{ProductView, Sku};
 use crate::error::AppError;
 use crate::http::AppState;
-use crate::http::openapi::{BadRequest, NotFound, Unavailable, Unprocessable};
+use crate::http::openapi::{LookupErrors, SearchErrors};
 
 /// A product as the API shows it.
 #[derive(Serialize, utoipa::ToSchema)]
@@ -78,9 +78,7 @@ const API_PER_PAGE: i64 = 100;
                     description = "`<…>; rel=\"next\"`: the next page, while there is one \
                         (with `page` only)."),
             )),
-        (status = 400, response = BadRequest),
-        (status = 422, response = Unprocessable),
-        (status = 503, response = Unavailable),
+        SearchErrors,
     )
 )]
 #[tracing::instrument(skip_all)]
@@ -128,8 +126,7 @@ pub async fn get_products(
         description = "The product's SKU (any case).")),
     responses(
         (status = 200, description = "The product.", body = ProductJson),
-        (status = 404, response = NotFound),
-        (status = 503, response = Unavailable),
+        LookupErrors,
     )
 )]
 pub async fn get_product(
