@@ -6,20 +6,6 @@ use sqlx::PgPool;
 use super::browse::{Browse, Sort};
 use super::{ProductView, Sku};
 
-/// The columns of a [`ProductView`]; a macro so queries stay `'static` literals.
-macro_rules! select_view {
-    ($rest:literal) => {
-        concat!(
-            "select p.sku, p.name, p.description, p.price_cents, p.purchase_limit, p.category, ",
-            "i.image_etag as image, ",
-            "coalesce(s.on_hand - s.reserved, 0) as available ",
-            "from products p left join stock s on s.sku = p.sku ",
-            "left join product_images i on i.sku = p.sku ",
-            $rest
-        )
-    };
-}
-
 /// A page of active products and how many match in all.
 #[derive(Debug, Clone, Default)]
 pub struct Listing {
@@ -150,12 +136,18 @@ pub async fn set_category(
 /// One active product, or `None`.
 #[tracing::instrument(skip_all, fields(sku = %sku))]
 pub async fn find_product(pool: &PgPool, sku: &Sku) -> sqlx::Result<Option<ProductView>> {
-    // Runtime-checked: `query_as!` takes only a literal, not the `select_view!` the listing
-    // shares, and it fills the nested `ProductView` through `FromRow`.
-    sqlx::query_as(select_view!("where p.active and p.sku = $1"))
-        .bind(sku.as_str())
-        .fetch_optional(pool)
-        .await
+    sqlx::query_as!(
+        ProductView,
+        r#"select p.sku as "sku: Sku", p.name, p.description, p.price_cents, p.purchase_limit,
+                  p.category, i.image_etag as "image?",
+                  coalesce(s.on_hand - s.reserved, 0) as "available!"
+             from products p left join stock s on s.sku = p.sku
+             left join product_images i on i.sku = p.sku
+            where p.active and p.sku = $1"#,
+        sku.as_str(),
+    )
+    .fetch_optional(pool)
+    .await
 }
 
 /// Sets (or with `None` removes) `sku`'s purchase limit; false when there is no such product.
@@ -187,21 +179,22 @@ pub struct NewProduct<'a> {
 }
 
 /// Adds `product` unless one with its SKU exists; whether it was added.
+#[tracing::instrument(skip_all, fields(sku = %product.sku))]
 pub async fn insert_product_if_new(
     db: impl sqlx::PgExecutor<'_>,
     product: &NewProduct<'_>,
 ) -> sqlx::Result<bool> {
-    let inserted = sqlx::query(
+    let inserted = sqlx::query!(
         r#"insert into products (sku, name, description, price_cents, purchase_limit, category)
            values ($1, $2, $3, $4, $5, $6)
            on conflict (sku) do nothing"#,
+        product.sku.as_str(),
+        product.name,
+        product.description,
+        product.price_cents,
+        product.purchase_limit,
+        product.category,
     )
-    .bind(product.sku.as_str())
-    .bind(product.name)
-    .bind(product.description)
-    .bind(product.price_cents)
-    .bind(product.purchase_limit)
-    .bind(product.category)
     .execute(db)
     .await?
     .rows_affected();
@@ -209,9 +202,12 @@ pub async fn insert_product_if_new(
 }
 
 /// Whether `sku` has a picture.
+#[tracing::instrument(skip_all, fields(sku = %sku))]
 pub async fn has_picture(db: impl sqlx::PgExecutor<'_>, sku: &Sku) -> sqlx::Result<bool> {
-    sqlx::query_scalar("select exists (select 1 from product_images where sku = $1)")
-        .bind(sku.as_str())
-        .fetch_one(db)
-        .await
+    sqlx::query_scalar!(
+        r#"select exists (select 1 from product_images where sku = $1) as "exists!""#,
+        sku.as_str(),
+    )
+    .fetch_one(db)
+    .await
 }

@@ -67,7 +67,7 @@ pub const LOW_STOCK: i32 = 5;
 /// A product as the storefront lists it.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct ProductView {
-    pub sku: String,
+    pub sku: Sku,
     pub name: String,
     pub description: String,
     pub price_cents: i64,
@@ -171,7 +171,7 @@ mod tests {
     #[test]
     fn badges_follow_availability() {
         let mut p = ProductView {
-            sku: "A1".into(),
+            sku: Sku::parse("A1").unwrap(),
             name: "n".into(),
             description: String::new(),
             price_cents: 1,

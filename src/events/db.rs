@@ -203,7 +203,7 @@ pub async fn resend(pool: &PgPool, id: i64) -> sqlx::Result<bool> {
 }
 
 /// How the outbox stands.
-#[derive(Debug, Clone, Default, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Default, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Stats {
     /// Deliveries waiting to be sent, plus events not yet routed.
     pub pending: i64,
@@ -252,7 +252,7 @@ pub async fn stats(pool: &PgPool) -> sqlx::Result<Stats> {
 // ---------------------------------------------------------------- endpoints
 
 /// A webhook endpoint as the admin sees it (never its secret, after creation).
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Endpoint {
     pub id: Uuid,
     pub url: String,
@@ -308,7 +308,7 @@ pub async fn delete_endpoint(pool: &PgPool, id: Uuid) -> sqlx::Result<bool> {
 }
 
 /// A delivery as the admin lists it.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Delivery {
     pub id: i64,
     pub event_id: Uuid,

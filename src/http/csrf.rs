@@ -10,6 +10,13 @@ use actix_web::{HttpMessage, HttpRequest};
 
 use crate::error::AppError;
 
+/// A form that carries nothing but its CSRF token.
+#[derive(serde::Deserialize)]
+pub struct TokenForm {
+    #[serde(default)]
+    pub csrf: String,
+}
+
 /// The storefront's CSRF cookie (its name: [`super::cookie_name`]).
 pub const CSRF_COOKIE: &str = "csrf";
 

@@ -13,7 +13,6 @@ pub mod limits;
 pub mod middleware;
 mod multipart;
 pub mod openapi;
-mod pages;
 pub mod shop;
 
 use std::sync::Arc;
@@ -161,54 +160,90 @@ pub(crate) fn get() -> actix_web::Route {
 fn public_routes() -> Vec<(Method, &'static str, actix_web::Route)> {
     use Method as M;
     vec![
-        (M::GET, "/", get().to(pages::get_catalogue)),
-        (M::GET, "/products/{sku}", get().to(pages::get_product)),
+        (M::GET, "/", get().to(shop::catalogue::get_catalogue)),
+        (
+            M::GET,
+            "/products/{sku}",
+            get().to(shop::product::get_product),
+        ),
         (
             M::GET,
             "/products/{sku}/image",
-            get().to(pages::get_product_image),
+            get().to(shop::product::get_product_image),
         ),
         (
             M::GET,
             "/products/{sku}/thumb",
-            get().to(pages::get_product_thumb),
+            get().to(shop::product::get_product_thumb),
         ),
-        (M::GET, "/cart", get().to(shop::get_cart)),
-        (M::POST, "/cart/add", web::post().to(shop::post_cart_add)),
+        (M::GET, "/cart", get().to(shop::cart::get_cart)),
+        (
+            M::POST,
+            "/cart/add",
+            web::post().to(shop::cart::post_cart_add),
+        ),
         (
             M::POST,
             "/cart/update",
-            web::post().to(shop::post_cart_update),
+            web::post().to(shop::cart::post_cart_update),
         ),
-        (M::GET, "/checkout", get().to(shop::get_checkout)),
-        (M::POST, "/checkout", web::post().to(shop::post_checkout)),
-        (M::GET, "/checkout/{id}", get().to(shop::get_checkout_hold)),
+        (M::GET, "/checkout", get().to(shop::checkout::get_checkout)),
+        (
+            M::POST,
+            "/checkout",
+            web::post().to(shop::checkout::post_checkout),
+        ),
+        (
+            M::GET,
+            "/checkout/{id}",
+            get().to(shop::checkout::get_checkout_hold),
+        ),
         (
             M::POST,
             "/checkout/{id}/confirm",
-            web::post().to(shop::post_checkout_confirm),
+            web::post().to(shop::checkout::post_checkout_confirm),
         ),
         (
             M::POST,
             "/checkout/{id}/cancel",
-            web::post().to(shop::post_checkout_cancel),
+            web::post().to(shop::checkout::post_checkout_cancel),
         ),
-        (M::GET, "/orders/{id}", get().to(shop::get_order)),
-        (M::GET, "/api/v1/products", get().to(api::get_products)),
-        (M::GET, "/api/v1/products/{sku}", get().to(api::get_product)),
-        (M::POST, "/api/v1/orders", web::post().to(api::post_orders)),
-        (M::GET, "/api/v1/orders/{id}", get().to(api::get_order)),
-        (M::POST, "/api/v1/holds", web::post().to(api::post_holds)),
-        (M::GET, "/api/v1/holds/{id}", get().to(api::get_hold)),
+        (M::GET, "/orders/{id}", get().to(shop::order::get_order)),
+        (
+            M::GET,
+            "/api/v1/products",
+            get().to(api::products::get_products),
+        ),
+        (
+            M::GET,
+            "/api/v1/products/{sku}",
+            get().to(api::products::get_product),
+        ),
+        (
+            M::POST,
+            "/api/v1/orders",
+            web::post().to(api::orders::post_orders),
+        ),
+        (
+            M::GET,
+            "/api/v1/orders/{id}",
+            get().to(api::orders::get_order),
+        ),
+        (
+            M::POST,
+            "/api/v1/holds",
+            web::post().to(api::holds::post_holds),
+        ),
+        (M::GET, "/api/v1/holds/{id}", get().to(api::holds::get_hold)),
         (
             M::DELETE,
             "/api/v1/holds/{id}",
-            web::delete().to(api::delete_hold),
+            web::delete().to(api::holds::delete_hold),
         ),
         (
             M::POST,
             "/api/v1/holds/{id}/confirm",
-            web::post().to(api::post_hold_confirm),
+            web::post().to(api::holds::post_hold_confirm),
         ),
         (
             M::GET,

@@ -5,12 +5,17 @@
 //! [`super::api`]): parameters, body, every status it answers and the headers that come
 //! with them. The bodies are the types the handlers return (`ToSchema` derives on
 //! [`crate::orders::Order`], [`crate::holds::Hold`] …); every error is the problem
-//! document [`ProblemDocument`]. The error responses shared by many operations are defined
-//! once here ([`NotFound`], [`Conflict`] …). A unit test below checks that every `/api/`
-//! route of [`super::public_routes`] and [`super::admin::routes`] is in the document and
-//! nothing else is; the integration test `openapi.rs` fuzzes the running app against it
-//! with schemathesis. The admin API's handlers are annotated in [`super::admin::api`].
+//! document [`ProblemDocument`]. Each error response is defined once here with its status
+//! ([`NotFound`], [`Conflict`] …), and the errors an operation answers are one group named
+//! for its kind ([`PlaceErrors`], [`AdminStockErrors`] …), so an annotation lists its
+//! success responses and one group: `responses((status = 201, …), PlaceErrors)`. A unit
+//! test below checks that every `/api/` route of [`super::public_routes`] and
+//! [`super::admin::routes`] is in the document and nothing else is, and that every error
+//! an operation lists is declared; the integration test `openapi.rs` fuzzes the running
+//! app against it with schemathesis. The admin API's handlers are annotated in
+//! [`super::admin::api`].
 
+use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use actix_web::HttpResponse;
@@ -18,7 +23,7 @@ use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::response::{Response, ResponseBuilder};
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, Http, HttpAuthScheme, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, Type};
-use utoipa::{Modify, OpenApi, ToResponse};
+use utoipa::{IntoResponses, Modify, OpenApi, ToResponse};
 
 use super::admin::api as admin;
 use super::api;
@@ -38,14 +43,14 @@ pub const API_KEY_SCHEME: &str = "api_key";
             A method an address does not take is answered 405 with `Allow`."
     ),
     paths(
-        api::get_products,
-        api::get_product,
-        api::post_orders,
-        api::get_order,
-        api::post_holds,
-        api::get_hold,
-        api::delete_hold,
-        api::post_hold_confirm,
+        api::products::get_products,
+        api::products::get_product,
+        api::orders::post_orders,
+        api::orders::get_order,
+        api::holds::post_holds,
+        api::holds::get_hold,
+        api::holds::delete_hold,
+        api::holds::post_hold_confirm,
         get_openapi_json,
         admin::get_dashboard_json,
         admin::patch_api_product,
@@ -192,11 +197,15 @@ const RETRY_AFTER: (&str, Type, &str) = (
     "Seconds to wait before trying again.",
 );
 
-/// Declares a reusable error response: `name`, its description, its headers.
+/// Declares a reusable error response: `name`, its status, its description, its headers.
 macro_rules! problem_response {
-    ($name:ident, $description:literal $(, $header:expr)*) => {
+    ($name:ident, $status:literal, $description:literal $(, $header:expr)*) => {
         #[doc = $description]
         pub struct $name;
+
+        impl $name {
+            pub const STATUS: u16 = $status;
+        }
 
         impl<'r> ToResponse<'r> for $name {
             fn response() -> (&'r str, RefOr<Response>) {
@@ -208,11 +217,13 @@ macro_rules! problem_response {
 
 problem_response!(
     BadRequest,
+    400,
     "The request is malformed: a required header is missing or unreadable, or the body is \
      not JSON."
 );
 problem_response!(
     Unauthorized,
+    401,
     "No API key, or one that is unknown or revoked.",
     (
         "WWW-Authenticate",
@@ -222,43 +233,126 @@ problem_response!(
 );
 problem_response!(
     Forbidden,
+    403,
     "Refused: the request came from another site (its `Origin` or `Sec-Fetch-Site`)."
 );
 problem_response!(
     NotFound,
+    404,
     "Nothing with this id or SKU, or it belongs to another API client."
 );
 problem_response!(
     RequestTimeout,
+    408,
     "The body did not arrive in time; the connection is closed."
 );
 problem_response!(
     Conflict,
+    409,
     "The request conflicts with the current state: not enough stock (`shortages` names each \
      short SKU), a purchase limit reached, the hold already released or confirmed, or the same \
      Idempotency-Key still in flight (then with `Retry-After`).",
     RETRY_AFTER
 );
-problem_response!(TooLarge, "The body is larger than allowed.");
+problem_response!(TooLarge, 413, "The body is larger than allowed.");
 problem_response!(
     UnsupportedMediaType,
+    415,
     "The body is not sent as `application/json`."
 );
 problem_response!(
     Unprocessable,
+    422,
     "Well-formed, but the values cannot be accepted (say which and why), or the \
      Idempotency-Key was used before with another body."
 );
 problem_response!(
     TooManyRequests,
+    429,
     "Past this caller's rate limit for orders and holds.",
     RETRY_AFTER
 );
 problem_response!(
     Unavailable,
+    503,
     "Busy or a dependency is down; nothing was changed that a retry with the same \
      Idempotency-Key would repeat.",
     RETRY_AFTER
+);
+
+/// Declares a group of error responses (each one of the above, by reference) for one kind
+/// of operation.
+macro_rules! error_group {
+    ($(#[$doc:meta])* $name:ident: $($response:ident),+ $(,)?) => {
+        $(#[$doc])*
+        pub struct $name;
+
+        impl IntoResponses for $name {
+            fn responses() -> BTreeMap<String, RefOr<Response>> {
+                BTreeMap::from([$((
+                    $response::STATUS.to_string(),
+                    Ref::from_response_name(stringify!($response)).into(),
+                )),+])
+            }
+        }
+    };
+}
+
+// The public API's kinds of operation.
+error_group!(
+    /// Searching the catalogue: its query parameters may be refused.
+    SearchErrors: BadRequest, Unprocessable, Unavailable
+);
+error_group!(
+    /// Reading one public thing by its id or SKU.
+    LookupErrors: NotFound, Unavailable
+);
+error_group!(
+    /// Reading one thing the calling client placed.
+    OwnLookupErrors: Unauthorized, NotFound, Unavailable
+);
+error_group!(
+    /// Placing an order or a hold: a client, a key, a JSON body, stock, a rate limit.
+    PlaceErrors: BadRequest, Unauthorized, Forbidden, RequestTimeout, Conflict, TooLarge,
+        UnsupportedMediaType, Unprocessable, TooManyRequests, Unavailable
+);
+error_group!(
+    /// Confirming a hold the client placed, with an optional body.
+    ConfirmErrors: BadRequest, Unauthorized, Forbidden, NotFound, RequestTimeout, Conflict,
+        TooLarge, Unprocessable, Unavailable
+);
+error_group!(
+    /// Releasing a hold the client placed.
+    ReleaseErrors: Unauthorized, Forbidden, NotFound, Conflict, Unavailable
+);
+// The admin API's kinds of operation (an admin session; writes carry its CSRF token).
+error_group!(
+    /// Reading the admin's figures or lists.
+    AdminReadErrors: Unauthorized, Unavailable
+);
+error_group!(
+    /// Reading a list the query narrows (a filter that may be refused).
+    AdminListErrors: BadRequest, Unauthorized, Unavailable
+);
+error_group!(
+    /// Creating something from a JSON body.
+    AdminCreateErrors: BadRequest, Unauthorized, Forbidden, TooLarge, UnsupportedMediaType,
+        Unprocessable, Unavailable
+);
+error_group!(
+    /// Changing a product's settings from a JSON body.
+    AdminEditErrors: BadRequest, Unauthorized, Forbidden, NotFound, TooLarge,
+        UnsupportedMediaType, Unprocessable, Unavailable
+);
+error_group!(
+    /// A stock change once per `Idempotency-Key`: also 409 when stock moved or the key is
+    /// in flight.
+    AdminStockErrors: BadRequest, Unauthorized, Forbidden, NotFound, Conflict, TooLarge,
+        UnsupportedMediaType, Unprocessable, Unavailable
+);
+error_group!(
+    /// An action on one thing by its id, with no body.
+    AdminActionErrors: Unauthorized, Forbidden, NotFound, Unavailable
 );
 
 #[cfg(test)]
@@ -290,6 +384,22 @@ mod tests {
             .expect("POST /api/v1/orders takes an Idempotency-Key");
         assert_eq!(header["in"], "header");
         assert_eq!(header["required"], true);
+        // Every error an operation lists (through its group) is a declared response.
+        let declared = doc["components"]["responses"].as_object().unwrap();
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for (method, op) in item.as_object().unwrap() {
+                for (status, response) in op["responses"].as_object().unwrap() {
+                    let Some(name) = response["$ref"].as_str() else {
+                        continue;
+                    };
+                    let name = name.trim_start_matches("#/components/responses/");
+                    assert!(
+                        declared.contains_key(name),
+                        "{method} {path} answers {status} with {name}, which is not declared"
+                    );
+                }
+            }
+        }
         let problem = &doc["components"]["responses"]["NotFound"]["content"];
         assert_eq!(
             problem["application/problem+json"]["schema"]["$ref"],

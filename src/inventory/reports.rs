@@ -25,7 +25,7 @@ pub async fn totals(pool: &PgPool) -> sqlx::Result<Totals> {
 }
 
 /// An active product's stock, as the dashboard lists it.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct StockRow {
     pub sku: String,
     pub name: String,

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 
 use super::check_api_csrf;
-use super::dashboard::dashboard;
+use super::dashboard::{Dashboard, dashboard};
 use super::once::{admin_key, apply_once};
 use super::stock::{reason_of, too_much};
 use super::webhooks::{
@@ -20,12 +20,12 @@ use super::webhooks::{
 use crate::admin::Admin;
 use crate::catalog::{self, Sku, manage};
 use crate::error::AppError;
-use crate::events::db;
+use crate::events::db::{self, Delivery, Endpoint};
 use crate::events::sign;
 use crate::http::AppState;
 use crate::http::openapi::{
-    BadRequest, Conflict, Forbidden, NotFound, TooLarge, Unauthorized, Unavailable, Unprocessable,
-    UnsupportedMediaType,
+    AdminActionErrors, AdminCreateErrors, AdminEditErrors, AdminListErrors, AdminReadErrors,
+    AdminStockErrors,
 };
 use crate::idempotency::{Once, Scope, StoredResponse};
 use crate::inventory::db::{self as stock, Adjusted};
@@ -37,9 +37,8 @@ use crate::inventory::db::{self as stock, Adjusted};
     tag = "admin",
     security(("admin_session" = [])),
     responses(
-        (status = 200, description = "The dashboard.", body = Object),
-        (status = 401, response = Unauthorized),
-        (status = 503, response = Unavailable),
+        (status = 200, description = "The dashboard.", body = Dashboard),
+        AdminReadErrors,
     )
 )]
 pub async fn get_dashboard_json(
@@ -64,6 +63,48 @@ pub struct AdjustBody {
     expected_on_hand: i64,
     on_hand: i64,
     reason: String,
+}
+
+/// A product's settings, as `PATCH /api/v1/admin/products/{sku}` leaves them.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ProductSettings {
+    sku: Sku,
+    /// At most this many per customer; `null` when there is no limit.
+    purchase_limit: Option<i32>,
+    /// The shelf it sits on; `null` when none.
+    category: Option<String>,
+}
+
+/// A product's units on hand after a stock change.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct StockLevel {
+    sku: Sku,
+    on_hand: i32,
+}
+
+impl StockLevel {
+    /// The answer stored under the change's `Idempotency-Key` (and replayed from it).
+    fn stored(&self) -> StoredResponse {
+        let body = serde_json::to_value(self).expect("a stock level is plain JSON");
+        StoredResponse { status: 200, body }
+    }
+}
+
+/// A webhook endpoint just created, with its signing secret (shown this once only).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct NewEndpoint {
+    #[serde(flatten)]
+    endpoint: Endpoint,
+    /// The secret its deliveries are signed with (Standard Webhooks, `whsec_…`).
+    secret: String,
+}
+
+/// A delivery queued to be sent again.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Resent {
+    id: i64,
+    /// `pending`.
+    status: &'static str,
 }
 
 /// The `X-CSRF-Token` header every admin API write carries (the session's token).
@@ -114,16 +155,8 @@ fn api_answer(once: Once) -> Result<HttpResponse, AppError> {
     request_body(content = Object, description = "`{\"purchase_limit\": n | null}` and/or \
         `{\"category\": \"…\" | null}`."),
     responses(
-        (status = 200, description = "The product's settings now: `{\"sku\", \
-            \"purchase_limit\", \"category\"}`.", body = Object),
-        (status = 400, response = BadRequest),
-        (status = 401, response = Unauthorized),
-        (status = 403, response = Forbidden),
-        (status = 404, response = NotFound),
-        (status = 413, response = TooLarge),
-        (status = 415, response = UnsupportedMediaType),
-        (status = 422, response = Unprocessable),
-        (status = 503, response = Unavailable),
+        (status = 200, description = "The product's settings now.", body = ProductSettings),
+        AdminEditErrors,
     )
 )]
 pub async fn patch_api_product(
@@ -198,11 +231,11 @@ pub async fn patch_api_product(
         .await?
         .ok_or_else(not_found)?;
     state.catalog.forget(&sku);
-    Ok(HttpResponse::Ok().json(serde_json::json!({
-        "sku": sku,
-        "purchase_limit": settings.purchase_limit,
-        "category": settings.category,
-    })))
+    Ok(HttpResponse::Ok().json(ProductSettings {
+        sku,
+        purchase_limit: settings.purchase_limit,
+        category: settings.category,
+    }))
 }
 
 /// Adds units to a product's stock (a ledger row), once per `Idempotency-Key`.
@@ -215,18 +248,10 @@ pub async fn patch_api_product(
         crate::http::api::IdempotencyKeyHeader),
     request_body = RestockBody,
     responses(
-        (status = 200, description = "`{\"sku\", \"on_hand\"}` after the restock.", body = Object,
+        (status = 200, description = "The stock after the restock.", body = StockLevel,
             headers(("Idempotency-Replayed" = String,
                 description = "`true` when this answers an earlier request with the key."))),
-        (status = 400, response = BadRequest),
-        (status = 401, response = Unauthorized),
-        (status = 403, response = Forbidden),
-        (status = 404, response = NotFound),
-        (status = 409, response = Conflict),
-        (status = 413, response = TooLarge),
-        (status = 415, response = UnsupportedMediaType),
-        (status = 422, response = Unprocessable),
-        (status = 503, response = Unavailable),
+        AdminStockErrors,
     )
 )]
 pub async fn post_api_restock(
@@ -259,8 +284,7 @@ pub async fn post_api_restock(
             let on_hand = stock::restock(tx, &sku, units, &reason, &actor)
                 .await?
                 .ok_or_else(|| too_much(units))?;
-            let body = serde_json::json!({"sku": sku, "on_hand": on_hand});
-            Ok(StoredResponse { status: 200, body })
+            Ok(StockLevel { sku, on_hand }.stored())
         },
     )
     .await??;
@@ -279,18 +303,10 @@ pub async fn post_api_restock(
         crate::http::api::IdempotencyKeyHeader),
     request_body = AdjustBody,
     responses(
-        (status = 200, description = "`{\"sku\", \"on_hand\"}` after the count.", body = Object,
+        (status = 200, description = "The stock after the count.", body = StockLevel,
             headers(("Idempotency-Replayed" = String,
                 description = "`true` when this answers an earlier request with the key."))),
-        (status = 400, response = BadRequest),
-        (status = 401, response = Unauthorized),
-        (status = 403, response = Forbidden),
-        (status = 404, response = NotFound),
-        (status = 409, response = Conflict),
-        (status = 413, response = TooLarge),
-        (status = 415, response = UnsupportedMediaType),
-        (status = 422, response = Unprocessable),
-        (status = 503, response = Unavailable),
+        AdminStockErrors,
     )
 )]
 pub async fn post_api_adjust(
@@ -329,10 +345,7 @@ pub async fn post_api_adjust(
         async move |tx: &mut PgConnection| -> Result<StoredResponse, AppError> {
             let sku = adjusted;
             match stock::adjust(tx, &sku, expected, new, &reason, &actor).await? {
-                Adjusted::Done => {
-                    let body = serde_json::json!({"sku": sku, "on_hand": new});
-                    Ok(StoredResponse { status: 200, body })
-                }
+                Adjusted::Done => Ok(StockLevel { sku, on_hand: new }.stored()),
                 Adjusted::Moved { on_hand } => Err(AppError::Conflict {
                     message: format!(
                         "Stock moved: expected {expected} on hand, but there are {on_hand}; \
@@ -365,9 +378,8 @@ pub async fn post_api_adjust(
     tag = "admin",
     security(("admin_session" = [])),
     responses(
-        (status = 200, description = "The endpoints.", body = [Object]),
-        (status = 401, response = Unauthorized),
-        (status = 503, response = Unavailable),
+        (status = 200, description = "The endpoints.", body = [Endpoint]),
+        AdminReadErrors,
     )
 )]
 pub async fn get_api_webhooks(
@@ -395,14 +407,8 @@ pub struct NewEndpointBody {
     request_body(content = Object, description = "`{\"url\": \"https://…\", \
         \"event_types\": [\"order.placed\", …], \"description\"?}`."),
     responses(
-        (status = 201, description = "The endpoint, with its `secret`.", body = Object),
-        (status = 400, response = BadRequest),
-        (status = 401, response = Unauthorized),
-        (status = 403, response = Forbidden),
-        (status = 413, response = TooLarge),
-        (status = 415, response = UnsupportedMediaType),
-        (status = 422, response = Unprocessable),
-        (status = 503, response = Unavailable),
+        (status = 201, description = "The endpoint, with its `secret`.", body = NewEndpoint),
+        AdminCreateErrors,
     )
 )]
 pub async fn post_api_webhooks(
@@ -425,11 +431,9 @@ pub async fn post_api_webhooks(
     let endpoint =
         db::insert_endpoint(&state.db, &new.url, &new.types, &new.description, &secret).await?;
     tracing::info!(admin = %admin.username, endpoint = %endpoint.id, "webhook endpoint created");
-    let mut json = serde_json::to_value(&endpoint).expect("endpoints serialise");
-    json["secret"] = serde_json::Value::String(secret);
     Ok(HttpResponse::Created()
         .insert_header((header::CACHE_CONTROL, "no-store"))
-        .json(json))
+        .json(NewEndpoint { endpoint, secret }))
 }
 
 /// Deletes a webhook endpoint.
@@ -441,10 +445,7 @@ pub async fn post_api_webhooks(
     params(("id" = String, Path, description = "The endpoint's id."), CsrfHeader),
     responses(
         (status = 204, description = "Deleted."),
-        (status = 401, response = Unauthorized),
-        (status = 403, response = Forbidden),
-        (status = 404, response = NotFound),
-        (status = 503, response = Unavailable),
+        AdminActionErrors,
     )
 )]
 pub async fn delete_api_webhook(
@@ -470,10 +471,8 @@ pub async fn delete_api_webhook(
     params(("status" = Option<String>, Query,
         description = "Only `pending`, `sent` or `failed` ones.")),
     responses(
-        (status = 200, description = "The deliveries.", body = [Object]),
-        (status = 400, response = BadRequest),
-        (status = 401, response = Unauthorized),
-        (status = 503, response = Unavailable),
+        (status = 200, description = "The deliveries.", body = [Delivery]),
+        AdminListErrors,
     )
 )]
 pub async fn get_api_deliveries(
@@ -496,11 +495,8 @@ pub async fn get_api_deliveries(
     security(("admin_session" = [])),
     params(("id" = String, Path, description = "The delivery's id."), CsrfHeader),
     responses(
-        (status = 202, description = "`{\"id\", \"status\": \"pending\"}`.", body = Object),
-        (status = 401, response = Unauthorized),
-        (status = 403, response = Forbidden),
-        (status = 404, response = NotFound),
-        (status = 503, response = Unavailable),
+        (status = 202, description = "Queued to be sent again.", body = Resent),
+        AdminActionErrors,
     )
 )]
 pub async fn post_api_resend_delivery(
@@ -514,7 +510,10 @@ pub async fn post_api_resend_delivery(
     if !db::resend(&state.db, id).await? {
         return Err(AppError::not_found("No such delivery."));
     }
-    Ok(HttpResponse::Accepted().json(serde_json::json!({ "id": id, "status": "pending" })))
+    Ok(HttpResponse::Accepted().json(Resent {
+        id,
+        status: "pending",
+    }))
 }
 
 /// The SKU an address names; 404 when it cannot be one.

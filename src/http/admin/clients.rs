@@ -12,7 +12,7 @@ use super::page_chrome;
 use crate::admin::Admin;
 use crate::clients::{self, ClientError, ClientRow, Limit};
 use crate::error::AppError;
-use crate::http::shop::TokenForm;
+use crate::http::csrf::TokenForm;
 use crate::http::{AppState, Chrome, csrf, html, see_other};
 
 #[derive(Template)]

@@ -20,7 +20,7 @@ use crate::inventory::reports::{self, StockRow};
 use crate::orders::{self, db::OrderFilter, db::OrderSummary};
 
 /// The numbers on the dashboard (also its JSON, polled for live updates).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Dashboard {
     pub on_hand: i64,
     pub reserved: i64,
@@ -41,7 +41,7 @@ pub struct Dashboard {
     pub replica: String,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct RecentOrder {
     pub id: Uuid,
     pub reference: String,

@@ -10,7 +10,7 @@ use serde::Deserialize;
 use super::SESSION_COOKIE;
 use crate::admin::{self, Attempt, LoginLimits};
 use crate::error::AppError;
-use crate::http::shop::TokenForm;
+use crate::http::csrf::TokenForm;
 use crate::http::{AppState, Chrome, csrf, html};
 
 fn session_cookie(req: &HttpRequest, token: &str) -> Cookie<'static> {

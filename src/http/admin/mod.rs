@@ -45,6 +45,33 @@ const PAGE: i64 = 25;
 /// Pages beyond this are shown as this one.
 const MAX_PAGE: i64 = 1_000_000;
 
+/// One page of an admin list: the page asked for (`?page=`, from 1; out of range is
+/// clamped) of `size` rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Page {
+    number: i64,
+    size: i64,
+}
+
+impl Page {
+    fn of(asked: Option<i64>, size: i64) -> Self {
+        Self {
+            number: asked.unwrap_or(1).clamp(1, MAX_PAGE),
+            size,
+        }
+    }
+
+    /// Rows before this page.
+    fn offset(&self) -> i64 {
+        (self.number - 1) * self.size
+    }
+
+    /// How many pages `total` rows fill (an empty list has one, empty page).
+    fn count(&self, total: i64) -> i64 {
+        ((total + self.size - 1) / self.size).max(1)
+    }
+}
+
 /// Every route that needs an admin, in one place: `(method, path, handler)`.
 pub fn routes() -> Vec<(Method, &'static str, actix_web::Route)> {
     vec![
@@ -316,4 +343,27 @@ fn check_api_csrf(req: &HttpRequest, admin: &Admin) -> Result<(), AppError> {
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default();
     csrf::check_admin(admin, token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_page_skips_the_rows_before_it_and_counts_partial_pages() {
+        let third = Page::of(Some(3), 25);
+        assert_eq!(third.offset(), 50);
+        assert_eq!(third.count(0), 1);
+        assert_eq!(third.count(25), 1);
+        assert_eq!(third.count(26), 2);
+        assert_eq!(third.count(75), 3);
+    }
+
+    #[test]
+    fn pages_out_of_range_are_clamped() {
+        assert_eq!(Page::of(None, 25).number, 1);
+        assert_eq!(Page::of(Some(0), 25).number, 1);
+        assert_eq!(Page::of(Some(-7), 25).offset(), 0);
+        assert_eq!(Page::of(Some(i64::MAX), 50).number, MAX_PAGE);
+    }
 }

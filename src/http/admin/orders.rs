@@ -9,7 +9,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::once::{DoneQuery, FormOutcome, apply_form, done_notice, form_key, new_form_key};
-use super::{MAX_PAGE, PAGE, page_chrome};
+use super::{PAGE, Page, page_chrome};
 use crate::admin::Admin;
 use crate::catalog::Sku;
 use crate::error::AppError;
@@ -75,14 +75,14 @@ pub async fn get_orders(
             )?),
             None => None,
         };
-    let page = query.page.unwrap_or(1).clamp(1, MAX_PAGE);
+    let page = Page::of(query.page, PAGE);
     let filter = OrderFilter {
         status: status.clone(),
         sku: sku.clone(),
         date,
     };
     let (orders, total) =
-        orders::reports::list(&state.db, &filter, PAGE, (page - 1) * PAGE).await?;
+        orders::reports::list(&state.db, &filter, page.size, page.offset()).await?;
     let query_string = format!(
         "status={}&sku={}&date={}",
         status.clone().unwrap_or_default(),
@@ -95,8 +95,8 @@ pub async fn get_orders(
         status: status.unwrap_or_default(),
         sku: sku.unwrap_or_default(),
         date: date.map(|d| d.to_string()).unwrap_or_default(),
-        page,
-        pages: ((total + PAGE - 1) / PAGE).max(1),
+        page: page.number,
+        pages: page.count(total),
         query: query_string,
     };
     html(StatusCode::OK, &page)

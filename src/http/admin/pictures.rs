@@ -4,11 +4,10 @@
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 
-use super::once::new_form_key;
 use super::products::{ProductPage, load_product};
 use super::{check_api_csrf, page_chrome};
 use crate::admin::Admin;
-use crate::catalog::{Sku, images};
+use crate::catalog::images;
 use crate::error::AppError;
 use crate::http::{AppState, csrf, html, see_other};
 
@@ -22,7 +21,7 @@ pub async fn post_product_image(
     path: web::Path<String>,
     payload: web::Payload,
 ) -> Result<HttpResponse, AppError> {
-    let product = load_product(&state, &path).await?;
+    let (sku, product) = load_product(&state, &path).await?;
     // The file, plus room for the form's other field and part headers.
     let cap = images::MAX_UPLOAD_BYTES + 64 * 1024;
     let parts = match crate::http::multipart::read(
@@ -54,22 +53,11 @@ pub async fn post_product_image(
     let processed = match processed {
         Ok(processed) => processed,
         Err(refused) => {
-            let page = ProductPage {
-                chrome: page_chrome(&req, &admin),
-                product,
-                is_new: false,
-                notice: Some((
-                    crate::error::sentence(&format!("picture not changed: {refused}")),
-                    true,
-                )),
-                moved: None,
-                restock_key: new_form_key(),
-                adjust_key: new_form_key(),
-            };
+            let message = crate::error::sentence(&format!("picture not changed: {refused}"));
+            let page = ProductPage::new(page_chrome(&req, &admin), product).saying(message, true);
             return html(StatusCode::UNPROCESSABLE_ENTITY, &page);
         }
     };
-    let sku = Sku::parse(&product.sku).expect("stored SKUs are valid");
     if !images::save(&state.db, &sku, &processed, &admin.username).await? {
         return Err(AppError::not_found(format!("No product with SKU {sku}.")));
     }

@@ -7,7 +7,7 @@ use askama::Template;
 use serde::Deserialize;
 
 use super::once::{DoneQuery, done_notice, new_form_key};
-use super::{MAX_PAGE, PAGE, page_chrome};
+use super::{PAGE, Page, page_chrome};
 use crate::admin::Admin;
 use crate::catalog::manage::ProductRow;
 use crate::catalog::manage::{self, ProductFields};
@@ -40,14 +40,14 @@ pub async fn get_products(
 ) -> Result<HttpResponse, AppError> {
     let q = query.q.clone().unwrap_or_default().trim().to_string();
     crate::text::single_line("The search", &q)?;
-    let page = query.page.unwrap_or(1).clamp(1, MAX_PAGE);
-    let (products, total) = manage::search(&state.db, &q, PAGE, (page - 1) * PAGE).await?;
+    let page = Page::of(query.page, PAGE);
+    let (products, total) = manage::search(&state.db, &q, page.size, page.offset()).await?;
     let page = ProductsPage {
         chrome: page_chrome(&req, &admin),
         products,
         q,
-        page,
-        pages: ((total + PAGE - 1) / PAGE).max(1),
+        page: page.number,
+        pages: page.count(total),
     };
     html(StatusCode::OK, &page)
 }
@@ -67,33 +67,63 @@ pub(super) struct ProductPage {
     pub(super) adjust_key: String,
 }
 
-pub(super) async fn load_product(state: &AppState, raw: &str) -> Result<ProductRow, AppError> {
+impl ProductPage {
+    /// `product`'s page, its stock forms with fresh keys, nothing to say yet.
+    pub(super) fn new(chrome: Chrome, product: ProductRow) -> Self {
+        Self {
+            chrome,
+            product,
+            is_new: false,
+            notice: None,
+            moved: None,
+            restock_key: new_form_key(),
+            adjust_key: new_form_key(),
+        }
+    }
+
+    /// The new-product form, filled with `product`.
+    fn new_product(chrome: Chrome, product: ProductRow) -> Self {
+        Self {
+            is_new: true,
+            ..Self::new(chrome, product)
+        }
+    }
+
+    /// With a message for the person (`bad`: it is bad news, a refusal).
+    pub(super) fn saying(self, message: String, bad: bool) -> Self {
+        Self {
+            notice: Some((message, bad)),
+            ..self
+        }
+    }
+}
+
+/// The product the address names, with its SKU as parsed (the row was found by it, so it
+/// is the stored one); 404 for a malformed or unknown SKU.
+pub(super) async fn load_product(
+    state: &AppState,
+    raw: &str,
+) -> Result<(Sku, ProductRow), AppError> {
     let not_found = || AppError::not_found(format!("No product with SKU {raw:?}."));
     let sku = Sku::parse(raw).map_err(|_| not_found())?;
-    manage::find(&state.db, &sku).await?.ok_or_else(not_found)
+    let product = manage::find(&state.db, &sku).await?.ok_or_else(not_found)?;
+    Ok((sku, product))
 }
 
 pub async fn get_new_product(req: HttpRequest, admin: Admin) -> Result<HttpResponse, AppError> {
-    let page = ProductPage {
-        chrome: page_chrome(&req, &admin),
-        product: ProductRow {
-            sku: String::new(),
-            name: String::new(),
-            description: String::new(),
-            price_cents: 0,
-            active: true,
-            purchase_limit: None,
-            category: None,
-            image: None,
-            on_hand: 0,
-            reserved: 0,
-        },
-        is_new: true,
-        notice: None,
-        moved: None,
-        restock_key: new_form_key(),
-        adjust_key: new_form_key(),
+    let empty = ProductRow {
+        sku: String::new(),
+        name: String::new(),
+        description: String::new(),
+        price_cents: 0,
+        active: true,
+        purchase_limit: None,
+        category: None,
+        image: None,
+        on_hand: 0,
+        reserved: 0,
     };
+    let page = ProductPage::new_product(page_chrome(&req, &admin), empty);
     html(StatusCode::OK, &page)
 }
 
@@ -209,15 +239,8 @@ pub async fn post_products(
 ) -> Result<HttpResponse, AppError> {
     csrf::check_admin(&admin, &form.csrf)?;
     let refuse = |message: String| {
-        let page = ProductPage {
-            chrome: page_chrome(&req, &admin),
-            product: form_product(&form),
-            is_new: true,
-            notice: Some((crate::error::sentence(&message), true)),
-            moved: None,
-            restock_key: new_form_key(),
-            adjust_key: new_form_key(),
-        };
+        let page = ProductPage::new_product(page_chrome(&req, &admin), form_product(&form))
+            .saying(crate::error::sentence(&message), true);
         html(StatusCode::UNPROCESSABLE_ENTITY, &page)
     };
     let sku = match Sku::parse(&form.sku) {
@@ -251,18 +274,13 @@ pub async fn get_product(
     path: web::Path<String>,
     query: web::Query<DoneQuery>,
 ) -> Result<HttpResponse, AppError> {
-    let product = load_product(&state, &path).await?;
-    let page = format!("/admin/products/{}", product.sku);
+    let (sku, product) = load_product(&state, &path).await?;
+    let page = format!("/admin/products/{sku}");
     let notice = done_notice(&state, &admin, &page, query.done.as_deref()).await?;
-    let page = ProductPage {
-        chrome: page_chrome(&req, &admin),
-        product,
-        is_new: false,
-        notice: notice.map(|n| (n, false)),
-        moved: None,
-        restock_key: new_form_key(),
-        adjust_key: new_form_key(),
-    };
+    let mut page = ProductPage::new(page_chrome(&req, &admin), product);
+    if let Some(notice) = notice {
+        page = page.saying(notice, false);
+    }
     html(StatusCode::OK, &page)
 }
 
@@ -274,28 +292,20 @@ pub async fn post_product(
     form: web::Form<ProductForm>,
 ) -> Result<HttpResponse, AppError> {
     csrf::check_admin(&admin, &form.csrf)?;
-    let mut product = load_product(&state, &path).await?;
+    let (sku, mut product) = load_product(&state, &path).await?;
     match check_product(&form) {
         Err(message) => {
             product.name = form.name.clone();
             product.description = form.description.clone();
             product.category = Some(form.category.clone());
-            let page = ProductPage {
-                chrome: page_chrome(&req, &admin),
-                product,
-                is_new: false,
-                notice: Some((crate::error::sentence(&message), true)),
-                moved: None,
-                restock_key: new_form_key(),
-                adjust_key: new_form_key(),
-            };
+            let page = ProductPage::new(page_chrome(&req, &admin), product)
+                .saying(crate::error::sentence(&message), true);
             html(StatusCode::UNPROCESSABLE_ENTITY, &page)
         }
         Ok(fields) => {
-            let sku = Sku::parse(&product.sku).expect("stored SKUs are valid");
             manage::update(&state.db, &sku, &fields).await?;
             state.catalog.forget(&sku);
-            Ok(see_other(&format!("/admin/products/{}", product.sku)))
+            Ok(see_other(&format!("/admin/products/{sku}")))
         }
     }
 }

@@ -8,9 +8,9 @@ use askama::Template;
 use serde::Deserialize;
 use sqlx::PgConnection;
 
-use super::once::{FormOutcome, apply_form, form_key, new_form_key};
+use super::once::{FormOutcome, apply_form, form_key};
 use super::products::{ProductPage, load_product};
-use super::{MAX_PAGE, PAGE, page_chrome};
+use super::{PAGE, Page, page_chrome};
 use crate::admin::Admin;
 use crate::catalog::Sku;
 use crate::catalog::manage::ProductRow;
@@ -73,25 +73,44 @@ fn whole(raw: &str, what: &str, min: i32, max: i32) -> Result<i32, AppError> {
         })
 }
 
-async fn product_notice(
+/// The product's page again, saying why a stock form changed nothing: 422 for a value it
+/// refused, 409 when stock moved under it (`moved`: the count now).
+async fn refused(
     req: &HttpRequest,
     admin: &Admin,
     state: &AppState,
-    sku: &str,
+    sku: &Sku,
     status: StatusCode,
-    notice: (String, bool),
+    message: String,
     moved: Option<i32>,
 ) -> Result<HttpResponse, AppError> {
+    let (_, product) = load_product(state, sku.as_str()).await?;
     let page = ProductPage {
-        chrome: page_chrome(req, admin),
-        product: load_product(state, sku).await?,
-        is_new: false,
-        notice: Some(notice),
         moved,
-        restock_key: new_form_key(),
-        adjust_key: new_form_key(),
+        ..ProductPage::new(page_chrome(req, admin), product).saying(message, true)
     };
     html(status, &page)
+}
+
+/// The product's page again, 422, saying which value of a stock form was refused.
+async fn invalid(
+    req: &HttpRequest,
+    admin: &Admin,
+    state: &AppState,
+    sku: &Sku,
+    error: AppError,
+) -> Result<HttpResponse, AppError> {
+    let message = error.public_message();
+    refused(
+        req,
+        admin,
+        state,
+        sku,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        message,
+        None,
+    )
+    .await
 }
 
 /// "Add N units": a delta, which never conflicts with sales. Applied once per form.
@@ -104,26 +123,13 @@ pub async fn post_restock(
 ) -> Result<HttpResponse, AppError> {
     csrf::check_admin(&admin, &form.csrf)?;
     let key = form_key(&form.key)?;
-    let product = load_product(&state, &path).await?;
+    let (sku, _) = load_product(&state, &path).await?;
     let checked = whole(&form.units, "Units to add", 1, 10_000_000)
         .and_then(|units| Ok((units, reason_of(&form.reason)?)));
     let (units, reason) = match checked {
         Ok(v) => v,
-        Err(e) => {
-            let notice = (e.public_message(), true);
-            return product_notice(
-                &req,
-                &admin,
-                &state,
-                &product.sku,
-                StatusCode::UNPROCESSABLE_ENTITY,
-                notice,
-                None,
-            )
-            .await;
-        }
+        Err(e) => return invalid(&req, &admin, &state, &sku, e).await,
     };
-    let sku = Sku::parse(&product.sku).expect("stored SKUs are valid");
     let fingerprint = ("restock", sku.as_str(), units, reason.clone());
     let (restocked, actor) = (sku.clone(), admin.username.clone());
     let answer = apply_form(
@@ -159,7 +165,7 @@ pub async fn post_adjust(
 ) -> Result<HttpResponse, AppError> {
     csrf::check_admin(&admin, &form.csrf)?;
     let key = form_key(&form.key)?;
-    let product = load_product(&state, &path).await?;
+    let (sku, _) = load_product(&state, &path).await?;
     let checked = (|| {
         let expected = whole(&form.expected, "The count the form showed", 0, i32::MAX)?;
         let new = whole(&form.on_hand, "The new count", 0, 10_000_000)?;
@@ -167,21 +173,8 @@ pub async fn post_adjust(
     })();
     let (expected, new, reason) = match checked {
         Ok(v) => v,
-        Err(e) => {
-            let notice = (e.public_message(), true);
-            return product_notice(
-                &req,
-                &admin,
-                &state,
-                &product.sku,
-                StatusCode::UNPROCESSABLE_ENTITY,
-                notice,
-                None,
-            )
-            .await;
-        }
+        Err(e) => return invalid(&req, &admin, &state, &sku, e).await,
     };
-    let sku = Sku::parse(&product.sku).expect("stored SKUs are valid");
     let fingerprint = ("adjust", sku.as_str(), expected, new, reason.clone());
     let (adjusted, actor) = (sku.clone(), admin.username.clone());
     let answer = apply_form(
@@ -226,12 +219,11 @@ pub async fn post_adjust(
             None,
         ),
     };
-    let notice = (notice, true);
-    product_notice(
+    refused(
         &req,
         &admin,
         &state,
-        &product.sku,
+        &sku,
         StatusCode::CONFLICT,
         notice,
         moved,
@@ -279,10 +271,10 @@ pub async fn get_ledger(
     path: web::Path<String>,
     query: web::Query<LedgerQuery>,
 ) -> Result<HttpResponse, AppError> {
-    let product = load_product(&state, &path).await?;
-    let sku = Sku::parse(&product.sku).expect("stored SKUs are valid");
-    let page = query.page.unwrap_or(1).clamp(1, MAX_PAGE);
-    let movements = stock::ledger(&state.db, &sku, PAGE * 2, (page - 1) * PAGE * 2).await?;
+    let (sku, product) = load_product(&state, &path).await?;
+    // Ledger rows are short: twice as many a page.
+    let page = Page::of(query.page, PAGE * 2);
+    let movements = stock::ledger(&state.db, &sku, page.size, page.offset()).await?;
     let total = stock::ledger_len(&state.db, &sku).await?;
     let verified = match query.verify {
         Some(_) => {
@@ -303,8 +295,8 @@ pub async fn get_ledger(
         chrome: page_chrome(&req, &admin),
         product,
         movements,
-        page,
-        pages: ((total + PAGE * 2 - 1) / (PAGE * 2)).max(1),
+        page: page.number,
+        pages: page.count(total),
         verified,
     };
     html(StatusCode::OK, &page)

@@ -16,7 +16,7 @@ use crate::error::AppError;
 use crate::events::db::{self, Delivery, Endpoint, Stats};
 use crate::events::mail::{self, Written};
 use crate::events::{EventType, sign, target};
-use crate::http::shop::TokenForm;
+use crate::http::csrf::TokenForm;
 use crate::http::{AppState, Chrome, csrf, html, see_other};
 
 /// Deliveries listed per page.

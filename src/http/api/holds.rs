@@ -1,0 +1,197 @@
+//! Checkout holds: placing one, reading it, confirming it into an order, releasing it.
+
+use actix_web::http::header;
+use actix_web::{HttpRequest, HttpResponse, web};
+use uuid::Uuid;
+
+use super::place::{OrderBody, insufficient, place};
+use super::{IdempotencyKeyHeader, REPLAYED_HEADER};
+use crate::checkout::OrderRequest;
+use crate::clients;
+use crate::error::AppError;
+use crate::holds;
+use crate::http::limits;
+use crate::http::openapi::{ConfirmErrors, OwnLookupErrors, PlaceErrors, ReleaseErrors};
+use crate::http::{AppState, detached};
+use crate::idempotency::Scope;
+
+/// Places a checkout hold: the stock is reserved until it expires, is confirmed into an
+/// order, or is released. Same body, headers and idempotency as an order.
+#[utoipa::path(
+    post,
+    path = "/api/v1/holds",
+    tag = "holds",
+    security(("api_key" = [])),
+    params(IdempotencyKeyHeader),
+    request_body = OrderBody,
+    responses(
+        (status = 201, description = "The hold, placed (or replayed).",
+            body = crate::holds::Hold,
+            links(
+                ("GetHold" = (operation_id = "get_hold",
+                    parameters(("id" = "$response.body#/id")))),
+                ("ConfirmHold" = (operation_id = "post_hold_confirm",
+                    parameters(("id" = "$response.body#/id")))),
+                ("ReleaseHold" = (operation_id = "delete_hold",
+                    parameters(("id" = "$response.body#/id")))),
+            ),
+            headers(
+                ("Location" = String, description = "`/api/v1/holds/{id}`."),
+                ("Idempotency-Replayed" = String,
+                    description = "`true` when this answers an earlier request with the key."),
+            )),
+        PlaceErrors,
+    )
+)]
+#[tracing::instrument(skip_all)]
+pub async fn post_holds(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    body: web::Json<serde_json::Value>,
+) -> Result<HttpResponse, AppError> {
+    place(req, state, body, Scope::ApiHold).await
+}
+
+fn no_hold(path: &str) -> AppError {
+    AppError::not_found(format!("No such reservation: no hold with id {path:?}."))
+}
+
+/// The id of a hold the caller placed; 404 for any other (whether or not it exists).
+async fn own_hold(req: &HttpRequest, state: &AppState, path: &str) -> Result<Uuid, AppError> {
+    let caller = limits::caller(req, state).await?;
+    let id = Uuid::parse_str(path).map_err(|_| no_hold(path))?;
+    if !clients::owns_hold(&state.db, &caller, id).await? {
+        return Err(no_hold(path));
+    }
+    Ok(id)
+}
+
+/// A hold the caller placed, and its state.
+#[utoipa::path(
+    get,
+    path = "/api/v1/holds/{id}",
+    tag = "holds",
+    security(("api_key" = [])),
+    params(("id" = Uuid, Path, description = "The hold's id.")),
+    responses(
+        (status = 200, description = "The hold.", body = crate::holds::Hold),
+        OwnLookupErrors,
+    )
+)]
+pub async fn get_hold(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, AppError> {
+    let id = own_hold(&req, &state, &path).await?;
+    let hold = holds::db::find_hold(&state.db, id)
+        .await?
+        .ok_or_else(|| no_hold(&path))?;
+    Ok(HttpResponse::Ok().json(hold))
+}
+
+/// Optional details for confirming a hold.
+#[derive(Debug, Default, serde::Deserialize, utoipa::ToSchema)]
+pub struct ConfirmBody {
+    /// Where the receipt goes.
+    #[schema(max_length = 254)]
+    email: Option<String>,
+    /// The customer's name; one line.
+    #[schema(max_length = 200)]
+    name: Option<String>,
+}
+
+/// Confirms a hold the caller placed into an order; confirming again answers the same
+/// order. After expiry the order is placed from free stock if there is enough (else 409).
+#[utoipa::path(
+    post,
+    path = "/api/v1/holds/{id}/confirm",
+    tag = "holds",
+    security(("api_key" = [])),
+    params(("id" = Uuid, Path, description = "The hold's id.")),
+    request_body(content = Option<ConfirmBody>, description = "Optional; may be empty."),
+    responses(
+        (status = 201, description = "The order the hold became.",
+            body = crate::orders::Order,
+            links(("GetOrder" = (operation_id = "get_order",
+                parameters(("id" = "$response.body#/id"))))),
+            headers(
+                ("Location" = String, description = "`/api/v1/orders/{id}`."),
+                ("Idempotency-Replayed" = String,
+                    description = "`true` when the hold was confirmed before."),
+            )),
+        ConfirmErrors,
+    )
+)]
+#[tracing::instrument(skip_all)]
+pub async fn post_hold_confirm(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    body: web::Bytes,
+) -> Result<HttpResponse, AppError> {
+    let id = own_hold(&req, &state, &path).await?;
+    // The body is optional; when present it must be a JSON object (serde alone would also
+    // take an array of the fields' values).
+    let body: ConfirmBody = if body.iter().all(u8::is_ascii_whitespace) {
+        ConfirmBody::default()
+    } else {
+        let value: serde_json::Value = serde_json::from_slice(&body)
+            .map_err(|e| AppError::BadRequest(format!("The body is not valid JSON: {e}")))?;
+        if !value.is_object() {
+            return Err(AppError::Unprocessable(
+                "The body must be a JSON object: {\"email\": …, \"name\": …}, or empty.".into(),
+            ));
+        }
+        serde_json::from_value(value).map_err(|e| {
+            AppError::Unprocessable(format!(
+                "The body does not fit {{\"email\", \"name\"}}: {e}"
+            ))
+        })?
+    };
+    let details = OrderRequest::check_contact(body.email.as_deref(), body.name.as_deref())?;
+    let db = state.db.clone();
+    let confirmed =
+        detached(async move { holds::confirm(&db, id, details.name(), details.email()).await })
+            .await?;
+    match confirmed {
+        Ok(confirmed) => {
+            let mut res = HttpResponse::Created();
+            res.insert_header((
+                header::LOCATION,
+                format!("/api/v1/orders/{}", confirmed.order.id),
+            ));
+            if confirmed.replayed {
+                res.insert_header((REPLAYED_HEADER, "true"));
+            }
+            Ok(res.json(confirmed.order))
+        }
+        Err(holds::HoldError::Insufficient(shortages)) => Ok(insufficient(&req, &shortages)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Releases a hold the caller placed: its stock is offered again at once. Releasing again
+/// is a no-op.
+#[utoipa::path(
+    delete,
+    path = "/api/v1/holds/{id}",
+    tag = "holds",
+    security(("api_key" = [])),
+    params(("id" = Uuid, Path, description = "The hold's id.")),
+    responses(
+        (status = 204, description = "Released (or it was already)."),
+        ReleaseErrors,
+    )
+)]
+pub async fn delete_hold(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, AppError> {
+    let id = own_hold(&req, &state, &path).await?;
+    let state = state.into_inner();
+    detached(async move { holds::release(&state.db, Some(&state.redis), id, "api").await })
+        .await??;
+    Ok(HttpResponse::NoContent().finish())
+}

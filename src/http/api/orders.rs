@@ -1,0 +1,74 @@
+//! Orders: placing one (`POST /api/v1/orders`) and reading it back.
+
+use actix_web::{HttpRequest, HttpResponse, web};
+use uuid::Uuid;
+
+use super::IdempotencyKeyHeader;
+use super::place::{OrderBody, place};
+use crate::clients;
+use crate::error::AppError;
+use crate::http::AppState;
+use crate::http::limits;
+use crate::http::openapi::{OwnLookupErrors, PlaceErrors};
+use crate::idempotency::Scope;
+use crate::orders;
+
+/// Places an order: every line or none, never more than is in stock. A retry with the same
+/// `Idempotency-Key` and body answers the first response again (`Idempotency-Replayed`).
+#[utoipa::path(
+    post,
+    path = "/api/v1/orders",
+    tag = "orders",
+    security(("api_key" = [])),
+    params(IdempotencyKeyHeader),
+    request_body = OrderBody,
+    responses(
+        (status = 201, description = "The order, placed (or replayed).",
+            body = crate::orders::Order,
+            links(("GetOrder" = (operation_id = "get_order",
+                parameters(("id" = "$response.body#/id"))))),
+            headers(
+                ("Location" = String, description = "`/api/v1/orders/{id}`."),
+                ("Idempotency-Replayed" = String,
+                    description = "`true` when this answers an earlier request with the key."),
+            )),
+        PlaceErrors,
+    )
+)]
+#[tracing::instrument(skip_all)]
+pub async fn post_orders(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    body: web::Json<serde_json::Value>,
+) -> Result<HttpResponse, AppError> {
+    place(req, state, body, Scope::Api).await
+}
+
+/// The order, to the caller that placed it (others get 404: the id alone reveals nothing).
+#[utoipa::path(
+    get,
+    path = "/api/v1/orders/{id}",
+    tag = "orders",
+    security(("api_key" = [])),
+    params(("id" = Uuid, Path, description = "The order's id.")),
+    responses(
+        (status = 200, description = "The order.", body = crate::orders::Order),
+        OwnLookupErrors,
+    )
+)]
+pub async fn get_order(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, AppError> {
+    let caller = limits::caller(&req, &state).await?;
+    let not_found = || AppError::not_found(format!("No order with id {path:?}."));
+    let id = Uuid::parse_str(&path).map_err(|_| not_found())?;
+    if !clients::owns_order(&state.db, &caller, id).await? {
+        return Err(not_found());
+    }
+    let order = orders::db::find_order(&state.db, id)
+        .await?
+        .ok_or_else(not_found)?;
+    Ok(HttpResponse::Ok().json(order))
+}

@@ -1,0 +1,137 @@
+//! Placing an order or a hold from a JSON body: the caller, its rate limit, its
+//! `Idempotency-Key`, then [`crate::checkout`]; 201 with the result or 409 naming each
+//! short SKU.
+
+use actix_web::http::{StatusCode, header};
+use actix_web::{HttpRequest, HttpResponse, web};
+
+use crate::checkout::{self, HoldOutcome, OrderOutcome, OrderRequest, Shopper};
+use crate::clients::Caller;
+use crate::error::AppError;
+use crate::http::limits::{self, limit_placement};
+use crate::http::middleware::problem_response;
+use crate::http::{AppState, detached};
+use crate::idempotency::{IdempotencyKey, Scope};
+use crate::orders::Shortage;
+
+/// The body of an order or a hold.
+#[derive(utoipa::ToSchema)]
+#[schema(example = json!({
+    "lines": [{"sku": "KB-ALPINE-75", "quantity": 1}],
+    "email": "ada@example.com"
+}))]
+#[allow(dead_code)] // read as JSON by `OrderRequest::from_json`; this is its shape
+pub(super) struct OrderBody {
+    /// One line per SKU.
+    #[schema(min_items = 1)]
+    lines: Vec<LineBody>,
+    /// Where the receipt goes.
+    #[schema(max_length = 254)]
+    email: Option<String>,
+    /// The customer's name; one line.
+    #[schema(max_length = 200)]
+    name: Option<String>,
+}
+
+/// One line of an order or a hold.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+pub(super) struct LineBody {
+    /// The product's SKU (any case).
+    #[schema(example = "KB-ALPINE-75")]
+    sku: String,
+    /// Units, from 1 to the shop's cap per line (`STOCKADE_MAX_LINE_QUANTITY`, 10 unless set).
+    #[schema(minimum = 1)]
+    quantity: i64,
+}
+
+/// An order (`Scope::Api`) or a hold (`Scope::ApiHold`) from a JSON body.
+pub(super) async fn place(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    body: web::Json<serde_json::Value>,
+    scope: Scope,
+) -> Result<HttpResponse, AppError> {
+    let caller = limits::caller(&req, &state).await?;
+    limit_placement(&req, &state, Some(&caller)).await?;
+    let key = IdempotencyKey::scoped(&caller.owner(), &super::idempotency_key(&req)?);
+    let shopper = Shopper::default().address(crate::http::client_addr(&req, &state.settings));
+    let shopper = match &caller {
+        Caller::Client(client) => shopper.client(&client.id.to_string()),
+        Caller::Anonymous => shopper,
+    };
+    let request =
+        OrderRequest::from_json(&body, state.settings.max_line_quantity)?.placed_by(shopper);
+    let state = state.into_inner();
+    let placement = detached(async move {
+        let deps = state.order_deps();
+        match scope {
+            Scope::ApiHold => checkout::place_hold(deps, scope, &key, &request)
+                .await
+                .map(Placement::Hold),
+            _ => checkout::place_order(deps, scope, &key, &request)
+                .await
+                .map(Placement::Order),
+        }
+    })
+    .await??;
+    Ok(placement_response(&req, placement))
+}
+
+/// What `place` decided, an order's outcome or a hold's.
+enum Placement {
+    Order(OrderOutcome),
+    Hold(HoldOutcome),
+}
+
+/// 201 with the order or hold and its `Location`, or 409 naming each short SKU.
+fn placement_response(req: &HttpRequest, placement: Placement) -> HttpResponse {
+    let (mut res, replayed) = match placement {
+        Placement::Order(OrderOutcome::Placed { order, replayed }) => (
+            HttpResponse::Created()
+                .insert_header((header::LOCATION, format!("/api/v1/orders/{}", order.id)))
+                .json(order),
+            replayed,
+        ),
+        Placement::Hold(HoldOutcome::Held { hold, replayed }) => (
+            HttpResponse::Created()
+                .insert_header((header::LOCATION, format!("/api/v1/holds/{}", hold.id)))
+                .json(hold),
+            replayed,
+        ),
+        Placement::Order(OrderOutcome::Insufficient {
+            shortages,
+            replayed,
+        })
+        | Placement::Hold(HoldOutcome::Insufficient {
+            shortages,
+            replayed,
+        }) => (insufficient(req, &shortages), replayed),
+    };
+    if replayed {
+        res.headers_mut().insert(
+            header::HeaderName::from_static("idempotency-replayed"),
+            header::HeaderValue::from_static("true"),
+        );
+    }
+    res
+}
+
+pub(super) fn insufficient(req: &HttpRequest, shortages: &[Shortage]) -> HttpResponse {
+    let detail = shortages
+        .iter()
+        .map(|s| {
+            format!(
+                "{}: {} requested, {} available",
+                s.sku, s.requested, s.available
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    problem_response(
+        req,
+        StatusCode::CONFLICT,
+        &format!("Not enough stock. {detail}."),
+        Some(serde_json::json!({ "shortages": shortages })),
+    )
+}

@@ -1,0 +1,269 @@
+//! Checkout: the cart's "Checkout" button places a hold on its lines, the checkout page
+//! shows it with a countdown, and confirming turns it into an order (once, however often
+//! the form is sent); cancelling gives the stock back.
+
+use std::time::{Duration, Instant};
+
+use actix_web::http::{StatusCode, header};
+use actix_web::{HttpRequest, HttpResponse, web};
+use askama::Template;
+use serde::Deserialize;
+use uuid::Uuid;
+
+use super::cart::{Cart, cart_conflict, max_quantity};
+use crate::checkout::{self, HoldOutcome, OrderError, OrderRequest, Shopper};
+use crate::error::AppError;
+use crate::holds::{self, Hold, HoldError};
+use crate::http::csrf::{self, TokenForm};
+use crate::http::{AppState, Chrome, detached, html, see_other};
+use crate::idempotency::{IdempotencyKey, Scope};
+use crate::orders::Shortage;
+
+/// `/checkout` itself is the cart's "Checkout" button; a GET just goes to the cart.
+pub async fn get_checkout() -> HttpResponse {
+    see_other("/cart")
+}
+
+#[derive(Deserialize)]
+pub struct StartCheckoutForm {
+    #[serde(default)]
+    csrf: String,
+    key: String,
+    lines: String,
+}
+
+/// Starts checkout: places a hold on the cart's lines, so the stock is the shopper's while
+/// they fill in the form. Pressing the button twice places one hold.
+#[tracing::instrument(skip_all)]
+pub async fn post_checkout(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    form: web::Form<StartCheckoutForm>,
+) -> Result<HttpResponse, AppError> {
+    csrf::check_storefront(&req, &form.csrf)?;
+    crate::http::limits::limit_placement(&req, &state, None).await?;
+    let key = IdempotencyKey::parse(&form.key).map_err(|_| {
+        AppError::BadRequest("This checkout form is damaged; please start checkout again.".into())
+    })?;
+    let key = IdempotencyKey::scoped(&browser(&req), &key);
+    let cart = Cart::decode(&form.lines);
+    if cart.lines.is_empty() {
+        return Err(AppError::Unprocessable(
+            "This checkout form has no products in it; please start checkout again.".into(),
+        ));
+    }
+    let lines = cart
+        .lines
+        .iter()
+        .map(|(s, n)| (s.clone(), i64::from(*n)))
+        .collect();
+    // The browser by its CSRF cookie (checked above), and its address.
+    let shopper = Shopper::default()
+        .browser(&form.csrf)
+        .address(crate::http::client_addr(&req, &state.settings));
+    let request = OrderRequest::new(lines, None, None, max_quantity(&state))?.placed_by(shopper);
+
+    // A second press of the same button waits for the first and goes where it went; a
+    // first press that died is taken over once its record goes stale.
+    let shared = state.clone().into_inner();
+    let placement = detached(async move {
+        let deadline =
+            Instant::now() + checkout::stale_after(&shared.settings) + Duration::from_secs(1);
+        let mut pause = Duration::from_millis(20);
+        loop {
+            match checkout::place_hold(shared.order_deps(), Scope::Page, &key, &request).await {
+                Err(OrderError::InFlight) if Instant::now() < deadline => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                }
+                other => return other,
+            }
+        }
+    })
+    .await?;
+    let placement = match placement {
+        // Over a product's limit per customer: back on the cart, saying so.
+        Err(OrderError::OverLimit(message)) => {
+            return cart_conflict(&req, &state, message, Vec::new()).await;
+        }
+        other => other?,
+    };
+    match placement {
+        HoldOutcome::Held { hold, .. } => Ok(see_other(&format!("/checkout/{}", hold.id))),
+        HoldOutcome::Insufficient { shortages, .. } => {
+            let message = "Some products are no longer available in the quantity you chose.";
+            cart_conflict(&req, &state, message.into(), shortages).await
+        }
+    }
+}
+
+/// The key space of this browser's checkout forms: a digest of its CSRF cookie (checked
+/// equal to the form's token just before). The form's key is random already; this makes a
+/// key that leaked (a shared screenshot, a log) useless from any other browser.
+fn browser(req: &HttpRequest) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(csrf::token(req).as_bytes());
+    format!("b{}", &hex::encode(digest)[..32])
+}
+
+#[derive(Template)]
+#[template(path = "shop/checkout.html")]
+struct CheckoutPage {
+    chrome: Chrome,
+    hold: Hold,
+    name: String,
+    email: String,
+    error: Option<String>,
+    shortages: Vec<Shortage>,
+}
+
+fn parse_hold_id(raw: &str) -> Result<Uuid, AppError> {
+    Uuid::parse_str(raw).map_err(|_| AppError::not_found("We have no checkout with this number."))
+}
+
+async fn find_hold(state: &AppState, id: Uuid) -> Result<Hold, AppError> {
+    holds::db::find_hold(&state.db, id)
+        .await?
+        .ok_or_else(|| AppError::not_found("We have no checkout with this number."))
+}
+
+pub async fn get_checkout_hold(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, AppError> {
+    let hold = find_hold(&state, parse_hold_id(&path)?).await?;
+    if let Some(order_id) = hold.order_id {
+        return Ok(see_other(&format!("/orders/{order_id}")));
+    }
+    let page = CheckoutPage {
+        chrome: Chrome::new(&req),
+        name: hold.customer_name.clone().unwrap_or_default(),
+        email: hold.email.clone().unwrap_or_default(),
+        hold,
+        error: None,
+        shortages: Vec::new(),
+    };
+    html(StatusCode::OK, &page)
+}
+
+#[derive(Deserialize)]
+pub struct ConfirmForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    email: String,
+}
+
+/// Places the order: the hold becomes an order once, however often this is sent.
+#[tracing::instrument(skip_all)]
+pub async fn post_checkout_confirm(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    form: web::Form<ConfirmForm>,
+) -> Result<HttpResponse, AppError> {
+    csrf::check_storefront(&req, &form.csrf)?;
+    let id = parse_hold_id(&path)?;
+    let again = |status, error: &str, shortages| {
+        checkout_again(
+            &req,
+            &state,
+            id,
+            &form,
+            status,
+            error.to_string(),
+            shortages,
+        )
+    };
+    if form.name.trim().is_empty() {
+        return again(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Please tell us your name.",
+            vec![],
+        )
+        .await;
+    }
+    if form.email.trim().is_empty() {
+        return again(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Please give an email address, so we can reach you about your order.",
+            vec![],
+        )
+        .await;
+    }
+    let contact = match OrderRequest::check_contact(Some(&form.email), Some(&form.name)) {
+        Ok(contact) => contact,
+        Err(e) => {
+            let message = crate::error::sentence(&e.0);
+            return again(StatusCode::UNPROCESSABLE_ENTITY, &message, vec![]).await;
+        }
+    };
+    let db = state.db.clone();
+    let confirmed =
+        detached(async move { holds::confirm(&db, id, contact.name(), contact.email()).await })
+            .await?;
+    match confirmed {
+        Ok(confirmed) => Ok(HttpResponse::SeeOther()
+            .insert_header((header::LOCATION, format!("/orders/{}", confirmed.order.id)))
+            .cookie(Cart::default().cookie(&req))
+            .finish()),
+        Err(HoldError::Insufficient(shortages)) => {
+            let message = "Your reservation expired, and meanwhile these products sold out.";
+            again(StatusCode::CONFLICT, message, shortages).await
+        }
+        Err(HoldError::NotFound) => {
+            Err(AppError::not_found("We have no checkout with this number."))
+        }
+        Err(HoldError::Released) => {
+            let message = "You cancelled this checkout. Start again from your cart.";
+            again(StatusCode::CONFLICT, message, vec![]).await
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The checkout page again, with what went wrong.
+async fn checkout_again(
+    req: &HttpRequest,
+    state: &AppState,
+    id: Uuid,
+    form: &ConfirmForm,
+    status: StatusCode,
+    error: String,
+    shortages: Vec<Shortage>,
+) -> Result<HttpResponse, AppError> {
+    let page = CheckoutPage {
+        chrome: Chrome::new(req),
+        hold: find_hold(state, id).await?,
+        name: form.name.clone(),
+        email: form.email.clone(),
+        error: Some(error),
+        shortages,
+    };
+    html(status, &page)
+}
+
+/// Leaves checkout: the held stock goes back on sale at once.
+pub async fn post_checkout_cancel(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    form: web::Form<TokenForm>,
+) -> Result<HttpResponse, AppError> {
+    csrf::check_storefront(&req, &form.csrf)?;
+    let id = parse_hold_id(&path)?;
+    let shared = state.into_inner();
+    let released =
+        detached(
+            async move { holds::release(&shared.db, Some(&shared.redis), id, "shopper").await },
+        )
+        .await?;
+    match released {
+        Ok(_) => Ok(see_other("/cart")),
+        Err(HoldError::AlreadyConfirmed(order_id)) => Ok(see_other(&format!("/orders/{order_id}"))),
+        Err(e) => Err(e.into()),
+    }
+}

@@ -1,0 +1,89 @@
+//! A product's page (`/products/{sku}`) and its pictures.
+
+use actix_web::http::header;
+use actix_web::{HttpRequest, HttpResponse, web};
+use askama::Template;
+use askama_web::WebTemplate;
+
+use crate::catalog::{ProductView, Sku, images};
+use crate::error::AppError;
+use crate::http::{AppState, Chrome};
+
+#[derive(Template, WebTemplate)]
+#[template(path = "catalog/product.html")]
+pub struct ProductPage {
+    chrome: Chrome,
+    product: ProductView,
+    max_quantity: i32,
+}
+
+#[tracing::instrument(skip_all, fields(sku = %path))]
+pub async fn get_product(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<ProductPage, AppError> {
+    let not_found = || AppError::not_found(format!("We have no product with SKU {path:?}."));
+    let sku = Sku::parse(&path).map_err(|_| not_found())?;
+    let product = state
+        .catalog
+        .product(state.read_pool(), &sku)
+        .await?
+        .ok_or_else(not_found)?;
+    Ok(ProductPage {
+        chrome: Chrome::new(&req),
+        product,
+        max_quantity: state.settings.max_line_quantity,
+    })
+}
+
+/// A product's picture (`/products/{sku}/image`).
+#[tracing::instrument(skip_all, fields(sku = %path))]
+pub async fn get_product_image(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, AppError> {
+    picture(&req, &state, &path, images::Size::Full).await
+}
+
+/// A product's thumbnail (`/products/{sku}/thumb`), for the catalogue.
+#[tracing::instrument(skip_all, fields(sku = %path))]
+pub async fn get_product_thumb(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, AppError> {
+    picture(&req, &state, &path, images::Size::Thumb).await
+}
+
+/// The stored bytes with their ETag; 304 when the client already has them. Pages link
+/// with `?v=` (the picture's version), so a replaced picture is a new address and an
+/// hour's caching never shows a stale one there.
+async fn picture(
+    req: &HttpRequest,
+    state: &AppState,
+    raw: &str,
+    size: images::Size,
+) -> Result<HttpResponse, AppError> {
+    let not_found = || AppError::not_found(format!("No picture for a product with SKU {raw:?}."));
+    let sku = Sku::parse(raw).map_err(|_| not_found())?;
+    let stored = images::find(&state.db, &sku, size)
+        .await?
+        .ok_or_else(not_found)?;
+    let fresh = req
+        .headers()
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| images::matches(v, &stored.etag));
+    let mut res = match fresh {
+        true => HttpResponse::NotModified(),
+        false => HttpResponse::Ok(),
+    };
+    res.insert_header((header::ETAG, stored.etag))
+        .insert_header((header::CACHE_CONTROL, "public, max-age=3600"));
+    Ok(match fresh {
+        true => res.finish(),
+        false => res.content_type(stored.content_type).body(stored.bytes),
+    })
+}
