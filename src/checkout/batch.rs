@@ -669,44 +669,26 @@ async fn insert_orders(
         .iter()
         .map(|(j, _)| j.request.shopper().identities().join("\n"))
         .collect();
-    sqlx::query(
-        r#"insert into orders
-             (id, status, customer_name, email, total_cents, idempotency_scope, idempotency_key,
-              created_at, shopper)
-           select id, 'placed', name, email, total, scope, key, created,
-                  string_to_array(shopper, E'\n')
-             from unnest($1::uuid[], $2::text[], $3::text[], $4::bigint[], $5::text[],
-                         $6::text[], $7::timestamptz[], $8::text[])
-                  as u(id, name, email, total, scope, key, created, shopper)"#,
-    )
-    .bind(&ids)
-    .bind(&names)
-    .bind(&emails)
-    .bind(&totals)
-    .bind(&scopes)
-    .bind(&keys)
-    .bind(&created)
-    .bind(&shoppers)
-    .execute(&mut *conn)
-    .await?;
     let skus: Vec<&str> = placed.iter().map(|(j, _)| j.sku().as_str()).collect();
     let quantities: Vec<i32> = placed.iter().map(|(_, o)| o.lines[0].quantity).collect();
     let prices: Vec<i64> = placed
         .iter()
         .map(|(_, o)| o.lines[0].unit_price_cents)
         .collect();
-    sqlx::query(
-        r#"insert into order_lines (order_id, sku, quantity, unit_price_cents)
-           select id, sku, quantity, price
-             from unnest($1::uuid[], $2::text[], $3::int[], $4::bigint[])
-                  as u(id, sku, quantity, price)"#,
-    )
-    .bind(&ids)
-    .bind(&skus)
-    .bind(&quantities)
-    .bind(&prices)
-    .execute(&mut *conn)
-    .await?;
+    let orders = crate::orders::db::SingleLineOrders {
+        ids: &ids,
+        names: &names,
+        emails: &emails,
+        totals: &totals,
+        scopes: &scopes,
+        keys: &keys,
+        created: &created,
+        shoppers: &shoppers,
+        skus: &skus,
+        quantities: &quantities,
+        unit_prices: &prices,
+    };
+    crate::orders::db::insert_single_line_orders(&mut *conn, &orders).await?;
     let references: Vec<String> = ids.iter().map(Uuid::to_string).collect();
     stock::record_sales(conn, &skus, &quantities, &references, &scopes).await?;
     Ok(())
