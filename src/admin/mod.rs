@@ -352,9 +352,12 @@ pub async fn begin_attempt(
 /// A successful login does not count as a failure.
 #[tracing::instrument(skip_all)]
 pub async fn forgive(db: &PgPool, ids: &[i64]) -> sqlx::Result<()> {
-    sqlx::query!("delete from login_failures where id = any($1::bigint[])", ids)
-        .execute(db)
-        .await?;
+    sqlx::query!(
+        "delete from login_failures where id = any($1::bigint[])",
+        ids,
+    )
+    .execute(db)
+    .await?;
     Ok(())
 }
 

@@ -52,9 +52,10 @@ pub async fn get_orders(
             .map(str::to_string)
     };
     let status = match text(&query.status) {
-        Some(raw) => Some(OrderStatus::parse(&raw).ok_or_else(|| {
-            AppError::Unprocessable("Status is placed or cancelled.".into())
-        })?),
+        Some(raw) => Some(
+            OrderStatus::parse(&raw)
+                .ok_or_else(|| AppError::Unprocessable("Status is placed or cancelled.".into()))?,
+        ),
         None => None,
     };
     let sku = match text(&query.sku) {
