@@ -27,7 +27,7 @@ pub async fn totals(pool: &PgPool) -> sqlx::Result<Totals> {
 }
 
 /// An active product's stock, as the dashboard lists it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct StockRow {
     pub sku: String,
     pub name: String,
