@@ -274,7 +274,7 @@ async fn run_server(
     let (database_url, redis_url) = (settings.database_url.clone(), settings.redis_url.clone());
     let app = Application::build(settings).await?;
     if local_mode {
-        let products: i64 = sqlx::query_scalar("select count(*) from products")
+        let products = sqlx::query_scalar!(r#"select count(*) as "count!" from products"#)
             .fetch_one(app.db())
             .await?;
         if products == 0 {

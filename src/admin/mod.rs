@@ -123,16 +123,17 @@ async fn strong_hash(password: &str) -> Result<String, AccountError> {
 }
 
 /// Creates an admin.
+#[tracing::instrument(skip_all)]
 pub async fn create_admin(db: &PgPool, username: &str, password: &str) -> Result<(), AccountError> {
     if !valid_username(username) {
         return Err(AccountError::BadUsername);
     }
     let hash = strong_hash(password).await?;
-    let inserted = sqlx::query(
+    let inserted = sqlx::query!(
         "insert into admin_users (username, password_hash) values ($1, $2) on conflict (username) do nothing",
+        username,
+        hash,
     )
-    .bind(username)
-    .bind(hash)
     .execute(db)
     .await?
     .rows_affected();
@@ -143,19 +144,19 @@ pub async fn create_admin(db: &PgPool, username: &str, password: &str) -> Result
 }
 
 /// Sets an admin's password and ends all their sessions.
+#[tracing::instrument(skip_all)]
 pub async fn set_password(db: &PgPool, username: &str, password: &str) -> Result<(), AccountError> {
     let hash = strong_hash(password).await?;
     let mut tx = db.begin().await?;
-    let id: Option<i64> = sqlx::query_scalar(
+    let id = sqlx::query_scalar!(
         "update admin_users set password_hash = $2 where username = $1 returning id",
+        username,
+        hash,
     )
-    .bind(username)
-    .bind(hash)
     .fetch_optional(&mut *tx)
     .await?;
     let id = id.ok_or_else(|| AccountError::Unknown(username.to_string()))?;
-    sqlx::query("delete from admin_sessions where user_id = $1")
-        .bind(id)
+    sqlx::query!("delete from admin_sessions where user_id = $1", id)
         .execute(&mut *tx)
         .await?;
     tx.commit().await?;
@@ -163,25 +164,28 @@ pub async fn set_password(db: &PgPool, username: &str, password: &str) -> Result
 }
 
 /// How many admins exist.
+#[tracing::instrument(skip_all)]
 pub async fn count_admins(db: &PgPool) -> sqlx::Result<i64> {
-    sqlx::query_scalar("select count(*) from admin_users")
+    sqlx::query_scalar!(r#"select count(*) as "count!" from admin_users"#)
         .fetch_one(db)
         .await
 }
 
 /// The admin with these credentials, or `None` — the same work and answer either way.
+#[tracing::instrument(skip_all)]
 pub async fn authenticate(
     db: &PgPool,
     username: &str,
     password: &str,
 ) -> sqlx::Result<Option<i64>> {
-    let row: Option<(i64, String)> =
-        sqlx::query_as("select id, password_hash from admin_users where username = $1")
-            .bind(username)
-            .fetch_optional(db)
-            .await?;
+    let row = sqlx::query!(
+        "select id, password_hash from admin_users where username = $1",
+        username,
+    )
+    .fetch_optional(db)
+    .await?;
     let (id, hash) = match row {
-        Some((id, hash)) => (Some(id), hash),
+        Some(row) => (Some(row.id), row.password_hash),
         None => (None, DUMMY_HASH.clone()),
     };
     let password = password.to_string();
@@ -196,40 +200,45 @@ fn token_hash(token: &str) -> String {
 }
 
 /// Starts a session for `user_id`; returns the cookie token.
+#[tracing::instrument(skip_all)]
 pub async fn start_session(db: &PgPool, user_id: i64) -> sqlx::Result<String> {
     let token = random_token();
-    sqlx::query(
+    sqlx::query!(
         r#"insert into admin_sessions (token_hash, user_id, csrf_token, expires_at)
            values ($1, $2, $3, now() + make_interval(secs => $4))"#,
+        token_hash(&token),
+        user_id,
+        random_token(),
+        SESSION_LENGTH.as_secs_f64(),
     )
-    .bind(token_hash(&token))
-    .bind(user_id)
-    .bind(random_token())
-    .bind(SESSION_LENGTH.as_secs_f64())
     .execute(db)
     .await?;
     Ok(token)
 }
 
 /// The admin whose unexpired session `token` is.
+#[tracing::instrument(skip_all)]
 pub async fn session(db: &PgPool, token: &str) -> sqlx::Result<Option<Admin>> {
-    sqlx::query_as::<_, (i64, String, String)>(
-        r#"select u.id, u.username, s.csrf_token
+    sqlx::query_as!(
+        Admin,
+        r#"select u.id, u.username, s.csrf_token as csrf
              from admin_sessions s join admin_users u on u.id = s.user_id
             where s.token_hash = $1 and s.expires_at > now()"#,
+        token_hash(token),
     )
-    .bind(token_hash(token))
     .fetch_optional(db)
     .await
-    .map(|row| row.map(|(id, username, csrf)| Admin { id, username, csrf }))
 }
 
 /// Ends the session `token`.
+#[tracing::instrument(skip_all)]
 pub async fn end_session(db: &PgPool, token: &str) -> sqlx::Result<()> {
-    sqlx::query("delete from admin_sessions where token_hash = $1 or expires_at < now()")
-        .bind(token_hash(token))
-        .execute(db)
-        .await?;
+    sqlx::query!(
+        "delete from admin_sessions where token_hash = $1 or expires_at < now()",
+        token_hash(token),
+    )
+    .execute(db)
+    .await?;
     Ok(())
 }
 
@@ -264,6 +273,7 @@ fn account_hash(account: &str) -> String {
 /// account alone: guessing from one address cannot lock the account for anyone else, so
 /// the admin at another address still gets in with the right password. A throttled
 /// attempt records nothing, so attempts made while throttled do not extend the wait.
+#[tracing::instrument(skip_all)]
 pub async fn begin_attempt(
     db: &PgPool,
     limits: LoginLimits,
@@ -282,32 +292,37 @@ pub async fn begin_attempt(
         .collect();
     locks.sort_unstable();
     let mut tx = db.begin().await?;
-    sqlx::query("select pg_advisory_xact_lock(k) from unnest($1::bigint[]) as k")
-        .bind(&locks)
-        .execute(&mut *tx)
-        .await?;
+    sqlx::query!(
+        "select pg_advisory_xact_lock(k) from unnest($1::bigint[]) as k",
+        &locks,
+    )
+    .execute(&mut *tx)
+    .await?;
     // Per kind: the failures in the window, and in how many seconds the failure whose
     // lapse brings the count under the limit lapses (the limit-th newest).
-    let (by_pair, by_client, pair_wait, client_wait): (i64, i64, Option<f64>, Option<f64>) =
-        sqlx::query_as(
-            r#"with recent as (
-                 select kind, at from login_failures
-                  where at > now() - make_interval(secs => $3)
-                    and ((kind = 'pair' and subject = $1) or (kind = 'client' and subject = $2)))
-               select (select count(*) from recent where kind = 'pair'),
-                      (select count(*) from recent where kind = 'client'),
-                      (select extract(epoch from at + make_interval(secs => $3) - now())::float8
-                         from recent where kind = 'pair' order by at desc offset $4 - 1 limit 1),
-                      (select extract(epoch from at + make_interval(secs => $3) - now())::float8
-                         from recent where kind = 'client' order by at desc offset $5 - 1 limit 1)"#,
-        )
-        .bind(&pair)
-        .bind(&client)
-        .bind(limits.window.as_secs_f64())
-        .bind(limits.per_account)
-        .bind(limits.per_client)
-        .fetch_one(&mut *tx)
-        .await?;
+    let counted = sqlx::query!(
+        r#"with recent as (
+             select kind, at from login_failures
+              where at > now() - make_interval(secs => $3)
+                and ((kind = 'pair' and subject = $1) or (kind = 'client' and subject = $2)))
+           select (select count(*) from recent where kind = 'pair') as "by_pair!",
+                  (select count(*) from recent where kind = 'client') as "by_client!",
+                  (select extract(epoch from at + make_interval(secs => $3) - now())::float8
+                     from recent where kind = 'pair' order by at desc offset $4::bigint - 1 limit 1)
+                    as pair_wait,
+                  (select extract(epoch from at + make_interval(secs => $3) - now())::float8
+                     from recent where kind = 'client' order by at desc offset $5::bigint - 1 limit 1)
+                    as client_wait"#,
+        pair,
+        client,
+        limits.window.as_secs_f64(),
+        limits.per_account,
+        limits.per_client,
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    let (by_pair, by_client) = (counted.by_pair, counted.by_client);
+    let (pair_wait, client_wait) = (counted.pair_wait, counted.client_wait);
     let waits = [
         (by_pair >= limits.per_account).then_some(pair_wait),
         (by_client >= limits.per_client).then_some(client_wait),
@@ -322,12 +337,12 @@ pub async fn begin_attempt(
             .unwrap_or(1);
         return Ok(Attempt::Throttled(wait.max(1)));
     }
-    let ids: Vec<i64> = sqlx::query_scalar(
+    let ids = sqlx::query_scalar!(
         r#"insert into login_failures (kind, subject) values ('pair', $1), ('client', $2)
            returning id"#,
+        pair,
+        client,
     )
-    .bind(&pair)
-    .bind(&client)
     .fetch_all(&mut *tx)
     .await?;
     tx.commit().await?;
@@ -335,32 +350,36 @@ pub async fn begin_attempt(
 }
 
 /// A successful login does not count as a failure.
+#[tracing::instrument(skip_all)]
 pub async fn forgive(db: &PgPool, ids: &[i64]) -> sqlx::Result<()> {
-    sqlx::query("delete from login_failures where id = any($1)")
-        .bind(ids)
-        .execute(db)
-        .await?;
+    sqlx::query!(
+        "delete from login_failures where id = any($1::bigint[])",
+        ids,
+    )
+    .execute(db)
+    .await?;
     Ok(())
 }
 
 /// Clears failed-login records (`stockade admin unlock`): with `username`, that account's
 /// records from every address; without, every record (per address too). Returns how many
 /// were deleted.
+#[tracing::instrument(skip_all)]
 pub async fn unlock(db: &PgPool, username: Option<&str>) -> sqlx::Result<u64> {
     let deleted = match username {
         Some(name) => {
             let hash = account_hash(name);
-            sqlx::query(
+            sqlx::query!(
                 r#"delete from login_failures
                     where (kind = 'pair' and starts_with(subject, $1 || '/'))
                        or (kind = 'account' and subject = $1)"#,
+                hash,
             )
-            .bind(hash)
             .execute(db)
             .await?
         }
         None => {
-            sqlx::query("delete from login_failures")
+            sqlx::query!("delete from login_failures")
                 .execute(db)
                 .await?
         }
@@ -369,11 +388,12 @@ pub async fn unlock(db: &PgPool, username: Option<&str>) -> sqlx::Result<u64> {
 }
 
 /// Forgets failures older than a day (the longest window), and expired sessions.
+#[tracing::instrument(skip_all)]
 pub async fn purge(db: &PgPool) -> sqlx::Result<()> {
-    sqlx::query("delete from login_failures where at < now() - interval '1 day'")
+    sqlx::query!("delete from login_failures where at < now() - interval '1 day'")
         .execute(db)
         .await?;
-    sqlx::query("delete from admin_sessions where expires_at < now()")
+    sqlx::query!("delete from admin_sessions where expires_at < now()")
         .execute(db)
         .await?;
     Ok(())

@@ -711,25 +711,27 @@ async fn seed(db: &PgPool, workload: Workload, skus: usize) -> anyhow::Result<()
         Workload::SoldOut => (vec![SOLD_OUT_SKU.into()], 0),
     };
     let mut tx = db.begin().await?;
-    sqlx::query(
+    sqlx::query!(
         r#"insert into products (sku, name, price_cents)
            select sku, 'Bench item ' || sku, $2 from unnest($1::text[]) sku"#,
+        &names,
+        pgbench::PRICE_CENTS,
     )
-    .bind(&names)
-    .bind(pgbench::PRICE_CENTS)
     .execute(&mut *tx)
     .await?;
-    sqlx::query("insert into stock (sku, on_hand) select sku, $2 from unnest($1::text[]) sku")
-        .bind(&names)
-        .bind(units)
-        .execute(&mut *tx)
-        .await?;
-    sqlx::query(
+    sqlx::query!(
+        "insert into stock (sku, on_hand) select sku, $2 from unnest($1::text[]) sku",
+        &names,
+        units,
+    )
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query!(
         r#"insert into stock_movements (sku, delta, reason, actor)
            select sku, $2, 'initial', 'bench' from unnest($1::text[]) sku"#,
+        &names,
+        units,
     )
-    .bind(&names)
-    .bind(units)
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
@@ -738,10 +740,11 @@ async fn seed(db: &PgPool, workload: Workload, skus: usize) -> anyhow::Result<()
 
 /// Transactions committed in database `name` so far.
 async fn commit_count(admin: &PgPool, name: &str) -> anyhow::Result<i64> {
-    Ok(sqlx::query_scalar(
-        "select coalesce(xact_commit, 0)::bigint from pg_stat_database where datname = $1",
+    Ok(sqlx::query_scalar!(
+        r#"select coalesce(xact_commit, 0)::bigint as "commits!"
+             from pg_stat_database where datname = $1"#,
+        name,
     )
-    .bind(name)
     .fetch_optional(admin)
     .await?
     .unwrap_or(0))
@@ -749,6 +752,8 @@ async fn commit_count(admin: &PgPool, name: &str) -> anyhow::Result<i64> {
 
 /// Statements executed in database `name` so far, when `pg_stat_statements` is there.
 async fn statement_count(admin: &PgPool, name: &str) -> Option<i64> {
+    // Runtime, not `query_scalar!`: the view exists only where the extension is installed,
+    // which the database the macros are checked against need not have.
     sqlx::query_scalar(
         r#"select coalesce(sum(s.calls), 0)::bigint
              from pg_stat_statements s join pg_database d on d.oid = s.dbid
@@ -764,11 +769,12 @@ async fn statement_count(admin: &PgPool, name: &str) -> Option<i64> {
 async fn wait_for_no_sessions(admin: &PgPool, name: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
-        let sessions: Result<i64, _> =
-            sqlx::query_scalar("select count(*) from pg_stat_activity where datname = $1")
-                .bind(name)
-                .fetch_one(admin)
-                .await;
+        let sessions = sqlx::query_scalar!(
+            r#"select count(*) as "sessions!" from pg_stat_activity where datname = $1"#,
+            name,
+        )
+        .fetch_one(admin)
+        .await;
         if sessions.is_ok_and(|n| n == 0) {
             return;
         }
@@ -787,8 +793,7 @@ async fn drop_database(admin: &PgPool, name: &str) {
 
 async fn postgres_info(admin: &PgPool) -> anyhow::Result<PostgresInfo> {
     let show = |setting: &'static str| async move {
-        sqlx::query_scalar::<_, String>("select current_setting($1)")
-            .bind(setting)
+        sqlx::query_scalar!(r#"select current_setting($1) as "setting!""#, setting)
             .fetch_one(admin)
             .await
     };

@@ -147,7 +147,7 @@ pub enum Size {
 }
 
 /// A stored picture's bytes and ETag.
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug)]
 pub struct Stored {
     pub bytes: Vec<u8>,
     pub etag: String,
@@ -189,23 +189,30 @@ pub async fn save(
 /// An active product's picture, if it has one.
 #[tracing::instrument(skip_all, fields(sku = %sku))]
 pub async fn find(pool: &PgPool, sku: &Sku, size: Size) -> sqlx::Result<Option<Stored>> {
-    let sql = match size {
+    match size {
         Size::Full => {
-            r#"select i.image as bytes, i.image_etag as etag, i.content_type
-                 from product_images i join products p on p.sku = i.sku
-                where i.sku = $1 and p.active"#
+            sqlx::query_as!(
+                Stored,
+                r#"select i.image as bytes, i.image_etag as etag, i.content_type
+                     from product_images i join products p on p.sku = i.sku
+                    where i.sku = $1 and p.active"#,
+                sku.as_str(),
+            )
+            .fetch_optional(pool)
+            .await
         }
         Size::Thumb => {
-            r#"select i.thumb as bytes, i.thumb_etag as etag, i.content_type
-                 from product_images i join products p on p.sku = i.sku
-                where i.sku = $1 and p.active"#
+            sqlx::query_as!(
+                Stored,
+                r#"select i.thumb as bytes, i.thumb_etag as etag, i.content_type
+                     from product_images i join products p on p.sku = i.sku
+                    where i.sku = $1 and p.active"#,
+                sku.as_str(),
+            )
+            .fetch_optional(pool)
+            .await
         }
-    };
-    // Runtime-checked: the statement is one of two chosen by `size`.
-    sqlx::query_as(sql)
-        .bind(sku.as_str())
-        .fetch_optional(pool)
-        .await
+    }
 }
 
 /// Whether an `If-None-Match` header value names `etag` (or is `*`).

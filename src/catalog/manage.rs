@@ -7,7 +7,7 @@ use sqlx::{PgConnection, PgPool};
 use super::{Sku, format_cents};
 
 /// A product with its stock row, as the admin's list and product page show it.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct ProductRow {
     pub sku: String,
     pub name: String,
@@ -20,7 +20,6 @@ pub struct ProductRow {
     pub purchase_limit: Option<i32>,
     pub category: Option<String>,
     /// The picture's ETag, when it has one (read on the product page only).
-    #[sqlx(default)]
     pub image: Option<String>,
 }
 
@@ -57,6 +56,7 @@ pub struct ProductFields {
 
 /// A page of products whose SKU or name contains `text` (any case), by SKU, and how many
 /// match in all.
+#[tracing::instrument(skip_all)]
 pub async fn search(
     pool: &PgPool,
     text: &str,
@@ -69,59 +69,63 @@ pub async fn search(
             .replace('%', "\\%")
             .replace('_', "\\_")
     );
-    let products = sqlx::query_as(
+    let products = sqlx::query_as!(
+        ProductRow,
         r#"select p.sku, p.name, p.description, p.price_cents, p.active, s.on_hand, s.reserved,
-                  p.purchase_limit, p.category
+                  p.purchase_limit, p.category, null::text as image
              from products p join stock s on s.sku = p.sku
             where p.sku ilike $1 or p.name ilike $1
             order by p.sku limit $2 offset $3"#,
+        pattern,
+        limit,
+        offset,
     )
-    .bind(&pattern)
-    .bind(limit)
-    .bind(offset)
     .fetch_all(pool)
     .await?;
-    let total = sqlx::query_scalar(
-        "select count(*) from products p where p.sku ilike $1 or p.name ilike $1",
+    let total = sqlx::query_scalar!(
+        r#"select count(*) as "count!" from products p where p.sku ilike $1 or p.name ilike $1"#,
+        pattern,
     )
-    .bind(&pattern)
     .fetch_one(pool)
     .await?;
     Ok((products, total))
 }
 
 /// One product with its stock and picture, active or not.
+#[tracing::instrument(skip_all)]
 pub async fn find(pool: &PgPool, sku: &Sku) -> sqlx::Result<Option<ProductRow>> {
-    sqlx::query_as(
+    sqlx::query_as!(
+        ProductRow,
         r#"select p.sku, p.name, p.description, p.price_cents, p.active, s.on_hand, s.reserved,
-                  p.purchase_limit, p.category, i.image_etag as image
+                  p.purchase_limit, p.category, i.image_etag as "image?"
              from products p join stock s on s.sku = p.sku
              left join product_images i on i.sku = p.sku
             where p.sku = $1"#,
+        sku.as_str(),
     )
-    .bind(sku.as_str())
     .fetch_optional(pool)
     .await
 }
 
 /// Inserts a product (without its stock row); false when `sku` is taken.
+#[tracing::instrument(skip_all)]
 pub async fn insert(
     conn: &mut PgConnection,
     sku: &Sku,
     fields: &ProductFields,
 ) -> sqlx::Result<bool> {
-    let inserted = sqlx::query(
+    let inserted = sqlx::query!(
         r#"insert into products (sku, name, description, price_cents, active, purchase_limit,
                                  category)
            values ($1, $2, $3, $4, $5, $6, $7) on conflict (sku) do nothing"#,
+        sku.as_str(),
+        fields.name,
+        fields.description,
+        fields.price_cents,
+        fields.active,
+        fields.purchase_limit,
+        fields.category.as_deref(),
     )
-    .bind(sku.as_str())
-    .bind(&fields.name)
-    .bind(&fields.description)
-    .bind(fields.price_cents)
-    .bind(fields.active)
-    .bind(fields.purchase_limit)
-    .bind(&fields.category)
     .execute(conn)
     .await?
     .rows_affected();
@@ -129,19 +133,20 @@ pub async fn insert(
 }
 
 /// Replaces a product's fields; false when there is no such product.
+#[tracing::instrument(skip_all)]
 pub async fn update(pool: &PgPool, sku: &Sku, fields: &ProductFields) -> sqlx::Result<bool> {
-    let updated = sqlx::query(
+    let updated = sqlx::query!(
         r#"update products set name = $2, description = $3, price_cents = $4, active = $5,
                   purchase_limit = $6, category = $7
             where sku = $1"#,
+        sku.as_str(),
+        fields.name,
+        fields.description,
+        fields.price_cents,
+        fields.active,
+        fields.purchase_limit,
+        fields.category.as_deref(),
     )
-    .bind(sku.as_str())
-    .bind(&fields.name)
-    .bind(&fields.description)
-    .bind(fields.price_cents)
-    .bind(fields.active)
-    .bind(fields.purchase_limit)
-    .bind(&fields.category)
     .execute(pool)
     .await?
     .rows_affected();
@@ -149,16 +154,20 @@ pub async fn update(pool: &PgPool, sku: &Sku, fields: &ProductFields) -> sqlx::R
 }
 
 /// A product's purchase limit and category, as the admin API answers them.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
     pub purchase_limit: Option<i32>,
     pub category: Option<String>,
 }
 
 /// `sku`'s settings, or `None` when there is no such product.
+#[tracing::instrument(skip_all)]
 pub async fn settings(pool: &PgPool, sku: &Sku) -> sqlx::Result<Option<Settings>> {
-    sqlx::query_as("select purchase_limit, category from products where sku = $1")
-        .bind(sku.as_str())
-        .fetch_optional(pool)
-        .await
+    sqlx::query_as!(
+        Settings,
+        "select purchase_limit, category from products where sku = $1",
+        sku.as_str(),
+    )
+    .fetch_optional(pool)
+    .await
 }

@@ -10,6 +10,7 @@ use crate::orders::OrderLine;
 
 /// Inserts a hold and its lines; it expires `ttl` from now by the database's clock (the
 /// one the sweeper and confirmation use), which is returned.
+#[tracing::instrument(skip_all)]
 pub async fn insert_hold(
     conn: &mut PgConnection,
     hold: &Hold,
@@ -18,48 +19,50 @@ pub async fn insert_hold(
     key: &str,
     shopper: &[String],
 ) -> sqlx::Result<DateTime<Utc>> {
-    let expires_at = sqlx::query_scalar(
+    let expires_at = sqlx::query_scalar!(
         r#"insert into holds
              (id, state, expires_at, email, customer_name, idempotency_scope, idempotency_key,
               shopper)
            values ($1, $2, now() + make_interval(secs => $3), $4, $5, $6, $7, $8)
         returning expires_at"#,
+        hold.id,
+        hold.state.as_str(),
+        ttl.as_secs_f64(),
+        hold.email.as_deref(),
+        hold.customer_name.as_deref(),
+        scope,
+        key,
+        shopper,
     )
-    .bind(hold.id)
-    .bind(hold.state)
-    .bind(ttl.as_secs_f64())
-    .bind(&hold.email)
-    .bind(&hold.customer_name)
-    .bind(scope)
-    .bind(key)
-    .bind(shopper)
     .fetch_one(&mut *conn)
     .await?;
     let skus: Vec<&str> = hold.lines.iter().map(|l| l.sku.as_str()).collect();
     let quantities: Vec<i32> = hold.lines.iter().map(|l| l.quantity).collect();
     let prices: Vec<i64> = hold.lines.iter().map(|l| l.unit_price_cents).collect();
-    sqlx::query(
+    sqlx::query!(
         r#"insert into hold_lines (hold_id, sku, quantity, unit_price_cents)
            select $1, * from unnest($2::text[], $3::int[], $4::bigint[])"#,
+        hold.id,
+        &skus as &[&str],
+        &quantities,
+        &prices,
     )
-    .bind(hold.id)
-    .bind(skus)
-    .bind(quantities)
-    .bind(prices)
     .execute(&mut *conn)
     .await?;
     Ok(expires_at)
 }
 
 /// Whether a hold is active and unexpired by the database's clock.
+#[tracing::instrument(skip_all)]
 pub async fn is_live(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<bool> {
-    sqlx::query_scalar("select state = 'active' and expires_at > now() from holds where id = $1")
-        .bind(id)
-        .fetch_one(conn)
-        .await
+    sqlx::query_scalar!(
+        r#"select state = 'active' and expires_at > now() as "live!" from holds where id = $1"#,
+        id,
+    )
+    .fetch_one(conn)
+    .await
 }
 
-#[derive(sqlx::FromRow)]
 struct HoldRow {
     id: Uuid,
     state: HoldState,
@@ -69,14 +72,16 @@ struct HoldRow {
     order_id: Option<Uuid>,
 }
 
+#[tracing::instrument(skip_all)]
 async fn lines_of(conn: impl sqlx::PgExecutor<'_>, id: Uuid) -> sqlx::Result<Vec<OrderLine>> {
-    sqlx::query_as(
-        r#"select l.sku, p.name, l.quantity, l.unit_price_cents
+    sqlx::query_as!(
+        OrderLine,
+        r#"select l.sku as "sku: Sku", p.name, l.quantity, l.unit_price_cents
              from hold_lines l join products p on p.sku = l.sku
             where l.hold_id = $1
             order by l.sku collate "C""#,
+        id,
     )
-    .bind(id)
     .fetch_all(conn)
     .await
 }
@@ -97,15 +102,17 @@ fn assemble(row: HoldRow, lines: Vec<OrderLine>) -> Hold {
     }
 }
 
-const SELECT_HOLD: &str =
-    "select id, state, expires_at, email, customer_name, order_id from holds where id = $1";
-
 /// One hold with its lines.
+#[tracing::instrument(skip_all)]
 pub async fn find_hold(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<Hold>> {
-    let Some(row): Option<HoldRow> = sqlx::query_as(SELECT_HOLD)
-        .bind(id)
-        .fetch_optional(pool)
-        .await?
+    let Some(row) = sqlx::query_as!(
+        HoldRow,
+        r#"select id, state as "state: HoldState", expires_at, email, customer_name, order_id
+             from holds where id = $1"#,
+        id,
+    )
+    .fetch_optional(pool)
+    .await?
     else {
         return Ok(None);
     };
@@ -115,11 +122,14 @@ pub async fn find_hold(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<Hold>> {
 
 /// One hold, its row locked until the transaction ends: confirm, cancel and the sweeper
 /// serialise on this lock, so each hold changes state once.
+#[tracing::instrument(skip_all)]
 pub async fn lock_hold(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<Option<Hold>> {
-    let Some(row): Option<HoldRow> = sqlx::query_as(
-        "select id, state, expires_at, email, customer_name, order_id from holds where id = $1 for update",
+    let Some(row) = sqlx::query_as!(
+        HoldRow,
+        r#"select id, state as "state: HoldState", expires_at, email, customer_name, order_id
+             from holds where id = $1 for update"#,
+        id,
     )
-    .bind(id)
     .fetch_optional(&mut *conn)
     .await?
     else {
@@ -130,102 +140,120 @@ pub async fn lock_hold(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<Option
 }
 
 /// Gives order `order_id` the shopper of hold `hold_id` (the hold it was confirmed from).
+#[tracing::instrument(skip_all)]
 pub async fn pass_shopper(
     conn: &mut PgConnection,
     hold_id: Uuid,
     order_id: Uuid,
 ) -> sqlx::Result<()> {
-    sqlx::query(
+    sqlx::query!(
         "update orders set shopper = (select shopper from holds where id = $1) where id = $2",
+        hold_id,
+        order_id,
     )
-    .bind(hold_id)
-    .bind(order_id)
     .execute(conn)
     .await?;
     Ok(())
 }
 
 /// Moves a locked hold to `state`.
+#[tracing::instrument(skip_all)]
 pub async fn set_state(
     conn: &mut PgConnection,
     id: Uuid,
     state: HoldState,
     order_id: Option<Uuid>,
 ) -> sqlx::Result<()> {
-    sqlx::query("update holds set state = $2, order_id = $3, updated_at = now() where id = $1")
-        .bind(id)
-        .bind(state)
-        .bind(order_id)
-        .execute(conn)
-        .await?;
+    sqlx::query!(
+        "update holds set state = $2, order_id = $3, updated_at = now() where id = $1",
+        id,
+        state.as_str(),
+        order_id,
+    )
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
 /// Up to `limit` expired active holds, locked; holds another process or a confirming
 /// shopper has locked are skipped, not waited for.
+#[tracing::instrument(skip_all)]
 pub async fn claim_expired(conn: &mut PgConnection, limit: i64) -> sqlx::Result<Vec<Uuid>> {
-    sqlx::query_scalar(
+    sqlx::query_scalar!(
         r#"select id from holds
             where state = 'active' and expires_at < now()
             order by expires_at
             limit $1
             for update skip locked"#,
+        limit,
     )
-    .bind(limit)
     .fetch_all(conn)
     .await
 }
 
 /// Marks locked holds expired.
+#[tracing::instrument(skip_all)]
 pub async fn expire_many(conn: &mut PgConnection, ids: &[Uuid]) -> sqlx::Result<()> {
-    sqlx::query("update holds set state = $2, updated_at = now() where id = any($1)")
-        .bind(ids)
-        .bind(HoldState::Expired)
-        .execute(conn)
-        .await?;
+    sqlx::query!(
+        "update holds set state = $2, updated_at = now() where id = any($1::uuid[])",
+        ids,
+        HoldState::Expired.as_str(),
+    )
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
 /// Lines of `holds`, per hold and SKU: `(hold, sku, quantity)`.
+#[tracing::instrument(skip_all)]
 pub async fn lines_of_many(
     conn: &mut PgConnection,
     holds: &[Uuid],
 ) -> sqlx::Result<Vec<(Uuid, Sku, i32)>> {
-    sqlx::query_as("select hold_id, sku, quantity from hold_lines where hold_id = any($1)")
-        .bind(holds)
-        .fetch_all(conn)
-        .await
+    let rows = sqlx::query!(
+        r#"select hold_id, sku as "sku: Sku", quantity
+             from hold_lines where hold_id = any($1::uuid[])"#,
+        holds,
+    )
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.hold_id, r.sku, r.quantity))
+        .collect())
 }
 
 /// Active holds, soonest expiry first (for the admin pages).
+#[tracing::instrument(skip_all)]
 pub async fn active_holds(pool: &PgPool, limit: i64) -> sqlx::Result<Vec<Hold>> {
-    let rows: Vec<HoldRow> = sqlx::query_as(
-        r#"select id, state, expires_at, email, customer_name, order_id from holds
-            where state = 'active' order by expires_at limit $1"#,
+    let rows = sqlx::query_as!(
+        HoldRow,
+        r#"select id, state as "state: HoldState", expires_at, email, customer_name, order_id
+             from holds where state = 'active' order by expires_at limit $1"#,
+        limit,
     )
-    .bind(limit)
     .fetch_all(pool)
     .await?;
     // All their lines in one query, not one per hold.
     let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
-    let mut lines: Vec<(Uuid, OrderLine)> = sqlx::query_as::<_, (Uuid, Sku, String, i32, i64)>(
-        r#"select l.hold_id, l.sku, p.name, l.quantity, l.unit_price_cents
+    let mut lines: Vec<(Uuid, OrderLine)> = sqlx::query!(
+        r#"select l.hold_id, l.sku as "sku: Sku", p.name, l.quantity, l.unit_price_cents
              from hold_lines l join products p on p.sku = l.sku
-            where l.hold_id = any($1)
+            where l.hold_id = any($1::uuid[])
             order by l.sku collate "C""#,
+        &ids,
     )
-    .bind(&ids)
     .fetch_all(pool)
     .await?
     .into_iter()
-    .map(|(hold, sku, name, quantity, unit_price_cents)| {
+    .map(|r| {
         let line = OrderLine {
-            sku,
-            name,
-            quantity,
-            unit_price_cents,
+            sku: r.sku,
+            name: r.name,
+            quantity: r.quantity,
+            unit_price_cents: r.unit_price_cents,
         };
-        (hold, line)
+        (r.hold_id, line)
     })
     .collect();
     Ok(rows
@@ -241,10 +269,13 @@ pub async fn active_holds(pool: &PgPool, limit: i64) -> sqlx::Result<Vec<Hold>> 
 }
 
 /// The hold placed under an idempotency key, if any.
+#[tracing::instrument(skip_all)]
 pub async fn hold_for_key(pool: &PgPool, scope: &str, key: &str) -> sqlx::Result<Option<Uuid>> {
-    sqlx::query_scalar("select id from holds where idempotency_scope = $1 and idempotency_key = $2")
-        .bind(scope)
-        .bind(key)
-        .fetch_optional(pool)
-        .await
+    sqlx::query_scalar!(
+        "select id from holds where idempotency_scope = $1 and idempotency_key = $2",
+        scope,
+        key,
+    )
+    .fetch_optional(pool)
+    .await
 }

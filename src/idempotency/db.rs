@@ -7,7 +7,6 @@ use uuid::Uuid;
 
 use super::{Begin, Claim, Decision, Fingerprint, Found, IdempotencyKey, Scope, StoredResponse};
 
-#[derive(sqlx::FromRow)]
 struct Row {
     fingerprint: String,
     state: String,
@@ -20,6 +19,7 @@ struct Row {
 /// Claims `key` for a request with `fingerprint`, on its own (committed at once). An
 /// in-flight record older than `stale_after` belongs to a request that died; it is taken
 /// over.
+#[tracing::instrument(skip_all)]
 pub async fn begin(
     pool: &PgPool,
     scope: Scope,
@@ -35,6 +35,7 @@ pub async fn begin(
 /// the transaction commits (a concurrent request with the same key waits for it, and then
 /// finds the key completed), and vanishes if it rolls back — a request that dies leaves no
 /// record behind.
+#[tracing::instrument(skip_all)]
 pub async fn begin_in(
     conn: &mut PgConnection,
     scope: Scope,
@@ -49,15 +50,15 @@ pub async fn begin_in(
         owner,
     };
     loop {
-        let inserted = sqlx::query(
+        let inserted = sqlx::query!(
             r#"insert into idempotency_keys (scope, key, fingerprint, state, owner)
                values ($1, $2, $3, 'in_flight', $4)
                on conflict (scope, key) do nothing"#,
+            scope.as_str(),
+            key.as_str(),
+            fingerprint.0,
+            owner,
         )
-        .bind(scope.as_str())
-        .bind(key.as_str())
-        .bind(&fingerprint.0)
-        .bind(owner)
         .execute(&mut *conn)
         .await?
         .rows_affected();
@@ -74,14 +75,14 @@ pub async fn begin_in(
             Found::Stale(stale_owner) => stale_owner,
         };
         // Take over a dead request's key; only one of several retries wins.
-        let taken = sqlx::query(
+        let taken = sqlx::query!(
             r#"update idempotency_keys set owner = $4, locked_at = now()
                 where scope = $1 and key = $2 and state = 'in_flight' and owner = $3"#,
+            scope.as_str(),
+            key.as_str(),
+            stale_owner,
+            owner,
         )
-        .bind(scope.as_str())
-        .bind(key.as_str())
-        .bind(stale_owner)
-        .bind(owner)
         .execute(&mut *conn)
         .await?
         .rows_affected();
@@ -95,6 +96,7 @@ pub async fn begin_in(
 
 /// Reads the record of `key` without claiming it: how a decided key is answered before
 /// any work (a lease, a transaction) is spent on it.
+#[tracing::instrument(skip_all)]
 pub async fn lookup(
     conn: impl sqlx::PgExecutor<'_>,
     scope: Scope,
@@ -102,15 +104,16 @@ pub async fn lookup(
     fingerprint: &Fingerprint,
     stale_after: Duration,
 ) -> sqlx::Result<Found> {
-    let row: Option<Row> = sqlx::query_as(
+    let row = sqlx::query_as!(
+        Row,
         r#"select fingerprint, state, owner, response_status, response_body,
-                  locked_at < now() - make_interval(secs => $3) as stale
+                  locked_at < now() - make_interval(secs => $3) as "stale!"
              from idempotency_keys
             where scope = $1 and key = $2"#,
+        scope.as_str(),
+        key.as_str(),
+        stale_after.as_secs_f64(),
     )
-    .bind(scope.as_str())
-    .bind(key.as_str())
-    .bind(stale_after.as_secs_f64())
     .fetch_optional(conn)
     .await?;
     Ok(match row {
@@ -126,12 +129,14 @@ pub async fn lookup(
 }
 
 /// Which of `keys` (scope, key) have a record, in order.
+#[tracing::instrument(skip_all)]
 pub async fn present(
     conn: impl sqlx::PgExecutor<'_>,
     keys: &[(&str, &str)],
 ) -> sqlx::Result<Vec<bool>> {
     let scopes: Vec<&str> = keys.iter().map(|(s, _)| *s).collect();
     let names: Vec<&str> = keys.iter().map(|(_, k)| *k).collect();
+    // Runtime, not `query_scalar!`: the macro's query cannot be made non-persistent.
     let found: Vec<i64> = sqlx::query_scalar(
         r#"select u.i from unnest($1::text[], $2::text[]) with ordinality as u(scope, key, i)
             where exists (select 1 from idempotency_keys k
@@ -154,6 +159,7 @@ pub async fn present(
 /// Stores a decided `response` under a key that was never claimed (a decision reached
 /// without a transaction of its own, such as "not enough stock"): one statement, one
 /// commit. When the key has a record already, returns what it says instead.
+#[tracing::instrument(skip_all)]
 pub async fn store(
     conn: &mut PgConnection,
     scope: Scope,
@@ -162,19 +168,19 @@ pub async fn store(
     response: &StoredResponse,
     stale_after: Duration,
 ) -> sqlx::Result<Option<Found>> {
-    let inserted = sqlx::query(
+    let inserted = sqlx::query!(
         r#"insert into idempotency_keys
                   (scope, key, fingerprint, state, owner, response_status, response_body,
                    completed_at)
            values ($1, $2, $3, 'completed', $4, $5, $6, now())
            on conflict (scope, key) do nothing"#,
+        scope.as_str(),
+        key.as_str(),
+        fingerprint.0,
+        Uuid::new_v4(),
+        response.status as i16,
+        response.body,
     )
-    .bind(scope.as_str())
-    .bind(key.as_str())
-    .bind(&fingerprint.0)
-    .bind(Uuid::new_v4())
-    .bind(response.status as i16)
-    .bind(&response.body)
     .execute(&mut *conn)
     .await?
     .rows_affected();
@@ -189,6 +195,7 @@ pub async fn store(
 /// Stores many decided answers by one statement (a batch's answers, or sold-out answers
 /// first kept in Redis); a key that has a record already keeps it. Returns how many were
 /// stored.
+#[tracing::instrument(skip_all)]
 pub async fn store_decided(
     conn: impl sqlx::PgExecutor<'_>,
     decisions: &[Decision<'_>],
@@ -198,7 +205,7 @@ pub async fn store_decided(
     let fingerprints: Vec<&str> = decisions.iter().map(|d| d.fingerprint).collect();
     let statuses: Vec<i16> = decisions.iter().map(|d| d.response.status as i16).collect();
     let bodies: Vec<&serde_json::Value> = decisions.iter().map(|d| &d.response.body).collect();
-    Ok(sqlx::query(
+    Ok(sqlx::query!(
         r#"insert into idempotency_keys
                   (scope, key, fingerprint, state, owner, response_status, response_body,
                    completed_at)
@@ -206,13 +213,13 @@ pub async fn store_decided(
              from unnest($1::text[], $2::text[], $3::text[], $4::int2[], $5::jsonb[])
                   as u(scope, key, fingerprint, status, body)
            on conflict (scope, key) do nothing"#,
+        &scopes as &[&str],
+        &keys as &[&str],
+        &fingerprints as &[&str],
+        &statuses,
+        &bodies as &[&serde_json::Value],
+        Uuid::new_v4(),
     )
-    .bind(&scopes)
-    .bind(&keys)
-    .bind(&fingerprints)
-    .bind(&statuses)
-    .bind(&bodies)
-    .bind(Uuid::new_v4())
     .execute(conn)
     .await?
     .rows_affected())
@@ -220,22 +227,23 @@ pub async fn store_decided(
 
 /// Stores the response under the claimed key, inside the caller's transaction. Returns
 /// false when the claim was lost (taken over as stale): the caller must roll back.
+#[tracing::instrument(skip_all)]
 pub async fn complete(
     conn: &mut PgConnection,
     claim: &Claim,
     response: &StoredResponse,
 ) -> sqlx::Result<bool> {
-    let updated = sqlx::query(
+    let updated = sqlx::query!(
         r#"update idempotency_keys
               set state = 'completed', response_status = $4, response_body = $5,
                   completed_at = now()
             where scope = $1 and key = $2 and owner = $3 and state = 'in_flight'"#,
+        claim.scope.as_str(),
+        claim.key.as_str(),
+        claim.owner,
+        response.status as i16,
+        response.body,
     )
-    .bind(claim.scope.as_str())
-    .bind(claim.key.as_str())
-    .bind(claim.owner)
-    .bind(response.status as i16)
-    .bind(&response.body)
     .execute(conn)
     .await?
     .rows_affected();
@@ -243,14 +251,15 @@ pub async fn complete(
 }
 
 /// Forgets the claim, so a retry starts afresh (for outcomes that are not stored).
+#[tracing::instrument(skip_all)]
 pub async fn abandon(pool: &PgPool, claim: &Claim) -> sqlx::Result<()> {
-    sqlx::query(
+    sqlx::query!(
         r#"delete from idempotency_keys
             where scope = $1 and key = $2 and owner = $3 and state = 'in_flight'"#,
+        claim.scope.as_str(),
+        claim.key.as_str(),
+        claim.owner,
     )
-    .bind(claim.scope.as_str())
-    .bind(claim.key.as_str())
-    .bind(claim.owner)
     .execute(pool)
     .await?;
     Ok(())
@@ -258,32 +267,35 @@ pub async fn abandon(pool: &PgPool, claim: &Claim) -> sqlx::Result<()> {
 
 /// The response stored under a completed key, whatever request it answered (for pages
 /// that show the outcome of a form by its key).
+#[tracing::instrument(skip_all)]
 pub async fn stored(
     pool: &PgPool,
     scope: Scope,
     key: &IdempotencyKey,
 ) -> sqlx::Result<Option<StoredResponse>> {
-    let row: Option<(i16, serde_json::Value)> = sqlx::query_as(
-        r#"select response_status, response_body from idempotency_keys
+    let row = sqlx::query!(
+        r#"select response_status as "status!", response_body as "body!"
+             from idempotency_keys
             where scope = $1 and key = $2 and state = 'completed'"#,
+        scope.as_str(),
+        key.as_str(),
     )
-    .bind(scope.as_str())
-    .bind(key.as_str())
     .fetch_optional(pool)
     .await?;
-    Ok(row.map(|(status, body)| StoredResponse {
-        status: status as u16,
-        body,
+    Ok(row.map(|row| StoredResponse {
+        status: row.status as u16,
+        body: row.body,
     }))
 }
 
 /// Deletes completed records older than `ttl`. Returns how many.
+#[tracing::instrument(skip_all)]
 pub async fn purge(pool: &PgPool, ttl: Duration) -> sqlx::Result<u64> {
-    Ok(sqlx::query(
+    Ok(sqlx::query!(
         r#"delete from idempotency_keys
             where state = 'completed' and created_at < now() - make_interval(secs => $1)"#,
+        ttl.as_secs_f64(),
     )
-    .bind(ttl.as_secs_f64())
     .execute(pool)
     .await?
     .rows_affected())
@@ -293,12 +305,13 @@ pub async fn purge(pool: &PgPool, ttl: Duration) -> sqlx::Result<u64> {
 /// have an order: completing the record is part of the order's transaction; a request
 /// still running on one finds its claim gone and answers with what the key holds then).
 /// Cheap enough to run every second: a partial index holds only in-flight records.
+#[tracing::instrument(skip_all)]
 pub async fn purge_stale(pool: &PgPool, stale_after: Duration) -> sqlx::Result<u64> {
-    Ok(sqlx::query(
+    Ok(sqlx::query!(
         r#"delete from idempotency_keys
             where state = 'in_flight' and locked_at < now() - make_interval(secs => $1)"#,
+        stale_after.as_secs_f64(),
     )
-    .bind(stale_after.as_secs_f64())
     .execute(pool)
     .await?
     .rows_affected())

@@ -8,17 +8,20 @@ use crate::catalog::Sku;
 use crate::events::Event;
 
 /// Creates the stock row of a new product with its `initial` ledger row.
+#[tracing::instrument(skip_all)]
 pub async fn create_stock(
     conn: &mut PgConnection,
     sku: &Sku,
     on_hand: i32,
     actor: &str,
 ) -> sqlx::Result<()> {
-    sqlx::query("insert into stock (sku, on_hand) values ($1, $2)")
-        .bind(sku.as_str())
-        .bind(on_hand)
-        .execute(&mut *conn)
-        .await?;
+    sqlx::query!(
+        "insert into stock (sku, on_hand) values ($1, $2)",
+        sku.as_str(),
+        on_hand,
+    )
+    .execute(&mut *conn)
+    .await?;
     let entry = Entry {
         delta: on_hand,
         reserved_delta: 0,
@@ -31,19 +34,25 @@ pub async fn create_stock(
 }
 
 /// The stock row of `sku`.
+#[tracing::instrument(skip_all)]
 pub async fn stock_level(pool: &PgPool, sku: &Sku) -> sqlx::Result<Option<StockLevel>> {
-    sqlx::query_as("select sku, on_hand, reserved from stock where sku = $1")
-        .bind(sku.as_str())
-        .fetch_optional(pool)
-        .await
+    sqlx::query_as!(
+        StockLevel,
+        "select sku, on_hand, reserved from stock where sku = $1",
+        sku.as_str(),
+    )
+    .fetch_optional(pool)
+    .await
 }
 
 /// SKUs whose stock row differs from the sum of their ledger (empty when all is well).
+#[tracing::instrument(skip_all)]
 pub async fn ledger_mismatches(pool: &PgPool) -> sqlx::Result<Vec<LedgerMismatch>> {
-    sqlx::query_as(
+    sqlx::query_as!(
+        LedgerMismatch,
         r#"select s.sku, s.on_hand, s.reserved,
-                  coalesce(sum(m.delta), 0) as ledger_on_hand,
-                  coalesce(sum(m.reserved_delta), 0) as ledger_reserved
+                  coalesce(sum(m.delta), 0) as "ledger_on_hand!",
+                  coalesce(sum(m.reserved_delta), 0) as "ledger_reserved!"
              from stock s
              left join stock_movements m on m.sku = s.sku
             group by s.sku, s.on_hand, s.reserved
@@ -69,6 +78,7 @@ pub enum Take {
 /// Takes `quantity` units of `sku` for an order with one conditional statement: the row
 /// changes only if enough is available and, with a `fence`, only if no newer lease has
 /// written it. Writes the ledger row in the same transaction.
+#[tracing::instrument(skip_all)]
 pub async fn take_stock(
     conn: &mut PgConnection,
     sku: &Sku,
@@ -82,6 +92,7 @@ pub async fn take_stock(
 
 /// Reserves `quantity` units of `sku` for a hold: `reserved += quantity` under the same
 /// conditions as [`take_stock`].
+#[tracing::instrument(skip_all)]
 pub async fn reserve_stock(
     conn: &mut PgConnection,
     sku: &Sku,
@@ -136,7 +147,7 @@ async fn claim_once(
     let left = match claim {
         Claim::Sell => sell_units(conn, sku, quantity, fence).await?,
         Claim::Reserve => {
-            sqlx::query_scalar(
+            sqlx::query_scalar!(
                 r#"update stock
                       set reserved = reserved + $2,
                           last_fence = greatest(last_fence, $3),
@@ -144,11 +155,11 @@ async fn claim_once(
                     where sku = $1
                       and on_hand - reserved >= $2
                       and ($3::bigint is null or last_fence < $3)
-                returning on_hand - reserved"#,
+                returning on_hand - reserved as "left!""#,
+                sku.as_str(),
+                quantity,
+                fence,
             )
-            .bind(sku.as_str())
-            .bind(quantity)
-            .bind(fence)
             .fetch_optional(&mut *conn)
             .await?
         }
@@ -174,6 +185,7 @@ async fn claim_once(
 
 /// Sells units that a hold reserved: `on_hand −= q, reserved −= q`. False when fewer than
 /// `quantity` units are reserved (which a locked, active hold rules out).
+#[tracing::instrument(skip_all)]
 pub async fn sell_reserved(
     conn: &mut PgConnection,
     sku: &Sku,
@@ -181,13 +193,13 @@ pub async fn sell_reserved(
     reference: &str,
     actor: &str,
 ) -> sqlx::Result<bool> {
-    let changed = sqlx::query(
+    let changed = sqlx::query!(
         r#"update stock
               set on_hand = on_hand - $2, reserved = reserved - $2, updated_at = now()
             where sku = $1 and reserved >= $2"#,
+        sku.as_str(),
+        quantity,
     )
-    .bind(sku.as_str())
-    .bind(quantity)
     .execute(&mut *conn)
     .await?
     .rows_affected();
@@ -206,6 +218,7 @@ pub async fn sell_reserved(
 }
 
 /// Returns reserved units to sale (`reserved −= q`); `reason` is `release` or `expire`.
+#[tracing::instrument(skip_all)]
 pub async fn unreserve(
     conn: &mut PgConnection,
     sku: &Sku,
@@ -214,12 +227,12 @@ pub async fn unreserve(
     reference: &str,
     actor: &str,
 ) -> sqlx::Result<bool> {
-    let changed = sqlx::query(
+    let changed = sqlx::query!(
         r#"update stock set reserved = reserved - $2, updated_at = now()
             where sku = $1 and reserved >= $2"#,
+        sku.as_str(),
+        quantity,
     )
-    .bind(sku.as_str())
-    .bind(quantity)
     .execute(&mut *conn)
     .await?
     .rows_affected();
@@ -240,6 +253,7 @@ pub async fn unreserve(
 /// Returns reserved units to sale for many `(reference, sku, quantity)` lines at once (the
 /// sweeper's expired holds): one update per SKU, in SKU order (the order every writer locks
 /// stock rows in), and one ledger row per line. Returns the SKUs changed.
+#[tracing::instrument(skip_all)]
 pub async fn unreserve_many(
     conn: &mut PgConnection,
     lines: &[(uuid::Uuid, Sku, i32)],
@@ -251,51 +265,59 @@ pub async fn unreserve_many(
         *per_sku.entry(sku).or_default() += quantity;
     }
     for (sku, quantity) in &per_sku {
-        sqlx::query("update stock set reserved = reserved - $2, updated_at = now() where sku = $1")
-            .bind(sku.as_str())
-            .bind(quantity)
-            .execute(&mut *conn)
-            .await?;
+        sqlx::query!(
+            "update stock set reserved = reserved - $2, updated_at = now() where sku = $1",
+            sku.as_str(),
+            quantity,
+        )
+        .execute(&mut *conn)
+        .await?;
     }
     let skus: Vec<&str> = lines.iter().map(|(_, s, _)| s.as_str()).collect();
     let deltas: Vec<i32> = lines.iter().map(|(_, _, q)| -q).collect();
     let references: Vec<String> = lines.iter().map(|(r, _, _)| r.to_string()).collect();
-    sqlx::query(
+    sqlx::query!(
         r#"insert into stock_movements (sku, delta, reserved_delta, reason, reference, actor)
            select sku, 0, d, $4, r, $5
              from unnest($1::text[], $2::int[], $3::text[]) as t(sku, d, r)"#,
+        &skus as &[&str],
+        &deltas,
+        &references,
+        reason,
+        actor,
     )
-    .bind(skus)
-    .bind(deltas)
-    .bind(references)
-    .bind(reason)
-    .bind(actor)
     .execute(&mut *conn)
     .await?;
     Ok(per_sku.into_keys().cloned().collect())
 }
 
 /// After the retries: report what is available now (stock keeps moving; say so honestly).
+#[tracing::instrument(skip_all)]
 async fn why_not_final(conn: &mut PgConnection, sku: &Sku) -> sqlx::Result<Take> {
-    let available: i32 = sqlx::query_scalar("select on_hand - reserved from stock where sku = $1")
-        .bind(sku.as_str())
-        .fetch_one(&mut *conn)
-        .await?;
+    let available = sqlx::query_scalar!(
+        r#"select on_hand - reserved as "available!" from stock where sku = $1"#,
+        sku.as_str(),
+    )
+    .fetch_one(&mut *conn)
+    .await?;
     Ok(Take::Short { available })
 }
 
 /// Why a conditional update changed nothing, from the row as this transaction sees it.
+#[tracing::instrument(skip_all)]
 async fn why_not(
     conn: &mut PgConnection,
     sku: &Sku,
     quantity: i32,
     fence: Option<i64>,
 ) -> sqlx::Result<Option<Take>> {
-    let (available, last_fence): (i32, i64) =
-        sqlx::query_as("select on_hand - reserved, last_fence from stock where sku = $1")
-            .bind(sku.as_str())
-            .fetch_one(&mut *conn)
-            .await?;
+    let row = sqlx::query!(
+        r#"select on_hand - reserved as "available!", last_fence from stock where sku = $1"#,
+        sku.as_str(),
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    let (available, last_fence) = (row.available, row.last_fence);
     Ok(match fence {
         Some(fence) if last_fence >= fence && available >= quantity => {
             Some(Take::StaleFence { last_fence })
@@ -307,6 +329,7 @@ async fn why_not(
 
 /// The naive way, kept to demonstrate overselling: read, check in Rust, write back an
 /// absolute value. Two buyers who read the same number both "succeed".
+#[tracing::instrument(skip_all)]
 pub async fn take_stock_naive(
     conn: &mut PgConnection,
     sku: &Sku,
@@ -314,11 +337,13 @@ pub async fn take_stock_naive(
     reference: &str,
     actor: &str,
 ) -> sqlx::Result<Take> {
-    let (on_hand, reserved): (i32, i32) =
-        sqlx::query_as("select on_hand, reserved from stock where sku = $1")
-            .bind(sku.as_str())
-            .fetch_one(&mut *conn)
-            .await?;
+    let row = sqlx::query!(
+        "select on_hand, reserved from stock where sku = $1",
+        sku.as_str(),
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    let (on_hand, reserved) = (row.on_hand, row.reserved);
     if on_hand - reserved < quantity {
         return Ok(Take::Short {
             available: on_hand - reserved,
@@ -327,11 +352,13 @@ pub async fn take_stock_naive(
     // Stands in for the work a handler does between reading and writing (pricing, tax,
     // fraud checks); it widens the race this strategy exists to show.
     tokio::time::sleep(std::time::Duration::from_millis(2)).await;
-    sqlx::query("update stock set on_hand = $2, updated_at = now() where sku = $1")
-        .bind(sku.as_str())
-        .bind(on_hand - quantity)
-        .execute(&mut *conn)
-        .await?;
+    sqlx::query!(
+        "update stock set on_hand = $2, updated_at = now() where sku = $1",
+        sku.as_str(),
+        on_hand - quantity,
+    )
+    .execute(&mut *conn)
+    .await?;
     let entry = Entry {
         delta: -quantity,
         reserved_delta: 0,
@@ -349,17 +376,22 @@ pub async fn take_stock_naive(
 /// Locks the stock rows of `skus` for a batch's sale, in SKU order (byte order, as every
 /// order locks them): per SKU, the units available and the last fence that wrote it.
 /// SKUs without stock are missing from the answer.
+#[tracing::instrument(skip_all)]
 pub async fn lock_for_sale(
     conn: &mut PgConnection,
     skus: &[&str],
 ) -> sqlx::Result<Vec<(String, i32, i64)>> {
-    sqlx::query_as(
-        r#"select sku, on_hand - reserved, last_fence from stock
-            where sku = any($1) order by sku collate "C" for update"#,
+    let rows = sqlx::query!(
+        r#"select sku, on_hand - reserved as "available!", last_fence from stock
+            where sku = any($1::text[]) order by sku collate "C" for update"#,
+        skus as &[&str],
     )
-    .bind(skus)
     .fetch_all(conn)
-    .await
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.sku, r.available, r.last_fence))
+        .collect())
 }
 
 /// Sells `quantity` units of `sku` with the one conditional statement every sale goes
@@ -367,13 +399,14 @@ pub async fn lock_for_sale(
 /// lease has written the row. Returns the units left, or `None` when refused. Writes no
 /// ledger row: single orders write theirs in [`take_stock`]. (A batch sells by the same
 /// conditional update inside its one write, `checkout/batch/db.rs`.)
+#[tracing::instrument(skip_all)]
 pub async fn sell_units(
     conn: &mut PgConnection,
     sku: &Sku,
     quantity: i32,
     fence: Option<i64>,
 ) -> sqlx::Result<Option<i32>> {
-    sqlx::query_scalar(
+    sqlx::query_scalar!(
         r#"update stock
               set on_hand = on_hand - $2,
                   last_fence = greatest(last_fence, $3),
@@ -381,11 +414,11 @@ pub async fn sell_units(
             where sku = $1
               and on_hand - reserved >= $2
               and ($3::bigint is null or last_fence < $3)
-        returning on_hand - reserved"#,
+        returning on_hand - reserved as "left!""#,
+        sku.as_str(),
+        quantity,
+        fence,
     )
-    .bind(sku.as_str())
-    .bind(quantity)
-    .bind(fence)
     .fetch_optional(conn)
     .await
 }
@@ -405,18 +438,19 @@ pub struct Entry<'a> {
 }
 
 /// Appends one ledger row; every ledger write but the sweeper's bulk insert comes here.
+#[tracing::instrument(skip_all)]
 pub async fn record_movement(conn: &mut PgConnection, sku: &Sku, e: Entry<'_>) -> sqlx::Result<()> {
-    sqlx::query(
+    sqlx::query!(
         r#"insert into stock_movements (sku, delta, reserved_delta, reason, reference, note, actor)
            values ($1, $2, $3, $4, $5, $6, $7)"#,
+        sku.as_str(),
+        e.delta,
+        e.reserved_delta,
+        e.reason,
+        e.reference,
+        e.note,
+        e.actor,
     )
-    .bind(sku.as_str())
-    .bind(e.delta)
-    .bind(e.reserved_delta)
-    .bind(e.reason)
-    .bind(e.reference)
-    .bind(e.note)
-    .bind(e.actor)
     .execute(conn)
     .await?;
     Ok(())
@@ -424,16 +458,17 @@ pub async fn record_movement(conn: &mut PgConnection, sku: &Sku, e: Entry<'_>) -
 
 /// Adds `entry.delta` units to `sku`'s on-hand count (a delivery, a cancelled order): a
 /// delta, so it never conflicts with sales. Returns the new count.
+#[tracing::instrument(skip_all)]
 pub async fn add_on_hand(
     conn: &mut PgConnection,
     sku: &Sku,
     entry: Entry<'_>,
 ) -> sqlx::Result<i32> {
-    let on_hand: i32 = sqlx::query_scalar(
+    let on_hand = sqlx::query_scalar!(
         "update stock set on_hand = on_hand + $2, updated_at = now() where sku = $1 returning on_hand",
+        sku.as_str(),
+        entry.delta,
     )
-    .bind(sku.as_str())
-    .bind(entry.delta)
     .fetch_one(&mut *conn)
     .await?;
     record_movement(conn, sku, entry).await?;
@@ -441,12 +476,16 @@ pub async fn add_on_hand(
 }
 
 /// Units available (`on_hand − reserved`) per SKU, for those of `skus` that exist.
+#[tracing::instrument(skip_all)]
 pub async fn availability(pool: &PgPool, skus: &[Sku]) -> sqlx::Result<Vec<(String, i32)>> {
     let skus: Vec<&str> = skus.iter().map(Sku::as_str).collect();
-    sqlx::query_as("select sku, on_hand - reserved from stock where sku = any($1)")
-        .bind(skus)
-        .fetch_all(pool)
-        .await
+    let rows = sqlx::query!(
+        r#"select sku, on_hand - reserved as "available!" from stock where sku = any($1::text[])"#,
+        &skus as &[&str],
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.sku, r.available)).collect())
 }
 
 /// What a compare-and-set adjustment found.
@@ -469,6 +508,7 @@ pub const MAX_ON_HAND: i32 = i32::MAX;
 /// Adds `units` (positive) to `sku` (a delivery): a delta, so it never conflicts with sales.
 /// `None` (and nothing changed) when the count would pass [`MAX_ON_HAND`]: the statement
 /// checks the sum before making it, so it never overflows.
+#[tracing::instrument(skip_all)]
 pub async fn restock(
     conn: &mut PgConnection,
     sku: &Sku,
@@ -476,13 +516,13 @@ pub async fn restock(
     note: &str,
     actor: &str,
 ) -> sqlx::Result<Option<i32>> {
-    let on_hand: Option<i32> = sqlx::query_scalar(
+    let on_hand = sqlx::query_scalar!(
         r#"update stock set on_hand = on_hand + $2, updated_at = now()
-            where sku = $1 and on_hand <= $3 - $2 returning on_hand"#,
+            where sku = $1 and on_hand <= $3::int - $2::int returning on_hand"#,
+        sku.as_str(),
+        units,
+        MAX_ON_HAND,
     )
-    .bind(sku.as_str())
-    .bind(units)
-    .bind(MAX_ON_HAND)
     .fetch_optional(&mut *conn)
     .await?;
     if let Some(on_hand) = on_hand {
@@ -503,6 +543,7 @@ pub async fn restock(
 
 /// Sets `sku`'s on-hand count to `new`, but only if it is still `expected` (the value the
 /// admin saw): a count never overwrites sales made meanwhile.
+#[tracing::instrument(skip_all)]
 pub async fn adjust(
     conn: &mut PgConnection,
     sku: &Sku,
@@ -511,13 +552,13 @@ pub async fn adjust(
     note: &str,
     actor: &str,
 ) -> sqlx::Result<Adjusted> {
-    let changed = sqlx::query(
+    let changed = sqlx::query!(
         r#"update stock set on_hand = $3, updated_at = now()
             where sku = $1 and on_hand = $2 and reserved <= $3"#,
+        sku.as_str(),
+        expected,
+        new,
     )
-    .bind(sku.as_str())
-    .bind(expected)
-    .bind(new)
     .execute(&mut *conn)
     .await?
     .rows_affected();
@@ -537,11 +578,13 @@ pub async fn adjust(
         }
         return Ok(Adjusted::Done);
     }
-    let (on_hand, reserved): (i32, i32) =
-        sqlx::query_as("select on_hand, reserved from stock where sku = $1")
-            .bind(sku.as_str())
-            .fetch_one(&mut *conn)
-            .await?;
+    let row = sqlx::query!(
+        "select on_hand, reserved from stock where sku = $1",
+        sku.as_str(),
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    let (on_hand, reserved) = (row.on_hand, row.reserved);
     Ok(if on_hand != expected {
         Adjusted::Moved { on_hand }
     } else {
@@ -565,31 +608,40 @@ pub struct Movement {
 }
 
 /// A page of `sku`'s ledger, newest first, with running totals.
+#[tracing::instrument(skip_all)]
 pub async fn ledger(
     pool: &PgPool,
     sku: &Sku,
     limit: i64,
     offset: i64,
 ) -> sqlx::Result<Vec<Movement>> {
-    sqlx::query_as(
-        r#"select * from (
+    sqlx::query_as!(
+        Movement,
+        r#"select id as "id!", created_at as "created_at!", delta as "delta!",
+                  reserved_delta as "reserved_delta!", reason as "reason!", note, reference,
+                  actor as "actor!", running_on_hand as "running_on_hand!",
+                  running_reserved as "running_reserved!"
+             from (
              select id, created_at, delta, reserved_delta, reason, note, reference, actor,
                     sum(delta) over (order by id) as running_on_hand,
                     sum(reserved_delta) over (order by id) as running_reserved
                from stock_movements where sku = $1) m
            order by id desc limit $2 offset $3"#,
+        sku.as_str(),
+        limit,
+        offset,
     )
-    .bind(sku.as_str())
-    .bind(limit)
-    .bind(offset)
     .fetch_all(pool)
     .await
 }
 
 /// How many ledger rows `sku` has.
+#[tracing::instrument(skip_all)]
 pub async fn ledger_len(pool: &PgPool, sku: &Sku) -> sqlx::Result<i64> {
-    sqlx::query_scalar("select count(*) from stock_movements where sku = $1")
-        .bind(sku.as_str())
-        .fetch_one(pool)
-        .await
+    sqlx::query_scalar!(
+        r#"select count(*) as "count!" from stock_movements where sku = $1"#,
+        sku.as_str(),
+    )
+    .fetch_one(pool)
+    .await
 }

@@ -7,7 +7,7 @@ use super::{Order, OrderLine, OrderStatus};
 use crate::catalog::Sku;
 
 /// A product an order refers to, with its current price and availability.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct OrderProduct {
     pub sku: String,
     pub name: String,
@@ -18,26 +18,29 @@ pub struct OrderProduct {
 }
 
 /// The active products among `skus` (unknown or inactive ones are missing).
+#[tracing::instrument(skip_all)]
 pub async fn products_for(
     conn: impl sqlx::PgExecutor<'_>,
     skus: &[Sku],
 ) -> sqlx::Result<Vec<OrderProduct>> {
     let skus: Vec<&str> = skus.iter().map(Sku::as_str).collect();
-    sqlx::query_as(
-        r#"select p.sku, p.name, p.price_cents, s.on_hand - s.reserved as available,
+    sqlx::query_as!(
+        OrderProduct,
+        r#"select p.sku, p.name, p.price_cents, s.on_hand - s.reserved as "available!",
                   p.purchase_limit
              from products p
              join stock s on s.sku = p.sku
-            where p.active and p.sku = any($1)
+            where p.active and p.sku = any($1::text[])
             order by p.sku collate "C""#,
+        &skus as &[&str],
     )
-    .bind(skus)
     .fetch_all(conn)
     .await
 }
 
 /// Inserts the order and its lines. Fails with a unique violation when the idempotency key
 /// already has an order.
+#[tracing::instrument(skip_all)]
 pub async fn insert_order(
     conn: &mut PgConnection,
     order: &Order,
@@ -45,34 +48,34 @@ pub async fn insert_order(
     key: &str,
     shopper: &[String],
 ) -> sqlx::Result<()> {
-    sqlx::query(
+    sqlx::query!(
         r#"insert into orders
              (id, status, customer_name, email, total_cents, idempotency_scope, idempotency_key,
               created_at, shopper)
            values ($1, $2, $3, $4, $5, $6, $7, $8, $9)"#,
+        order.id,
+        order.status.as_str(),
+        order.customer_name.as_deref(),
+        order.email.as_deref(),
+        order.total_cents,
+        scope,
+        key,
+        order.created_at,
+        shopper,
     )
-    .bind(order.id)
-    .bind(order.status)
-    .bind(&order.customer_name)
-    .bind(&order.email)
-    .bind(order.total_cents)
-    .bind(scope)
-    .bind(key)
-    .bind(order.created_at)
-    .bind(shopper)
     .execute(&mut *conn)
     .await?;
     let skus: Vec<&str> = order.lines.iter().map(|l| l.sku.as_str()).collect();
     let quantities: Vec<i32> = order.lines.iter().map(|l| l.quantity).collect();
     let prices: Vec<i64> = order.lines.iter().map(|l| l.unit_price_cents).collect();
-    sqlx::query(
+    sqlx::query!(
         r#"insert into order_lines (order_id, sku, quantity, unit_price_cents)
            select $1, * from unnest($2::text[], $3::int[], $4::bigint[])"#,
+        order.id,
+        &skus as &[&str],
+        &quantities,
+        &prices,
     )
-    .bind(order.id)
-    .bind(skus)
-    .bind(quantities)
-    .bind(prices)
     .execute(&mut *conn)
     .await?;
     Ok(())
@@ -80,8 +83,10 @@ pub async fn insert_order(
 
 /// Units of `asks[i].0` (a SKU) that shoppers sharing an identity with `asks[i].1` have
 /// bought (orders not cancelled) or hold (active holds), for each i, by one statement.
-/// Run inside a transaction that has already updated the SKU's stock row, whose lock
-/// orders every sale of that SKU: so it sees every order or hold committed before it.
+/// Run inside a transaction that holds the SKU's stock row lock (it updated the row, or a
+/// batch locked it first), which orders every sale of that SKU: so it sees every order
+/// or hold committed before it.
+#[tracing::instrument(skip_all)]
 pub async fn bought_by(
     conn: &mut PgConnection,
     asks: &[(&str, &[String])],
@@ -89,6 +94,7 @@ pub async fn bought_by(
     let skus: Vec<&str> = asks.iter().map(|(sku, _)| *sku).collect();
     // unnest() flattens arrays of arrays, so each identity set travels as one string.
     let shoppers: Vec<String> = asks.iter().map(|(_, ids)| ids.join("\n")).collect();
+    // Runtime, not `query!`: the macro's query cannot be made non-persistent.
     let counted: Vec<(i64, i64)> = sqlx::query_as(
         r#"select u.i,
                   coalesce((select sum(l.quantity) from orders o
@@ -111,7 +117,6 @@ pub async fn bought_by(
     Ok(counted.into_iter().map(|(_, n)| n).collect())
 }
 
-#[derive(sqlx::FromRow)]
 struct OrderRow {
     id: Uuid,
     status: OrderStatus,
@@ -122,23 +127,28 @@ struct OrderRow {
 }
 
 /// One order with its lines.
+#[tracing::instrument(skip_all)]
 pub async fn find_order(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<Order>> {
-    let Some(row): Option<OrderRow> = sqlx::query_as(
-        "select id, status, total_cents, email, customer_name, created_at from orders where id = $1",
+    let Some(row) = sqlx::query_as!(
+        OrderRow,
+        r#"select id, status as "status: OrderStatus", total_cents, email, customer_name,
+                  created_at
+             from orders where id = $1"#,
+        id,
     )
-    .bind(id)
     .fetch_optional(pool)
     .await?
     else {
         return Ok(None);
     };
-    let lines: Vec<OrderLine> = sqlx::query_as(
-        r#"select l.sku, p.name, l.quantity, l.unit_price_cents
+    let lines = sqlx::query_as!(
+        OrderLine,
+        r#"select l.sku as "sku: Sku", p.name, l.quantity, l.unit_price_cents
              from order_lines l join products p on p.sku = l.sku
             where l.order_id = $1
             order by l.sku collate "C""#,
+        id,
     )
-    .bind(id)
     .fetch_all(pool)
     .await?;
     Ok(Some(Order {
@@ -153,44 +163,54 @@ pub async fn find_order(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<Order>> 
 }
 
 /// The order placed under an idempotency key, if any.
+#[tracing::instrument(skip_all)]
 pub async fn order_for_key(pool: &PgPool, scope: &str, key: &str) -> sqlx::Result<Option<Uuid>> {
-    sqlx::query_scalar(
+    sqlx::query_scalar!(
         "select id from orders where idempotency_scope = $1 and idempotency_key = $2",
+        scope,
+        key,
     )
-    .bind(scope)
-    .bind(key)
     .fetch_optional(pool)
     .await
 }
 
 /// The status of order `id`, its row locked until the transaction ends (cancels of one
 /// order serialise on this lock); `None` when there is no such order.
+#[tracing::instrument(skip_all)]
 pub async fn lock_status(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<Option<OrderStatus>> {
-    sqlx::query_scalar("select status from orders where id = $1 for update")
-        .bind(id)
-        .fetch_optional(conn)
-        .await
+    sqlx::query_scalar!(
+        r#"select status as "status: OrderStatus" from orders where id = $1 for update"#,
+        id,
+    )
+    .fetch_optional(conn)
+    .await
 }
 
 /// The units of each SKU in order `id`, in SKU byte order (collate "C", as Rust sorts
 /// SKUs): every writer locks stock rows in the same order, whatever the database's
 /// default collation.
+#[tracing::instrument(skip_all)]
 pub async fn lines_to_restock(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<Vec<(Sku, i32)>> {
-    sqlx::query_as(
-        r#"select sku, quantity from order_lines where order_id = $1 order by sku collate "C""#,
+    let rows = sqlx::query!(
+        r#"select sku as "sku: Sku", quantity from order_lines
+            where order_id = $1 order by sku collate "C""#,
+        id,
     )
-    .bind(id)
     .fetch_all(conn)
-    .await
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.sku, r.quantity)).collect())
 }
 
 /// Marks a locked order cancelled.
+#[tracing::instrument(skip_all)]
 pub async fn set_cancelled(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<()> {
-    sqlx::query("update orders set status = $2 where id = $1")
-        .bind(id)
-        .bind(OrderStatus::Cancelled)
-        .execute(conn)
-        .await?;
+    sqlx::query!(
+        "update orders set status = $2 where id = $1",
+        id,
+        OrderStatus::Cancelled.as_str(),
+    )
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
@@ -198,7 +218,7 @@ pub async fn set_cancelled(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<()
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct OrderSummary {
     pub id: Uuid,
-    pub status: String,
+    pub status: OrderStatus,
     pub total_cents: i64,
     pub email: Option<String>,
     pub customer_name: Option<String>,
@@ -216,7 +236,7 @@ impl OrderSummary {
 /// Filters for the admin order list; empty fields match everything.
 #[derive(Debug, Clone, Default)]
 pub struct OrderFilter {
-    pub status: Option<String>,
+    pub status: Option<OrderStatus>,
     pub sku: Option<String>,
     pub date: Option<chrono::NaiveDate>,
 }

@@ -79,6 +79,11 @@ impl OrderStatus {
     pub fn is_placed(self) -> bool {
         self == Self::Placed
     }
+
+    /// The status whose name is exactly `raw` (`placed`, `cancelled`), if any.
+    pub fn parse(raw: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.as_str() == raw)
+    }
 }
 
 text_column!(OrderStatus);
@@ -215,6 +220,16 @@ pub(crate) mod tests {
         for s in OrderStatus::ALL {
             assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
             assert_eq!(s.to_string(), s.as_str());
+        }
+    }
+
+    #[test]
+    fn an_order_status_is_read_back_from_its_name_and_nothing_else() {
+        for s in OrderStatus::ALL {
+            assert_eq!(OrderStatus::parse(s.as_str()), Some(s));
+        }
+        for raw in ["", "lost", "Placed", " placed", "cancelled "] {
+            assert_eq!(OrderStatus::parse(raw), None, "{raw:?}");
         }
     }
 

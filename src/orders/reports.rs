@@ -5,16 +5,18 @@ use sqlx::{PgPool, Postgres, QueryBuilder};
 use super::db::{OrderFilter, OrderSummary};
 
 /// Orders placed since midnight (UTC) and their revenue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Today {
     pub orders: i64,
     pub revenue_cents: i64,
 }
 
 /// How many orders were placed today, and for how much (cancelled ones not counted).
+#[tracing::instrument(skip_all)]
 pub async fn today(pool: &PgPool) -> sqlx::Result<Today> {
-    sqlx::query_as(
-        r#"select count(*) as orders, coalesce(sum(total_cents), 0)::bigint as revenue_cents
+    sqlx::query_as!(
+        Today,
+        r#"select count(*) as "orders!", coalesce(sum(total_cents), 0)::bigint as "revenue_cents!"
              from orders
             where status = 'placed' and created_at >= date_trunc('day', now())"#,
     )
@@ -24,12 +26,14 @@ pub async fn today(pool: &PgPool) -> sqlx::Result<Today> {
 
 /// A page of orders matching `filter`, newest first, and how many match in all. Only the
 /// filters that are set become conditions, each with its value bound.
+#[tracing::instrument(skip_all)]
 pub async fn list(
     pool: &PgPool,
     filter: &OrderFilter,
     limit: i64,
     offset: i64,
 ) -> sqlx::Result<(Vec<OrderSummary>, i64)> {
+    // Runtime SQL, not `query_as!`: the conditions depend on which filters are set.
     let mut rows = QueryBuilder::new(
         r#"select o.id, o.status, o.total_cents, o.email, o.customer_name, o.created_at,
                   coalesce((select sum(l.quantity) from order_lines l where l.order_id = o.id), 0)::bigint as units,
@@ -51,11 +55,8 @@ pub async fn list(
 /// ` where …` with one bound condition per filter that is set (nothing when none is).
 fn push_filter(query: &mut QueryBuilder<Postgres>, filter: &OrderFilter) {
     let mut joiner = " where ";
-    if let Some(status) = &filter.status {
-        query
-            .push(joiner)
-            .push("o.status = ")
-            .push_bind(status.clone());
+    if let Some(status) = filter.status {
+        query.push(joiner).push("o.status = ").push_bind(status);
         joiner = " and ";
     }
     if let Some(sku) = &filter.sku {

@@ -19,11 +19,11 @@ use crate::helpers::{
 
 /// A concrete URL for a route pattern.
 async fn concrete(app: &TestApp, pattern: &str) -> String {
-    let order: String = sqlx::query_scalar("select id::text from orders limit 1")
+    let order = sqlx::query_scalar!(r#"select id::text as "id!" from orders limit 1"#)
         .fetch_one(&app.db)
         .await
         .unwrap();
-    let hold: String = sqlx::query_scalar("select id::text from holds limit 1")
+    let hold = sqlx::query_scalar!(r#"select id::text as "id!" from holds limit 1"#)
         .fetch_one(&app.db)
         .await
         .unwrap();
@@ -540,7 +540,7 @@ async fn cancelling_an_order_twice_at_once_returns_its_stock_once() {
             .await,
         2
     );
-    let status: String = sqlx::query_scalar("select status from orders")
+    let status = sqlx::query_scalar!("select status from orders")
         .fetch_one(&app.db)
         .await
         .unwrap();
@@ -595,7 +595,7 @@ async fn the_admin_api_changes_stock_once_per_idempotency_key() {
     assert_eq!(adjust(15).await.status().as_u16(), 200);
     assert_eq!(app.stock("API-1").await.0, 12);
     app.assert_invariants().await;
-    let actors: Vec<String> = sqlx::query_scalar(
+    let actors = sqlx::query_scalar!(
         "select actor from stock_movements where reason in ('restock', 'adjust') order by id",
     )
     .fetch_all(&app.db)
@@ -643,7 +643,7 @@ async fn product_forms_are_validated() {
     assert_eq!(app.count("select count(*) from products").await, 0);
     let res = create("NEW-1", "Brand new", "12.5").await;
     assert_eq!(res.status().as_u16(), 303);
-    let price: i64 = sqlx::query_scalar("select price_cents from products where sku = 'NEW-1'")
+    let price = sqlx::query_scalar!("select price_cents from products where sku = 'NEW-1'")
         .fetch_one(&app.db)
         .await
         .unwrap();
@@ -742,6 +742,7 @@ async fn send_at_once(
 }
 
 async fn count_where(app: &TestApp, sql: &str, value: &str) -> i64 {
+    // Runtime: the statement is the caller's.
     sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_string()))
         .bind(value)
         .fetch_one(&app.db)
@@ -751,20 +752,25 @@ async fn count_where(app: &TestApp, sql: &str, value: &str) -> i64 {
 
 /// Ledger rows of `sku` written for `reason`.
 async fn movements(app: &TestApp, sku: &str, reason: &str) -> i64 {
-    sqlx::query_scalar("select count(*) from stock_movements where sku = $1 and reason = $2")
-        .bind(sku)
-        .bind(reason)
-        .fetch_one(&app.db)
-        .await
-        .unwrap()
+    sqlx::query_scalar!(
+        r#"select count(*) as "count!" from stock_movements where sku = $1 and reason = $2"#,
+        sku,
+        reason
+    )
+    .fetch_one(&app.db)
+    .await
+    .unwrap()
 }
 
 /// Stock and every ledger row: what a refused form must leave as it was.
 async fn snapshot(app: &TestApp) -> (Vec<(String, i32, i32)>, i64) {
-    let stock = sqlx::query_as("select sku, on_hand, reserved from stock order by sku")
+    let stock = sqlx::query!("select sku, on_hand, reserved from stock order by sku")
         .fetch_all(&app.db)
         .await
-        .unwrap();
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.sku, r.on_hand, r.reserved))
+        .collect();
     (stock, ledger_rows(app).await)
 }
 
@@ -1055,8 +1061,8 @@ async fn a_stock_form_whose_first_send_is_still_running_gets_409_with_retry_afte
     ];
 
     let mut lock = app.db.begin().await.unwrap();
-    sqlx::query("select on_hand from stock where sku = 'SLOW-1' for update")
-        .execute(&mut *lock)
+    sqlx::query!("select on_hand from stock where sku = 'SLOW-1' for update")
+        .fetch_one(&mut *lock)
         .await
         .unwrap();
     let first = app.admin_post(path, &form);
@@ -1338,11 +1344,13 @@ async fn the_order_list_applies_each_filter_that_is_set_and_only_those() {
     let id_of = |sku: &'static str| {
         let app = &app;
         async move {
-            sqlx::query_scalar::<_, String>("select order_id::text from order_lines where sku = $1")
-                .bind(sku)
-                .fetch_one(&app.db)
-                .await
-                .unwrap()
+            sqlx::query_scalar!(
+                r#"select order_id::text as "id!" from order_lines where sku = $1"#,
+                sku
+            )
+            .fetch_one(&app.db)
+            .await
+            .unwrap()
         }
     };
     let (mouse, keyboard) = (id_of("MS-DRIFT-WL").await, id_of("KB-ALPINE-75").await);

@@ -9,13 +9,15 @@ use crate::helpers::{TestApp, spawn_app, spawn_app_with, test_settings};
 /// Adds a product with a description and a category.
 async fn add(app: &TestApp, sku: &str, name: &str, description: &str, category: &str, cents: i64) {
     app.add_product(sku, name, cents, 5).await;
-    sqlx::query("update products set description = $2, category = nullif($3, '') where sku = $1")
-        .bind(sku)
-        .bind(description)
-        .bind(category)
-        .execute(&app.db)
-        .await
-        .unwrap();
+    sqlx::query!(
+        "update products set description = $2, category = nullif($3, '') where sku = $1",
+        sku,
+        description,
+        category
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
 }
 
 /// A small shop: two things called keyboards, one that only mentions them, a mug.
@@ -111,7 +113,7 @@ async fn search_ranks_the_better_match_first_and_finds_words_by_their_prefix() {
 async fn categories_filter_and_every_sort_orders_the_list() {
     let app = spawn_app().await;
     fixture(&app).await;
-    sqlx::query("update products set created_at = now() - interval '1 day' where sku <> 'MUG-1'")
+    sqlx::query!("update products set created_at = now() - interval '1 day' where sku <> 'MUG-1'")
         .execute(&app.db)
         .await
         .unwrap();
@@ -179,11 +181,11 @@ async fn categories_filter_and_every_sort_orders_the_list() {
 #[tokio::test]
 async fn a_large_catalogue_comes_in_pages() {
     let app = spawn_app().await;
-    sqlx::query(
+    sqlx::query!(
         r#"insert into products (sku, name, price_cents, category)
            select 'P-' || lpad(i::text, 3, '0'), 'Product ' || lpad(i::text, 3, '0'), i * 100,
                   'Bulk'
-             from generate_series(1, 130) i"#,
+             from generate_series(1, 130) i"#
     )
     .execute(&app.db)
     .await
@@ -287,7 +289,7 @@ async fn an_admin_files_products_under_categories_on_the_form_and_through_the_ap
         }
     };
     let category = || async {
-        sqlx::query_scalar::<_, Option<String>>("select category from products where sku = 'MUG-1'")
+        sqlx::query_scalar!("select category from products where sku = 'MUG-1'")
             .fetch_one(&app.db)
             .await
             .unwrap()
@@ -405,7 +407,7 @@ async fn search_on_ten_thousand_products_uses_the_index() {
     ];
     // Names like "Walnut Cable QX7D2A": eight words in eight families, and a model code
     // of its own per product (what a shopper who knows what they want types).
-    sqlx::query(
+    sqlx::query!(
         r#"insert into products (sku, name, description, price_cents, category)
            select 'BULK-' || i,
                   ($1::text[])[1 + i % 8] || ' ' || ($2::text[])[1 + (i / 8) % 8] || ' ' ||
@@ -413,9 +415,9 @@ async fn search_on_ten_thousand_products_uses_the_index() {
                   'Item ' || i || ' of the bulk catalogue, made for the desk and coffee.',
                   100 + i, ($2::text[])[1 + (i / 8) % 8]
              from generate_series(1, 10000) i"#,
+        &adjectives[..] as &[&str],
+        &nouns[..] as &[&str]
     )
-    .bind(&adjectives[..])
-    .bind(&nouns[..])
     .execute(&app.db)
     .await
     .unwrap();
@@ -425,8 +427,9 @@ async fn search_on_ten_thousand_products_uses_the_index() {
         .execute(&app.db)
         .await
         .unwrap();
-    let codes: Vec<String> = sqlx::query_scalar(
-        "select lower(substr(split_part(name, ' ', -1), 1, 4)) from products order by sku limit 20",
+    let codes = sqlx::query_scalar!(
+        r#"select lower(substr(split_part(name, ' ', -1), 1, 4)) as "code!"
+             from products order by sku limit 20"#,
     )
     .fetch_all(&app.db)
     .await
@@ -436,8 +439,8 @@ async fn search_on_ten_thousand_products_uses_the_index() {
 
     // EXPLAIN ANALYZE of the search's filter, as PostgreSQL plans it and with the index
     // forced, for a whole word (which the statistics know) and for a prefix.
-    let full_code: String = sqlx::query_scalar(
-        "select lower(split_part(name, ' ', -1)) from products order by sku limit 1",
+    let full_code = sqlx::query_scalar!(
+        r#"select lower(split_part(name, ' ', -1)) as "code!" from products order by sku limit 1"#,
     )
     .fetch_one(&app.db)
     .await

@@ -228,7 +228,7 @@ async fn an_admin_restocks_the_drop_and_watches_the_dashboard_follow_an_order() 
     .await
     .unwrap();
     // The limited drop sells out (to one buyer: its one-per-customer limit lifted).
-    sqlx::query("update products set purchase_limit = null where sku = 'KB-DROP-ORCA'")
+    sqlx::query!("update products set purchase_limit = null where sku = 'KB-DROP-ORCA'")
         .execute(&app.db)
         .await
         .unwrap();
@@ -397,7 +397,7 @@ async fn product_names_that_look_like_markup_show_as_text_everywhere() {
             .as_u16(),
         201
     );
-    let order: String = sqlx::query_scalar("select id::text from orders")
+    let order = sqlx::query_scalar!(r#"select id::text as "id!" from orders"#)
         .fetch_one(&app.db)
         .await
         .unwrap();
@@ -682,7 +682,7 @@ async fn an_admin_watches_a_flash_sale_live_on_the_dashboard() {
         report.runs[0].result.wall_seconds
     );
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
-    let on_hand: i64 = sqlx::query_scalar("select sum(on_hand)::bigint from stock")
+    let on_hand = sqlx::query_scalar!(r#"select sum(on_hand)::bigint as "on_hand!" from stock"#)
         .fetch_one(&app.db)
         .await
         .unwrap();
@@ -788,8 +788,8 @@ async fn an_admin_restock_refreshed_resubmitted_and_double_clicked_adds_once_per
     let second = fill_restock(&b, "5", "Second delivery").await;
     assert_ne!(second, key, "the result page carries a fresh form");
     let mut lock = app.db.begin().await.unwrap();
-    sqlx::query("select on_hand from stock where sku = 'FORM-1' for update")
-        .execute(&mut *lock)
+    sqlx::query!("select on_hand from stock where sku = 'FORM-1' for update")
+        .fetch_one(&mut *lock)
         .await
         .unwrap();
     let double_click = b.execute(

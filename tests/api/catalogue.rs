@@ -20,7 +20,7 @@ async fn migrations_apply_on_an_empty_database_and_guard_stock() {
     // Running them again is a no-op.
     stockade::startup::MIGRATOR.run(&db).await.unwrap();
 
-    sqlx::query("insert into products (sku, name, price_cents) values ('AB-1', 'x', 100)")
+    sqlx::query!("insert into products (sku, name, price_cents) values ('AB-1', 'x', 100)")
         .execute(&db)
         .await
         .unwrap();
@@ -35,16 +35,18 @@ async fn migrations_apply_on_an_empty_database_and_guard_stock() {
             "accepted: {bad}"
         );
     }
-    sqlx::query("insert into stock_movements (sku, delta, reason, actor) values ('AB-1', 1, 'initial', 't')")
-        .execute(&db)
-        .await
-        .unwrap();
-    let err = sqlx::query("delete from stock_movements")
+    sqlx::query!(
+        "insert into stock_movements (sku, delta, reason, actor) values ('AB-1', 1, 'initial', 't')"
+    )
+    .execute(&db)
+    .await
+    .unwrap();
+    let err = sqlx::query!("delete from stock_movements")
         .execute(&db)
         .await
         .unwrap_err();
     assert!(err.to_string().contains("append-only"), "{err}");
-    let err = sqlx::query("update stock_movements set delta = 5")
+    let err = sqlx::query!("update stock_movements set delta = 5")
         .execute(&db)
         .await
         .unwrap_err();
@@ -55,7 +57,7 @@ async fn migrations_apply_on_an_empty_database_and_guard_stock() {
 async fn catalogue_lists_every_seeded_product_with_price_and_stock_badge() {
     let app = spawn_app().await;
     app.seed_demo().await;
-    sqlx::query("update stock set on_hand = 0 where sku = 'NB-DOT-A5'")
+    sqlx::query!("update stock set on_hand = 0 where sku = 'NB-DOT-A5'")
         .execute(&app.db)
         .await
         .unwrap();
@@ -101,7 +103,7 @@ async fn product_page_shows_name_price_and_availability() {
 async fn reserved_units_are_not_offered_as_available() {
     let app = spawn_app().await;
     app.add_product("HELD-1", "Held thing", 1000, 10).await;
-    sqlx::query("update stock set reserved = 8 where sku = 'HELD-1'")
+    sqlx::query!("update stock set reserved = 8 where sku = 'HELD-1'")
         .execute(&app.db)
         .await
         .unwrap();
@@ -173,7 +175,7 @@ async fn seeding_writes_a_ledger_that_sums_to_stock() {
     let app = spawn_app().await;
     app.seed_demo().await;
     app.seed_demo().await; // a second seed adds nothing
-    let count: i64 = sqlx::query_scalar("select count(*) from products")
+    let count = sqlx::query_scalar!(r#"select count(*) as "count!" from products"#)
         .fetch_one(&app.db)
         .await
         .unwrap();
@@ -183,7 +185,7 @@ async fn seeding_writes_a_ledger_that_sums_to_stock() {
         .unwrap();
     assert!(mismatches.is_empty(), "{mismatches:?}");
     // The check can fail: break the stock row behind the ledger's back.
-    sqlx::query("update stock set on_hand = on_hand + 1 where sku = 'MG-STONE-350'")
+    sqlx::query!("update stock set on_hand = on_hand + 1 where sku = 'MG-STONE-350'")
         .execute(&app.db)
         .await
         .unwrap();
@@ -207,13 +209,11 @@ async fn pages_reuse_what_they_read_for_a_moment_and_show_sold_out_at_once() {
 
     // A change this process did not make shows once the entry is half a second old:
     // meanwhile views are served without reading the database.
-    sqlx::query("update stock set on_hand = 3 where sku = 'CACHE-1'")
+    sqlx::query!("update stock set on_hand = 3 where sku = 'CACHE-1'")
         .execute(&app.db)
         .await
         .unwrap();
-    sqlx::query(
-        "insert into stock_movements (sku, delta, reason, actor) values ('CACHE-1', -1, 'adjust', 'test')",
-    )
+    sqlx::query!("insert into stock_movements (sku, delta, reason, actor) values ('CACHE-1', -1, 'adjust', 'test')")
     .execute(&app.db)
     .await
     .unwrap();

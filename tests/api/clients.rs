@@ -100,7 +100,7 @@ async fn orders_and_holds_need_a_valid_key_unless_anonymous_orders_are_allowed()
 
     let key = new_key(&app, "partner", Limit::Default).await;
     assert!(key.starts_with("sk_") && key.len() >= 3 + 32, "{key}");
-    let stored: String = sqlx::query_scalar("select key_hash from api_clients")
+    let stored = sqlx::query_scalar!("select key_hash from api_clients")
         .fetch_one(&app.db)
         .await
         .unwrap();
@@ -190,7 +190,7 @@ async fn idempotency_keys_orders_and_holds_belong_to_their_client() {
         .await
         .unwrap();
     assert_eq!(res.status(), 404);
-    let state: String = sqlx::query_scalar("select state from holds")
+    let state = sqlx::query_scalar!("select state from holds")
         .fetch_one(&app.db)
         .await
         .unwrap();
@@ -347,7 +347,7 @@ async fn the_admin_makes_and_revokes_api_clients() {
         .await;
     assert_eq!(res.status(), 422);
 
-    let id: i64 = sqlx::query_scalar("select id from api_clients where name = 'shop-app'")
+    let id = sqlx::query_scalar!("select id from api_clients where name = 'shop-app'")
         .fetch_one(&app.db)
         .await
         .unwrap();

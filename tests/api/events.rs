@@ -185,11 +185,13 @@ async fn order_id(res: reqwest::Response) -> String {
 }
 
 async fn events_of(app: &TestApp, kind: &str) -> Vec<Value> {
-    sqlx::query_scalar("select payload from events where type = $1 order by seq")
-        .bind(kind)
-        .fetch_all(&app.db)
-        .await
-        .unwrap()
+    sqlx::query_scalar!(
+        "select payload from events where type = $1 order by seq",
+        kind
+    )
+    .fetch_all(&app.db)
+    .await
+    .unwrap()
 }
 
 /// Waits until `sql` (one bigint) is `expected`.
@@ -568,7 +570,7 @@ async fn a_receipt_is_written_to_the_mail_folder_and_listed_for_the_admin() {
     )
     .await;
     let event_id: Uuid =
-        sqlx::query_scalar("select event_id from deliveries where channel = 'mail'")
+        sqlx::query_scalar!("select event_id from deliveries where channel = 'mail'")
             .fetch_one(&app.db)
             .await
             .unwrap();
@@ -859,17 +861,18 @@ async fn the_checker_finds_an_order_without_its_event_and_an_event_without_its_o
     assert!(clean.pass, "{clean:?}");
 
     // The first order loses its event; an event appears for an order that never was.
-    sqlx::query("delete from events where payload->>'order_id' = $1")
-        .bind(&first)
+    sqlx::query!("delete from events where payload->>'order_id' = $1", &first)
         .execute(&app.db)
         .await
         .unwrap();
     let ghost = Uuid::new_v4();
-    sqlx::query("insert into events (type, payload) values ('order.placed', $1)")
-        .bind(json!({ "order_id": ghost }))
-        .execute(&app.db)
-        .await
-        .unwrap();
+    sqlx::query!(
+        "insert into events (type, payload) values ('order.placed', $1)",
+        json!({ "order_id": ghost })
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
     let broken = i7(check(&app.db, None, None, default_stale_after())
         .await
         .unwrap());

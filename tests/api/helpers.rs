@@ -315,13 +315,15 @@ impl TestApp {
     /// Adds one product with `on_hand` units.
     pub async fn add_product(&self, sku: &str, name: &str, price_cents: i64, on_hand: i32) {
         let mut tx = self.db.begin().await.unwrap();
-        sqlx::query("insert into products (sku, name, price_cents) values ($1, $2, $3)")
-            .bind(sku)
-            .bind(name)
-            .bind(price_cents)
-            .execute(&mut *tx)
-            .await
-            .unwrap();
+        sqlx::query!(
+            "insert into products (sku, name, price_cents) values ($1, $2, $3)",
+            sku,
+            name,
+            price_cents
+        )
+        .execute(&mut *tx)
+        .await
+        .unwrap();
         let sku = stockade::catalog::Sku::parse(sku).unwrap();
         stockade::inventory::db::create_stock(&mut tx, &sku, on_hand, "test")
             .await
@@ -412,14 +414,15 @@ impl TestApp {
 
     /// Stock of `sku`: `(on_hand, reserved)`.
     pub async fn stock(&self, sku: &str) -> (i32, i32) {
-        sqlx::query_as("select on_hand, reserved from stock where sku = $1")
-            .bind(sku)
+        let row = sqlx::query!("select on_hand, reserved from stock where sku = $1", sku)
             .fetch_one(&self.db)
             .await
-            .unwrap()
+            .unwrap();
+        (row.on_hand, row.reserved)
     }
 
     pub async fn count(&self, sql: &'static str) -> i64 {
+        // Runtime: the statement is the caller's.
         sqlx::query_scalar(sql).fetch_one(&self.db).await.unwrap()
     }
 
@@ -433,17 +436,18 @@ impl TestApp {
             "I1: ledger disagrees with stock: {mismatches:?}"
         );
         // Units sold per SKU by orders equal the ledger's order movements.
-        let disagreements: Vec<(String, i64, i64)> = sqlx::query_as(
+        let disagreements: Vec<(String, i64, i64)> = sqlx::query!(
             r#"select s.sku,
-                      coalesce((select sum(l.quantity) from order_lines l where l.sku = s.sku), 0)::bigint,
+                      coalesce((select sum(l.quantity) from order_lines l where l.sku = s.sku), 0)::bigint as "sold!",
                       coalesce((select -sum(m.delta) from stock_movements m
-                                 where m.sku = s.sku and m.reason = 'order'), 0)::bigint
+                                 where m.sku = s.sku and m.reason = 'order'), 0)::bigint as "ledger!"
                  from stock s"#,
         )
         .fetch_all(&self.db)
         .await
         .unwrap()
         .into_iter()
+        .map(|r| (r.sku, r.sold, r.ledger))
         .filter(|(_, sold, ledger)| sold != ledger)
         .collect();
         assert!(

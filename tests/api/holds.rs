@@ -375,26 +375,26 @@ async fn sweeping_ten_thousand_expired_holds_while_shoppers_keep_buying() {
     app.add_product("SHOP-1", "Bought meanwhile", 100, 100_000)
         .await;
     // 10,000 expired holds of one unit each, written directly (as if placed an hour ago).
-    sqlx::query(
+    sqlx::query!(
         r#"with h as (
              insert into holds (id, state, expires_at, idempotency_scope, idempotency_key)
              select gen_random_uuid(), 'active', now() - interval '1 hour', 'bench', g::text
                from generate_series(1, 10000) g
              returning id, idempotency_key::int as n)
            insert into hold_lines (hold_id, sku, quantity, unit_price_cents)
-           select id, case when n % 2 = 0 then 'MASS-1' else 'MASS-2' end, 1, 100 from h"#,
+           select id, case when n % 2 = 0 then 'MASS-1' else 'MASS-2' end, 1, 100 from h"#
     )
     .execute(&app.db)
     .await
     .unwrap();
-    sqlx::query(
+    sqlx::query!(
         r#"insert into stock_movements (sku, delta, reserved_delta, reason, reference, actor)
-           select l.sku, 0, l.quantity, 'hold', l.hold_id::text, 'bench' from hold_lines l"#,
+           select l.sku, 0, l.quantity, 'hold', l.hold_id::text, 'bench' from hold_lines l"#
     )
     .execute(&app.db)
     .await
     .unwrap();
-    sqlx::query("update stock set reserved = 5000 where sku in ('MASS-1', 'MASS-2')")
+    sqlx::query!("update stock set reserved = 5000 where sku in ('MASS-1', 'MASS-2')")
         .execute(&app.db)
         .await
         .unwrap();

@@ -80,11 +80,14 @@ fn bomb(side: u32) -> Vec<u8> {
 }
 
 async fn stored(app: &TestApp, sku: &str) -> Option<(Vec<u8>, String)> {
-    sqlx::query_as("select image, image_etag from product_images where sku = $1")
-        .bind(sku)
-        .fetch_optional(&app.db)
-        .await
-        .unwrap()
+    sqlx::query!(
+        "select image, image_etag from product_images where sku = $1",
+        sku
+    )
+    .fetch_optional(&app.db)
+    .await
+    .unwrap()
+    .map(|r| (r.image, r.image_etag))
 }
 
 #[tokio::test]

@@ -301,7 +301,7 @@ async fn an_admin_sets_the_limit_and_the_catalogue_shows_it() {
     let status = res.status().as_u16();
     assert_eq!(status, 303, "{}", res.text().await.unwrap());
     let limit: Option<i32> =
-        sqlx::query_scalar("select purchase_limit from products where sku = 'DROP-1'")
+        sqlx::query_scalar!("select purchase_limit from products where sku = 'DROP-1'")
             .fetch_one(&app.db)
             .await
             .unwrap();

@@ -85,7 +85,7 @@ async fn the_load_tool_sends_the_api_key_it_is_given() {
         name: client.name.clone(),
         limit: client.limit(),
     });
-    let ids: Vec<uuid::Uuid> = sqlx::query_scalar("select id from orders")
+    let ids = sqlx::query_scalar!("select id from orders")
         .fetch_all(&app.db)
         .await
         .unwrap();
@@ -313,11 +313,13 @@ async fn the_checker_names_each_kind_of_violation() {
         entry("order", "refused", 409, "sold-out", None),
     ];
     // An order exists for the key the client was refused on.
-    sqlx::query("update orders set idempotency_key = 'refused' where id = $1::uuid")
-        .bind(&order_id)
-        .execute(&app.db)
-        .await
-        .unwrap();
+    sqlx::query!(
+        "update orders set idempotency_key = 'refused' where id = $1",
+        order_id.parse::<uuid::Uuid>().unwrap()
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
     let verdicts = check(&app.db, Some(&bad_log), None, default_stale_after())
         .await
         .unwrap();
@@ -328,9 +330,9 @@ async fn the_checker_names_each_kind_of_violation() {
     let mut idle = app.db.begin().await.unwrap();
     sqlx::query("select 1").execute(&mut *idle).await.unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(2_500)).await;
-    sqlx::query(
+    sqlx::query!(
         "insert into holds (id, state, expires_at, idempotency_scope, idempotency_key) \
-         values (gen_random_uuid(), 'active', now() - interval '1 minute', 't', 'stale')",
+         values (gen_random_uuid(), 'active', now() - interval '1 minute', 't', 'stale')"
     )
     .execute(&app.db)
     .await
@@ -342,10 +344,8 @@ async fn the_checker_names_each_kind_of_violation() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    sqlx::query(
-        "insert into idempotency_keys (scope, key, fingerprint, state, owner, locked_at) \
-         values ('api', 'abandoned', 'f', 'in_flight', gen_random_uuid(), now() - interval '1 hour')",
-    )
+    sqlx::query!("insert into idempotency_keys (scope, key, fingerprint, state, owner, locked_at) \
+         values ('api', 'abandoned', 'f', 'in_flight', gen_random_uuid(), now() - interval '1 hour')")
     .execute(&app.db)
     .await
     .unwrap();
@@ -365,14 +365,14 @@ async fn the_checker_names_each_kind_of_violation() {
     idle.rollback().await.unwrap();
 
     // I1 and I2: stock changed behind the ledger's back, and more sold than supplied.
-    sqlx::query("update stock set on_hand = on_hand + 7 where sku = 'CHK-1'")
+    sqlx::query!("update stock set on_hand = on_hand + 7 where sku = 'CHK-1'")
         .execute(&app.db)
         .await
         .unwrap();
-    sqlx::query(
+    sqlx::query!(
         "insert into order_lines (order_id, sku, quantity, unit_price_cents) \
          select id, 'CHK-1', 9, 100 from orders limit 1 on conflict (order_id, sku) \
-         do update set quantity = 9",
+         do update set quantity = 9"
     )
     .execute(&app.db)
     .await
@@ -460,16 +460,16 @@ async fn the_quiet_check_fails_only_on_in_flight_keys_older_than_the_stale_windo
     let insert = |key: &'static str, state: &'static str, age_ms: i32| {
         let db = db.clone();
         async move {
-            sqlx::query(
+            sqlx::query!(
                 "insert into idempotency_keys \
                    (scope, key, fingerprint, state, owner, response_status, locked_at) \
                  values ('api', $1, 'f', $2, gen_random_uuid(), \
                          case when $2 = 'completed' then 201 end, \
-                         now() - make_interval(secs => $3 / 1000.0))",
+                         now() - make_interval(secs => $3::int / 1000.0))",
+                key,
+                state,
+                age_ms
             )
-            .bind(key)
-            .bind(state)
-            .bind(age_ms)
             .execute(&db)
             .await
             .unwrap();
@@ -521,11 +521,11 @@ async fn stockade_check_exits_non_zero_on_a_broken_database() {
         String::from_utf8_lossy(&ok.stdout)
     );
     assert!(String::from_utf8_lossy(&ok.stdout).contains("PASS I1"));
-    sqlx::query("insert into products (sku, name, price_cents) values ('BRK-1', 'Broken', 1)")
+    sqlx::query!("insert into products (sku, name, price_cents) values ('BRK-1', 'Broken', 1)")
         .execute(&db)
         .await
         .unwrap();
-    sqlx::query("insert into stock (sku, on_hand) values ('BRK-1', 3)")
+    sqlx::query!("insert into stock (sku, on_hand) values ('BRK-1', 3)")
         .execute(&db)
         .await
         .unwrap();

@@ -131,10 +131,8 @@ async fn a_batch_gives_each_request_its_own_answer() {
     assert_eq!(earlier.status().as_u16(), 201);
     let earlier: serde_json::Value = earlier.json().await.unwrap();
     // A key used for another request, and one whose first request is still running.
-    sqlx::query(
-        r#"insert into idempotency_keys (scope, key, fingerprint, state, owner, response_status, response_body, completed_at)
-           values ('api', 'anon:mismatch', 'another request', 'completed', gen_random_uuid(), 409, '{}', now())"#,
-    )
+    sqlx::query!(r#"insert into idempotency_keys (scope, key, fingerprint, state, owner, response_status, response_body, completed_at)
+           values ('api', 'anon:mismatch', 'another request', 'completed', gen_random_uuid(), 409, '{}', now())"#)
     .execute(&app.db)
     .await
     .unwrap();
@@ -146,11 +144,11 @@ async fn a_batch_gives_each_request_its_own_answer() {
     )
     .unwrap()
     .fingerprint();
-    sqlx::query(
+    sqlx::query!(
         r#"insert into idempotency_keys (scope, key, fingerprint, state, owner)
            values ('api', 'anon:busy', $1, 'in_flight', gen_random_uuid())"#,
+        same_request.as_str()
     )
-    .bind(same_request.as_str())
     .execute(&app.db)
     .await
     .unwrap();
@@ -296,8 +294,9 @@ async fn sold_out_answers_come_from_redis(strategy: OrderStrategy) {
     // Within a few seconds the answer is in PostgreSQL too.
     let since = Instant::now();
     loop {
-        let status: Option<i16> = sqlx::query_scalar(
-            "select response_status from idempotency_keys where scope = 'api' and key = 'anon:fresh'",
+        let status: Option<i16> = sqlx::query_scalar!(
+            r#"select response_status as "status!" from idempotency_keys
+                where scope = 'api' and key = 'anon:fresh'"#,
         )
         .fetch_optional(&app.db)
         .await
@@ -343,13 +342,10 @@ async fn a_batch_whose_key_is_recorded_elsewhere_meanwhile_starts_again_without_
     .fingerprint();
     // Another process is deciding the key: its record is written but not yet committed.
     let mut elsewhere = app.db.begin().await.unwrap();
-    sqlx::query(
-        r#"insert into idempotency_keys
+    sqlx::query!(r#"insert into idempotency_keys
                   (scope, key, fingerprint, state, owner, response_status, response_body, completed_at)
            values ('api', 'anon:raced', $1, 'completed', gen_random_uuid(), 409,
-                   '{"shortages": [{"sku": "RACE-1", "requested": 1, "available": 0}]}', now())"#,
-    )
-    .bind(fingerprint.as_str())
+                   '{"shortages": [{"sku": "RACE-1", "requested": 1, "available": 0}]}', now())"#, fingerprint.as_str())
     .execute(&mut *elsewhere)
     .await
     .unwrap();
@@ -571,10 +567,10 @@ async fn multi_sku_orders_in_random_line_order_never_deadlock() {
     app.assert_invariants().await;
     for sku in skus {
         let (on_hand, _) = app.stock(sku).await;
-        let sold: i64 = sqlx::query_scalar(
-            "select coalesce(sum(quantity), 0)::bigint from order_lines where sku = $1",
+        let sold = sqlx::query_scalar!(
+            r#"select coalesce(sum(quantity), 0)::bigint as "sold!" from order_lines where sku = $1"#,
+            sku,
         )
-        .bind(sku)
         .fetch_one(&app.db)
         .await
         .unwrap();
@@ -597,7 +593,7 @@ async fn one_key_sent_twenty_times_at_once_makes_one_order() {
     .await;
     let orders = app.count("select count(*) from orders").await;
     assert_eq!(orders, 1);
-    let id: String = sqlx::query_scalar("select id::text from orders")
+    let id = sqlx::query_scalar!(r#"select id::text as "id!" from orders"#)
         .fetch_one(&app.db)
         .await
         .unwrap();
@@ -667,7 +663,7 @@ async fn not_enough_stock_is_decided_once_and_replayed() {
     assert_eq!(app.stock("SHORT-2").await.0, 50, "nothing half-written");
 
     // Stock arrives, but the key's answer was decided: the retry gets the same 409.
-    sqlx::query("update stock set on_hand = 10 where sku = 'SHORT-1'")
+    sqlx::query!("update stock set on_hand = 10 where sku = 'SHORT-1'")
         .execute(&app.db)
         .await
         .unwrap();
@@ -818,13 +814,11 @@ async fn orders_continue_on_the_database_guard_while_redis_is_down() {
     // again, without a restart.
     app.restart_redis().await;
     app.assert_leases_back_within_a_second().await;
-    sqlx::query("update stock set on_hand = 5 where sku = 'DOWN-1'")
+    sqlx::query!("update stock set on_hand = 5 where sku = 'DOWN-1'")
         .execute(&app.db)
         .await
         .unwrap();
-    sqlx::query(
-        "insert into stock_movements (sku, delta, reason, actor) values ('DOWN-1', 5, 'restock', 'test')",
-    )
+    sqlx::query!("insert into stock_movements (sku, delta, reason, actor) values ('DOWN-1', 5, 'restock', 'test')")
     .execute(&app.db)
     .await
     .unwrap();

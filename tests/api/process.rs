@@ -69,8 +69,8 @@ async fn local_mode_keeps_its_data_across_a_restart_and_leaves_no_servers_behind
     );
 
     let db = sqlx::PgPool::connect(&db_url).await.unwrap();
-    sqlx::query(
-        "update products set name = 'Alpine 75 Keyboard, Second Batch' where sku = 'KB-ALPINE-75'",
+    sqlx::query!(
+        "update products set name = 'Alpine 75 Keyboard, Second Batch' where sku = 'KB-ALPINE-75'"
     )
     .execute(&db)
     .await
@@ -97,7 +97,7 @@ async fn local_mode_keeps_its_data_across_a_restart_and_leaves_no_servers_behind
         "the same DATABASE_URL as before (its port kept while free)"
     );
     let db = sqlx::PgPool::connect(&db_url).await.unwrap();
-    let products: i64 = sqlx::query_scalar("select count(*) from products")
+    let products = sqlx::query_scalar!(r#"select count(*) as "count!" from products"#)
         .fetch_one(&db)
         .await
         .unwrap();

@@ -398,7 +398,7 @@ async fn admin_numbers_past_what_stock_can_hold_get_422_not_500() {
     app.add_product("BIG-1", "Big", 1_000, 10).await;
     let token = app.login_admin().await;
     // A count close to the column's limit (2^31 - 1).
-    sqlx::query("update stock set on_hand = 2147480000 where sku = 'BIG-1'")
+    sqlx::query!("update stock set on_hand = 2147480000 where sku = 'BIG-1'")
         .execute(&app.db)
         .await
         .unwrap();

@@ -16,10 +16,13 @@ struct Snapshot {
 
 async fn snapshot(app: &TestApp) -> Snapshot {
     Snapshot {
-        stock: sqlx::query_as("select sku, on_hand, reserved from stock order by sku")
+        stock: sqlx::query!("select sku, on_hand, reserved from stock order by sku")
             .fetch_all(&app.db)
             .await
-            .unwrap(),
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.sku, r.on_hand, r.reserved))
+            .collect(),
         orders: app.count("select count(*) from orders").await,
         lines: app.count("select count(*) from order_lines").await,
         movements: app.count("select count(*) from stock_movements").await,

@@ -93,7 +93,7 @@ fn recent_order(o: OrderSummary) -> RecentOrder {
     RecentOrder {
         reference: o.id.simple().to_string()[..8].to_uppercase(),
         id: o.id,
-        status: o.status,
+        status: o.status.to_string(),
         total: format_cents(o.total_cents),
         units: o.units,
         at: o.created_at.format("%H:%M:%S").to_string(),

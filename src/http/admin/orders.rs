@@ -16,7 +16,7 @@ use crate::error::AppError;
 use crate::http::{AppState, Chrome, csrf, html};
 use crate::idempotency::StoredResponse;
 use crate::orders::db::{OrderFilter, OrderSummary};
-use crate::orders::{self, Cancelled, Order};
+use crate::orders::{self, Cancelled, Order, OrderStatus};
 
 #[derive(Template)]
 #[template(path = "admin/orders.html")]
@@ -51,15 +51,13 @@ pub async fn get_orders(
             .filter(|s| !s.is_empty())
             .map(str::to_string)
     };
-    let status = text(&query.status);
-    if let Some(s) = &status
-        && s != "placed"
-        && s != "cancelled"
-    {
-        return Err(AppError::Unprocessable(
-            "Status is placed or cancelled.".into(),
-        ));
-    }
+    let status = match text(&query.status) {
+        Some(raw) => Some(
+            OrderStatus::parse(&raw)
+                .ok_or_else(|| AppError::Unprocessable("Status is placed or cancelled.".into()))?,
+        ),
+        None => None,
+    };
     let sku = match text(&query.sku) {
         Some(raw) => Some(
             Sku::parse(&raw)
@@ -77,7 +75,7 @@ pub async fn get_orders(
         };
     let page = Page::of(query.page, PAGE);
     let filter = OrderFilter {
-        status: status.clone(),
+        status,
         sku: sku.clone(),
         date,
     };
@@ -85,14 +83,14 @@ pub async fn get_orders(
         orders::reports::list(&state.db, &filter, page.size, page.offset()).await?;
     let query_string = format!(
         "status={}&sku={}&date={}",
-        status.clone().unwrap_or_default(),
+        status.map(OrderStatus::as_str).unwrap_or_default(),
         sku.clone().unwrap_or_default(),
         date.map(|d| d.to_string()).unwrap_or_default()
     );
     let page = OrdersPage {
         chrome: page_chrome(&req, &admin),
         orders,
-        status: status.unwrap_or_default(),
+        status: status.map(OrderStatus::as_str).unwrap_or_default().into(),
         sku: sku.unwrap_or_default(),
         date: date.map(|d| d.to_string()).unwrap_or_default(),
         page: page.number,

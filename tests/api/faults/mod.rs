@@ -17,13 +17,13 @@ use sqlx::PgExecutor;
 /// at their next use of each connection. `db` (a connection, or a pool: then its other
 /// connections to `database` go too) may be connected to any database of the server.
 pub async fn terminate_backends(db: impl PgExecutor<'_>, database: &str) -> sqlx::Result<i64> {
-    sqlx::query_scalar(
-        r#"select count(*) filter (where pg_terminate_backend(pid, 5000))
+    sqlx::query_scalar!(
+        r#"select count(*) filter (where pg_terminate_backend(pid, 5000)) as "terminated!"
              from pg_stat_activity
             where datname = $1 and backend_type = 'client backend'
               and pid <> pg_backend_pid()"#,
+        database,
     )
-    .bind(database)
     .fetch_one(db)
     .await
 }

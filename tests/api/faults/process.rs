@@ -56,7 +56,7 @@ async fn terminating_backends_cuts_every_connection_of_the_database_but_the_call
     let mut victim = PgConnection::connect(&url).await.unwrap();
     sqlx::query("select 1").execute(&mut victim).await.unwrap();
     let mut caller = PgConnection::connect(&url).await.unwrap();
-    let database: String = sqlx::query_scalar("select current_database()")
+    let database = sqlx::query_scalar!(r#"select current_database() as "name!""#)
         .fetch_one(&mut caller)
         .await
         .unwrap();

@@ -207,10 +207,13 @@ impl SaleReport {
         let placed = self.placed();
         let in_db: Vec<(String, String)> =
             // Anonymous API keys are stored in the anonymous caller's key space.
-            sqlx::query_as("select substr(idempotency_key, 6), id::text from orders")
+            sqlx::query!(r#"select substr(idempotency_key, 6) as "key!", id::text as "id!" from orders"#)
                 .fetch_all(&app.db)
                 .await
-                .unwrap();
+                .unwrap()
+                .into_iter()
+                .map(|r| (r.key, r.id))
+                .collect();
         let in_db: BTreeMap<&str, &str> = in_db
             .iter()
             .map(|(k, id)| (k.as_str(), id.as_str()))

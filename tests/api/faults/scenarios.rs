@@ -311,12 +311,12 @@ async fn keys_of_dead_requests_are_freed_within_seconds_and_the_checker_sees_str
     let stale = stockade::checkout::stale_after(&app.settings);
 
     // A record left by a process that died mid-request, one second from going stale.
-    sqlx::query(
+    sqlx::query!(
         r#"insert into idempotency_keys (scope, key, fingerprint, state, owner, locked_at)
            values ('api', 'orphan', 'x', 'in_flight', gen_random_uuid(),
                    now() - make_interval(secs => $1))"#,
+        stale.as_secs_f64() - 1.0
     )
-    .bind(stale.as_secs_f64() - 1.0)
     .execute(&app.db)
     .await
     .unwrap();
