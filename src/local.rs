@@ -197,6 +197,13 @@ impl LocalPostgres {
             .args(["-c", "listen_addresses=127.0.0.1"])
             .args(["-c", "unix_socket_directories="])
             .args(["-c", "max_connections=500"])
+            // A fresh cluster has no old WAL segments to recycle, so each new 16 MB
+            // segment would be written full of zeroes, and fsynced, by the commit that
+            // needs it: a stall of a tenth of a second or more every second at a flash
+            // sale's rate of WAL. A server that has run a while recycles its segments
+            // instead. Files created sparse behave like that from the start; durability
+            // is the same (fsync and synchronous commit stay on).
+            .args(["-c", "wal_init_zero=off"])
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
