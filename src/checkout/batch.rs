@@ -162,10 +162,19 @@ impl Batcher {
     /// sold-out queue if its SKU was seen sold out (and Redis was not asked yet), else the
     /// batch queue.
     fn enqueue(self: &Arc<Self>, queued: Queued) {
-        let sold_out = !queued.past_sold_out
+        let sold_out = self.for_sold_out_queue(&queued);
+        self.enqueue_to(sold_out, queued);
+    }
+
+    /// Whether `queued` is for a SKU this process saw sold out, not yet asked of Redis.
+    fn for_sold_out_queue(&self, queued: &Queued) -> bool {
+        !queued.past_sold_out
             && self
                 .redis
-                .believes_sold_out(std::slice::from_ref(queued.job.sku()));
+                .believes_sold_out(std::slice::from_ref(queued.job.sku()))
+    }
+
+    fn enqueue_to(self: &Arc<Self>, sold_out: bool, queued: Queued) {
         let lane = if sold_out {
             &self.sold_out_queue
         } else {
@@ -191,16 +200,9 @@ impl Batcher {
     async fn lead_sold_out(self: Arc<Self>, mut jobs: mpsc::UnboundedReceiver<Queued>) {
         loop {
             let mut lot = Vec::new();
-            while lot.len() < self.settings.batch_max {
-                match jobs.try_recv() {
-                    Ok(q) => lot.push(q),
-                    Err(_) => break,
-                }
-            }
+            take_ready(&mut jobs, &mut lot, self.settings.batch_max);
             if lot.is_empty() {
-                let mut queue = self.sold_out_queue.lock().expect("batch queue");
-                if jobs.is_empty() {
-                    *queue = None;
+                if leave_if_dry(&self.sold_out_queue, &jobs) {
                     return;
                 }
                 continue;
@@ -230,19 +232,12 @@ impl Batcher {
                 }
             }
             let retried = batch.len();
-            while batch.len() < s.batch_max {
-                match jobs.try_recv() {
-                    Ok(q) => batch.push(q),
-                    Err(_) => break,
-                }
-            }
+            take_ready(&mut jobs, &mut batch, s.batch_max);
             if batch.is_empty() || retried == batch.len() {
                 self.release(to_release.take().as_ref()).await;
             }
             if batch.is_empty() {
-                let mut queue = self.queue.lock().expect("batch queue");
-                if jobs.is_empty() {
-                    *queue = None;
+                if leave_if_dry(&self.queue, &jobs) {
                     return;
                 }
                 continue;
@@ -400,14 +395,13 @@ impl Batcher {
     /// Hands the orders for SKUs this process saw sold out since they queued to the
     /// sold-out queue; returns the others.
     fn send_sold_out_aside(self: &Arc<Self>, batch: Vec<Queued>) -> Vec<Queued> {
-        let (believed, rest): (Vec<Queued>, Vec<Queued>) = batch.into_iter().partition(|q| {
-            !q.past_sold_out
-                && self
-                    .redis
-                    .believes_sold_out(std::slice::from_ref(q.job.sku()))
-        });
-        for q in believed {
-            self.enqueue(q);
+        let mut rest = Vec::with_capacity(batch.len());
+        for q in batch {
+            if self.for_sold_out_queue(&q) {
+                self.enqueue_to(true, q);
+            } else {
+                rest.push(q);
+            }
         }
         rest
     }
@@ -458,6 +452,30 @@ impl Batcher {
         }
         rest
     }
+}
+
+/// Moves what is queued in `jobs` into `lot`, up to `max` in all, without waiting.
+fn take_ready(jobs: &mut mpsc::UnboundedReceiver<Queued>, lot: &mut Vec<Queued>, max: usize) {
+    while lot.len() < max {
+        match jobs.try_recv() {
+            Ok(q) => lot.push(q),
+            Err(_) => break,
+        }
+    }
+}
+
+/// Closes `lane` if nothing is queued in `jobs`, under the lane's lock (so no job is sent
+/// to a leader that is leaving: the next one starts a new leader). True: the leader leaves.
+fn leave_if_dry(
+    lane: &Mutex<Option<mpsc::UnboundedSender<Queued>>>,
+    jobs: &mpsc::UnboundedReceiver<Queued>,
+) -> bool {
+    let mut queue = lane.lock().expect("batch queue");
+    if jobs.is_empty() {
+        *queue = None;
+        return true;
+    }
+    false
 }
 
 /// Answers the jobs whose key has a sold-out answer kept in Redis (`marked`, from

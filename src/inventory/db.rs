@@ -374,24 +374,17 @@ pub async fn take_stock_naive(
 }
 
 /// Locks the stock rows of `skus` for a batch's sale, in SKU order (byte order, as every
-/// order locks them): per SKU, the units available and the last fence that wrote it.
-/// SKUs without stock are missing from the answer.
+/// order locks them), until the transaction ends.
 #[tracing::instrument(skip_all)]
-pub async fn lock_for_sale(
-    conn: &mut PgConnection,
-    skus: &[&str],
-) -> sqlx::Result<Vec<(String, i32, i64)>> {
-    let rows = sqlx::query!(
-        r#"select sku, on_hand - reserved as "available!", last_fence from stock
+pub async fn lock_for_sale(conn: &mut PgConnection, skus: &[&str]) -> sqlx::Result<()> {
+    sqlx::query!(
+        r#"select 1 as "locked" from stock
             where sku = any($1::text[]) order by sku collate "C" for update"#,
         skus as &[&str],
     )
     .fetch_all(conn)
     .await?;
-    Ok(rows
-        .into_iter()
-        .map(|r| (r.sku, r.available, r.last_fence))
-        .collect())
+    Ok(())
 }
 
 /// Sells `quantity` units of `sku` with the one conditional statement every sale goes
