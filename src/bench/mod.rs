@@ -550,14 +550,13 @@ impl Bench<'_> {
         strategy: &str,
     ) -> anyhow::Result<(Measured, Measured)> {
         let plan = self.plan;
-        let client = load::client(plan.connections, load.timeout)?;
         let warmup = Duration::from_secs_f64(plan.warmup_s);
-        let warm = load::closed(load, &client, plan.connections, warmup, Arc::default()).await;
+        let warm = load::closed(load, plan.connections, warmup, Arc::default()).await;
         let duration = Duration::from_secs(plan.duration_s);
         let live = Arc::new(Live::default());
         let label = format!("{} · {strategy}", workload.name());
         let progress = self.progress(label, duration, live.clone());
-        let measured = load::closed(load, &client, plan.connections, duration, live).await;
+        let measured = load::closed(load, plan.connections, duration, live).await;
         progress.finish();
         Ok((warm, measured))
     }

@@ -119,13 +119,17 @@ pub fn cookie(
 
 /// Runs `work` as a task of its own, so it runs to the end (committing or cleaning up
 /// its idempotency key and leases) even when the client goes away and the handler is
-/// dropped.
-pub async fn detached<T: 'static>(
+/// dropped. The work is boxed before it is spawned: the handler's own future then holds
+/// a pointer, not the whole order flow, and stays cheap to move.
+pub fn detached<T: 'static>(
     work: impl Future<Output = T> + 'static,
-) -> Result<T, crate::error::AppError> {
-    actix_web::rt::spawn(work)
-        .await
-        .map_err(|e| crate::error::AppError::Internal(anyhow::anyhow!("request task failed: {e}")))
+) -> impl Future<Output = Result<T, crate::error::AppError>> {
+    let task = actix_web::rt::spawn(Box::pin(work));
+    async move {
+        task.await.map_err(|e| {
+            crate::error::AppError::Internal(anyhow::anyhow!("request task failed: {e}"))
+        })
+    }
 }
 
 /// Renders a page with a status of its own choosing.
