@@ -307,27 +307,39 @@ pub fn problem_response(
     problem_document(req.path(), &problem, &request_id(req))
 }
 
+/// An RFC 9457 problem document, as sent: the standard members, then the problem's own
+/// (`shortages`, `on_hand`, …).
+#[derive(serde::Serialize)]
+struct ProblemDocument<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    title: &'static str,
+    status: u16,
+    detail: &'a str,
+    instance: &'a str,
+    request_id: &'a str,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    details: Option<&'a serde_json::Map<String, serde_json::Value>>,
+}
+
 /// An RFC 9457 problem document about the request for `path`.
 fn problem_document(path: &str, problem: &Problem, request_id: &str) -> HttpResponse {
     let status = problem.status;
-    let mut doc = serde_json::json!({
-        "type": "about:blank",
-        "title": AppError::title(status),
-        "status": status.as_u16(),
-        "detail": problem.message,
-        "instance": path,
-        "request_id": request_id,
-    });
-    if let (Some(serde_json::Value::Object(extra)), Some(obj)) =
-        (problem.details.as_ref(), doc.as_object_mut())
-    {
-        for (k, v) in extra {
-            obj.insert(k.clone(), v.clone());
-        }
-    }
+    let doc = ProblemDocument {
+        kind: "about:blank",
+        title: AppError::title(status),
+        status: status.as_u16(),
+        detail: &problem.message,
+        instance: path,
+        request_id,
+        details: problem
+            .details
+            .as_ref()
+            .and_then(serde_json::Value::as_object),
+    };
     HttpResponse::build(status)
         .content_type("application/problem+json")
-        .body(doc.to_string())
+        .body(serde_json::to_string(&doc).expect("problem documents serialise"))
 }
 
 fn error_page(problem: &Problem, chrome: Chrome, request_id: &str) -> HttpResponse {
