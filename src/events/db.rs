@@ -14,8 +14,11 @@ use super::{Event, EventType};
 /// Writes `event` on `conn`, which must be the transaction of the change it reports.
 #[tracing::instrument(skip_all, fields(kind = event.kind.as_str()))]
 pub async fn record(conn: &mut PgConnection, event: Event) -> sqlx::Result<()> {
+    // Written routed when nothing can want it (see the migration `events_nobody_waits_for`).
     sqlx::query!(
-        "insert into events (type, payload) values ($1, $2)",
+        r#"insert into events (type, payload, routed_at)
+           values ($1, $2, case when event_subscribed($1) or event_may_mail($1, $2) then null
+                                else now() end)"#,
         event.kind.as_str(),
         event.payload,
     )
@@ -36,7 +39,9 @@ pub async fn record_many(
         return Ok(());
     }
     sqlx::query!(
-        "insert into events (type, payload) select $1, p from unnest($2::jsonb[]) as p",
+        r#"insert into events (type, payload, routed_at)
+           select $1, p, case when wanted or event_may_mail($1, p) then null else now() end
+             from unnest($2::jsonb[]) as p, (select event_subscribed($1) as wanted) as w"#,
         kind.as_str(),
         &payloads,
     )
@@ -67,7 +72,7 @@ pub async fn route(pool: &PgPool, limit: i64, mail: bool) -> sqlx::Result<i64> {
            ), mails as (
                 insert into deliveries (event_id, channel)
                 select r.id, 'mail' from routed r
-                 where $2 and r.type = 'order.placed' and coalesce(r.payload->>'email', '') <> ''
+                 where $2 and event_may_mail(r.type, r.payload)
            )
            select count(*) as "routed!" from routed"#,
         limit,

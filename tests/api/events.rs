@@ -507,6 +507,75 @@ async fn batched_orders_write_one_event_each_and_the_last_unit_one_sold_out() {
     assert!(events_of(&app, "stock.low").await.len() <= 1);
 }
 
+/// How the `order.placed` event of order `id` was routed: `Some(true)` written routed by
+/// its own insert (routed at the instant it was created, in the same transaction),
+/// `Some(false)` routed later by a dispatcher, `None` not routed yet.
+async fn routed_on_insert(app: &TestApp, id: &str) -> Option<bool> {
+    sqlx::query_scalar!(
+        r#"select routed_at = created_at as "same" from events
+            where type = 'order.placed' and payload->>'order_id' = $1"#,
+        id
+    )
+    .fetch_one(&app.db)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn an_event_nothing_can_want_is_written_routed_and_one_an_endpoint_wants_is_routed_to_it() {
+    for strategy in [
+        stockade::config::OrderStrategy::RedisLock,
+        stockade::config::OrderStrategy::Batched,
+    ] {
+        let mut settings = test_settings().await;
+        settings.order_strategy = strategy;
+        let app = spawn_app_with(settings).await;
+        app.add_product("EV-QUIET", "Quiet", 100, 10).await;
+
+        // No endpoint, no email: nothing to route to, so no dispatcher rewrites the row.
+        let quiet = order_id(app.post_order("ev-quiet", &[("EV-QUIET", 1)]).await).await;
+        assert_eq!(
+            routed_on_insert(&app, &quiet).await,
+            Some(true),
+            "{strategy:?}"
+        );
+        // An email may become a receipt: left to the dispatchers, who know about mail.
+        let mailed =
+            order_id(order_with_email(&app, "ev-mailed", "EV-QUIET", "ada@example.com").await)
+                .await;
+        assert_ne!(
+            routed_on_insert(&app, &mailed).await,
+            Some(true),
+            "{strategy:?}"
+        );
+
+        // Once an endpoint subscribes, its type's events wait for a dispatcher, which
+        // routes them to it.
+        let receiver = Receiver::start().await;
+        endpoint(&app, &receiver.url(), &["order.placed"]).await;
+        let wanted = order_id(app.post_order("ev-wanted", &[("EV-QUIET", 1)]).await).await;
+        assert_ne!(
+            routed_on_insert(&app, &wanted).await,
+            Some(true),
+            "{strategy:?}"
+        );
+        receiver
+            .wait_for(Duration::from_secs(10), |b| {
+                b["data"]["order_id"] == wanted.as_str()
+            })
+            .await;
+        assert_eq!(routed_on_insert(&app, &wanted).await, Some(false));
+        // The order placed before the endpoint existed is not sent to it.
+        assert!(
+            receiver
+                .got()
+                .iter()
+                .all(|g| g.json()["data"]["order_id"] != quiet.as_str()),
+            "{strategy:?}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_dispatcher_killed_mid_send_is_replaced_and_the_event_still_arrives() {
     // This process's own dispatcher stays idle: the `serve` children send.

@@ -131,8 +131,12 @@ pub async fn write(conn: &mut PgConnection, d: &Decided<'_>) -> sqlx::Result<boo
                       as u(id, sku, quantity, scope)
                 where (select go from go)
            ), placed_events as (
-               insert into events (type, payload)
-               select 'order.placed', p from unnest($15::jsonb[]) as p
+               insert into events (type, payload, routed_at)
+               select 'order.placed', p,
+                      case when wanted or event_may_mail('order.placed', p) then null
+                           else now() end
+                 from unnest($15::jsonb[]) as p,
+                      (select event_subscribed('order.placed') as wanted) as w
                 where (select go from go)
            ), answers as (
                insert into idempotency_keys
