@@ -19,3 +19,13 @@ language sql immutable
 as $$
     select event_type = 'order.placed' and coalesce(payload ->> 'email', '') <> ''
 $$;
+
+-- When an event of this type and payload is routed as it is written: now, unless an
+-- endpoint subscribes to its type (`subscribed`, looked up once per statement) or it may
+-- become a receipt; then never (null), and the dispatchers route it.
+create function event_routed_at(subscribed boolean, event_type text, payload jsonb)
+returns timestamptz
+language sql stable
+as $$
+    select case when subscribed or event_may_mail(event_type, payload) then null else now() end
+$$;

@@ -197,7 +197,8 @@ impl Connection {
         }
     }
 
-    /// Sends one request of `load`; returns its status (0 when none came in time).
+    /// Sends one request of `load`; returns its status (0 when none came in time, and
+    /// then the connection is dropped).
     async fn send(&mut self, load: &Load, rng: &mut StdRng) -> u16 {
         let request = self.request(&load.work, rng);
         match tokio::time::timeout(load.timeout, self.exchange(request)).await {
@@ -232,24 +233,17 @@ impl Connection {
     }
 
     /// The status of `request`'s answer, its body read to the end; `None` when the
-    /// connection failed.
+    /// connection failed (the caller drops it).
     async fn exchange(&mut self, request: Request<Full<Bytes>>) -> Option<u16> {
         if self.sender.is_none() {
             self.sender = connect(&self.authority).await;
         }
         let sender = self.sender.as_mut()?;
-        let answered = async {
-            sender.ready().await.ok()?;
-            let response = sender.send_request(request).await.ok()?;
-            let status = response.status().as_u16();
-            response.into_body().collect().await.ok()?;
-            Some(status)
-        };
-        let status = answered.await;
-        if status.is_none() {
-            self.sender = None;
-        }
-        status
+        sender.ready().await.ok()?;
+        let response = sender.send_request(request).await.ok()?;
+        let status = response.status().as_u16();
+        response.into_body().collect().await.ok()?;
+        Some(status)
     }
 }
 

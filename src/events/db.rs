@@ -17,8 +17,7 @@ pub async fn record(conn: &mut PgConnection, event: Event) -> sqlx::Result<()> {
     // Written routed when nothing can want it (see the migration `events_nobody_waits_for`).
     sqlx::query!(
         r#"insert into events (type, payload, routed_at)
-           values ($1, $2, case when event_subscribed($1) or event_may_mail($1, $2) then null
-                                else now() end)"#,
+           values ($1, $2, event_routed_at(event_subscribed($1), $1, $2))"#,
         event.kind.as_str(),
         event.payload,
     )
@@ -40,8 +39,8 @@ pub async fn record_many(
     }
     sqlx::query!(
         r#"insert into events (type, payload, routed_at)
-           select $1, p, case when wanted or event_may_mail($1, p) then null else now() end
-             from unnest($2::jsonb[]) as p, (select event_subscribed($1) as wanted) as w"#,
+           select $1, p, event_routed_at(subscribed, $1, p)
+             from unnest($2::jsonb[]) as p, (select event_subscribed($1) as subscribed) as s"#,
         kind.as_str(),
         &payloads,
     )

@@ -132,11 +132,9 @@ pub async fn write(conn: &mut PgConnection, d: &Decided<'_>) -> sqlx::Result<boo
                 where (select go from go)
            ), placed_events as (
                insert into events (type, payload, routed_at)
-               select 'order.placed', p,
-                      case when wanted or event_may_mail('order.placed', p) then null
-                           else now() end
+               select 'order.placed', p, event_routed_at(subscribed, 'order.placed', p)
                  from unnest($15::jsonb[]) as p,
-                      (select event_subscribed('order.placed') as wanted) as w
+                      (select event_subscribed('order.placed') as subscribed) as s
                 where (select go from go)
            ), answers as (
                insert into idempotency_keys
