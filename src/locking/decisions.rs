@@ -40,20 +40,22 @@ pub const IN_POSTGRES: &str = "pg";
 
 /// KEYS: the SKU's sold-out hint, the drain list, n decision keys. ARGV: ttl ms, n
 /// records. Unless the hint is gone (then returns {}), stores each record under its key
-/// when the key has none, and returns per key '' (stored now) or the record it had.
+/// when the key has none, and returns per key '' (stored now) or the record it had. One
+/// `SET … NX GET` per key and one `RPUSH` for all the stored ones: a call from the script
+/// costs Redis more than the work it does.
 const DECIDE: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 0 then return {} end
-local out = {}
+local out, stored = {}, {}
 for i = 3, #KEYS do
-  local prev = redis.call('GET', KEYS[i])
+  local prev = redis.call('SET', KEYS[i], ARGV[i - 1], 'NX', 'GET', 'PX', ARGV[1])
   if prev then
     out[i - 2] = prev
   else
-    redis.call('SET', KEYS[i], ARGV[i - 1], 'PX', ARGV[1])
-    redis.call('RPUSH', KEYS[2], ARGV[i - 1])
+    stored[#stored + 1] = ARGV[i - 1]
     out[i - 2] = ''
   end
 end
+if #stored > 0 then redis.call('RPUSH', KEYS[2], unpack(stored)) end
 return out
 "#;
 
@@ -62,13 +64,8 @@ return out
 const MARK: &str = r#"
 local out = {}
 for i, key in ipairs(KEYS) do
-  local v = redis.call('GET', key)
-  if not v then
-    redis.call('SET', key, 'pg', 'PX', ARGV[1])
-    v = ''
-  elseif v == 'pg' then
-    v = ''
-  end
+  local v = redis.call('SET', key, 'pg', 'NX', 'GET', 'PX', ARGV[1])
+  if not v or v == 'pg' then v = '' end
   out[i] = v
 end
 return out
