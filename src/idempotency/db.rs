@@ -192,14 +192,33 @@ pub async fn store(
         .map(Some)
 }
 
-/// Stores many decided answers by one statement (a batch's answers, or sold-out answers
-/// first kept in Redis); a key that has a record already keeps it. Returns how many were
-/// stored.
+/// Stores many decided answers (sold-out answers first kept in Redis); a key that has a
+/// record already keeps it. Returns how many were stored.
 #[tracing::instrument(skip_all)]
-pub async fn store_decided(
-    conn: impl sqlx::PgExecutor<'_>,
-    decisions: &[Decision<'_>],
-) -> sqlx::Result<u64> {
+pub async fn store_decided(db: &PgPool, decisions: &[Decision<'_>]) -> sqlx::Result<u64> {
+    let mut decisions: Vec<&Decision<'_>> = decisions.iter().collect();
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match insert_decided(db, &decisions).await {
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() && attempts < 5 => {
+                // The statement wrote nothing: leave out the keys recorded meanwhile.
+                let keys: Vec<(&str, &str)> = decisions.iter().map(|d| (d.scope, d.key)).collect();
+                let present = present(db, &keys).await?;
+                let mut present = present.into_iter();
+                decisions.retain(|_| !present.next().unwrap_or(false));
+            }
+            stored => return stored,
+        }
+    }
+}
+
+/// One insert of every decision. Plain, not `on conflict`: that makes each row a
+/// speculative insertion, which costs PostgreSQL about twice the row itself, while a key
+/// here is almost never recorded already (only when a copy's commit went unacknowledged
+/// and its answers came back); then the statement fails on the primary key, writing
+/// nothing, and [`store_decided`] leaves that key out.
+async fn insert_decided(db: &PgPool, decisions: &[&Decision<'_>]) -> sqlx::Result<u64> {
     let scopes: Vec<&str> = decisions.iter().map(|d| d.scope).collect();
     let keys: Vec<&str> = decisions.iter().map(|d| d.key).collect();
     let fingerprints: Vec<&str> = decisions.iter().map(|d| d.fingerprint).collect();
@@ -211,8 +230,7 @@ pub async fn store_decided(
                    completed_at)
            select scope, key, fingerprint, 'completed', $6, status, body, now()
              from unnest($1::text[], $2::text[], $3::text[], $4::int2[], $5::jsonb[])
-                  as u(scope, key, fingerprint, status, body)
-           on conflict (scope, key) do nothing"#,
+                  as u(scope, key, fingerprint, status, body)"#,
         &scopes as &[&str],
         &keys as &[&str],
         &fingerprints as &[&str],
@@ -220,7 +238,7 @@ pub async fn store_decided(
         &bodies as &[&serde_json::Value],
         Uuid::new_v4(),
     )
-    .execute(conn)
+    .execute(db)
     .await?
     .rows_affected())
 }

@@ -311,6 +311,41 @@ async fn sold_out_answers_come_from_redis(strategy: OrderStrategy) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(app.count("select count(*) from orders").await, 2);
+
+    // A copy whose commit went unacknowledged comes back: the key copied already keeps
+    // its record, the others in the same copy are stored all the same.
+    let again = kept.replace("anon:fresh", "anon:unseen");
+    let process = stockade::locking::Redis::connect_lazy(
+        app.settings.redis_url.as_deref().unwrap(),
+        &app.settings.redis_prefix,
+    )
+    .unwrap();
+    process.requeue(&[kept.clone(), again]).await;
+    // This copy, or the app's own (it copies every second), whichever takes them first.
+    let copied = stockade::checkout::sold_out::drain(&app.db, &process)
+        .await
+        .unwrap();
+    assert!(copied <= 1, "the key copied already was stored again");
+    let since = Instant::now();
+    while app
+        .count("select count(*) from idempotency_keys where key = 'anon:unseen'")
+        .await
+        == 0
+    {
+        assert!(
+            since.elapsed() < Duration::from_secs(5),
+            "a copy holding a key already copied never stored the others"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        app.count(
+            "select count(*) from idempotency_keys
+              where key in ('anon:fresh', 'anon:unseen') and response_status = 409"
+        )
+        .await,
+        2
+    );
     app.assert_invariants().await;
 }
 
