@@ -41,7 +41,7 @@ pub const IN_POSTGRES: &str = "pg";
 /// KEYS: the SKU's sold-out hint, the drain list, n decision keys. ARGV: ttl ms, n
 /// records. Unless the hint is gone (then returns {}), stores each record under its key
 /// when the key has none, and returns per key '' (stored now) or the record it had. One
-/// `SET … NX GET` per key and one `RPUSH` for all the stored ones: a call from the script
+/// `SET … NX GET` per key and one `RPUSH` per thousand stored: a call from the script
 /// costs Redis more than the work it does.
 const DECIDE: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 0 then return {} end
@@ -55,7 +55,10 @@ for i = 3, #KEYS do
     out[i - 2] = ''
   end
 end
-if #stored > 0 then redis.call('RPUSH', KEYS[2], unpack(stored)) end
+-- In slices: unpack() gives at most a few thousand values at once.
+for i = 1, #stored, 1000 do
+  redis.call('RPUSH', KEYS[2], unpack(stored, i, math.min(i + 999, #stored)))
+end
 return out
 "#;
 

@@ -349,6 +349,40 @@ async fn sold_out_answers_come_from_redis(strategy: OrderStrategy) {
     app.assert_invariants().await;
 }
 
+/// A lot as large as `STOCKADE_BATCH_MAX` allows is stored whole by one Redis call.
+#[tokio::test]
+async fn a_lot_of_thousands_of_sold_out_answers_is_stored_in_one_call() {
+    let app = spawn_app().await;
+    // A prefix of its own, so the app's copier leaves these answers alone.
+    let redis = stockade::locking::Redis::connect_lazy(
+        app.settings.redis_url.as_deref().unwrap(),
+        &format!("{}lot:", app.settings.redis_prefix),
+    )
+    .unwrap();
+    let sku = stockade::catalog::Sku::parse("GONE-LOT").unwrap();
+    redis.hint_sold_out(&sku).await;
+    let answers: Vec<(String, String)> = (0..9_000)
+        .map(|i| (format!("lot:{i}"), format!("answer {i}")))
+        .collect();
+    let answers: Vec<(&str, &str, String)> = answers
+        .iter()
+        .map(|(key, record)| ("api", key.as_str(), record.clone()))
+        .collect();
+    let decided = redis
+        .decide_sold_out(&sku, &answers, Duration::from_secs(60))
+        .await;
+    let stored_now = match decided {
+        Some(stockade::locking::decisions::Decided::SoldOut(found)) => {
+            found.iter().filter(|f| f.is_none()).count()
+        }
+        other => panic!("the lot was not stored: {other:?}"),
+    };
+    assert_eq!(stored_now, 9_000, "every answer stored now");
+    let waiting = redis.take_drained(10_000).await.unwrap();
+    assert_eq!(waiting.len(), 9_000, "every answer waits for its copy");
+    assert_eq!(waiting[8_999], "answer 8999");
+}
+
 #[tokio::test]
 async fn sold_out_answers_under_batched_come_from_redis() {
     sold_out_answers_come_from_redis(OrderStrategy::Batched).await;
