@@ -42,6 +42,16 @@ impl Application {
         migrate(&settings).await?;
         let db = connect_database(&settings).await?;
         let redis = connect_redis(&settings).await?;
+        // The sold-out answers and key marks need `SET … NX GET`. A Redis that does not
+        // answer now is not checked: the app starts on the database guard alone.
+        if let Some((major, minor)) = redis.version().await
+            && major < 7
+        {
+            anyhow::bail!(
+                "Redis {major}.{minor} is too old: Stockade needs Redis 7.0 or later \
+                 (SET with both NX and GET)"
+            );
+        }
         redis.set_fence_source(db.clone());
         let replica = match &settings.database_replica_url {
             Some(url) => {

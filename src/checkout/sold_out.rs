@@ -172,6 +172,9 @@ pub async fn drain(db: &PgPool, redis: &Redis) -> sqlx::Result<u64> {
         // In the primary key's order: each row then lands next to the last one in the
         // index, instead of on a page of its own somewhere in it.
         records.sort_unstable_by(|a, b| (&a.scope, &a.key).cmp(&(&b.scope, &b.key)));
+        // A key answered twice (its answer outlived in Redis, then decided again) is
+        // copied once: the insert would refuse the pair.
+        records.dedup_by(|a, b| a.scope == b.scope && a.key == b.key);
         let decisions: Vec<idempotency::Decision<'_>> = records
             .iter()
             .map(|r| idempotency::Decision {

@@ -136,17 +136,18 @@ pub async fn present(
 ) -> sqlx::Result<Vec<bool>> {
     let scopes: Vec<&str> = keys.iter().map(|(s, _)| *s).collect();
     let names: Vec<&str> = keys.iter().map(|(_, k)| *k).collect();
-    // One probe of the primary key per key, whatever the plan PostgreSQL keeps for the
-    // statement: a lateral subquery with a limit cannot be turned into a join, so no plan
-    // settled on while the table was small can read all of it later.
-    let found = sqlx::query_scalar!(
-        r#"select u.i as "i!"
-             from unnest($1::text[], $2::text[]) with ordinality as u(scope, key, i)
-            cross join lateral (select 1 from idempotency_keys k
-                                 where k.scope = u.scope and k.key = u.key limit 1) as hit"#,
-        &scopes as &[&str],
-        &names as &[&str],
+    // Runtime, not `query_scalar!`: the macro's query cannot be made non-persistent.
+    let found: Vec<i64> = sqlx::query_scalar(
+        r#"select u.i from unnest($1::text[], $2::text[]) with ordinality as u(scope, key, i)
+            where exists (select 1 from idempotency_keys k
+                           where k.scope = u.scope and k.key = u.key)"#,
     )
+    .bind(&scopes)
+    .bind(&names)
+    // Planned afresh each time: a plan kept from when the table was small reads all of it
+    // (a join, or a scan per key once the table was analysed at a page or two), and the
+    // table grows by every order.
+    .persistent(false)
     .fetch_all(conn)
     .await?;
     let mut present = vec![false; keys.len()];

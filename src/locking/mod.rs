@@ -257,6 +257,25 @@ impl Redis {
         Ok(())
     }
 
+    /// The server's version, `(major, minor)`, when Redis answers.
+    pub async fn version(&self) -> Option<(u32, u32)> {
+        let mut conn = self.conn();
+        let mut cmd = redis::cmd("INFO");
+        cmd.arg("server");
+        let info = self
+            .call(
+                "reading the server's version",
+                cmd.query_async::<String>(&mut conn),
+            )
+            .await?;
+        let version = info
+            .lines()
+            .find_map(|l| l.strip_prefix("redis_version:"))?
+            .trim();
+        let mut parts = version.split('.').map(|p| p.parse::<u32>().ok());
+        Some((parts.next()??, parts.next()??))
+    }
+
     /// Whether the breaker is open: Redis is not called, orders run on the database guard.
     pub fn is_degraded(&self) -> bool {
         self.breaker.open.load(Ordering::Relaxed)

@@ -110,7 +110,7 @@ pub async fn bought_by(
     )
     .bind(&skus)
     .bind(&shoppers)
-    // Planned afresh each time, like the batch's read: the orders grow.
+    // Planned afresh each time, like `idempotency::present`: the orders grow.
     .persistent(false)
     .fetch_all(conn)
     .await?;

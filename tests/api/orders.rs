@@ -312,15 +312,15 @@ async fn sold_out_answers_come_from_redis(strategy: OrderStrategy) {
     }
     assert_eq!(app.count("select count(*) from orders").await, 2);
 
-    // A copy whose commit went unacknowledged comes back: the key copied already keeps
-    // its record, the others in the same copy are stored all the same.
+    // A copy whose commit went unacknowledged comes back, beside a key answered twice:
+    // the key copied already keeps its record, the twice-answered one is stored once.
     let again = kept.replace("anon:fresh", "anon:unseen");
     let process = stockade::locking::Redis::connect_lazy(
         app.settings.redis_url.as_deref().unwrap(),
         &app.settings.redis_prefix,
     )
     .unwrap();
-    process.requeue(&[kept.clone(), again]).await;
+    process.requeue(&[kept.clone(), again.clone(), again]).await;
     // This copy, or the app's own (it copies every second), whichever takes them first.
     let copied = stockade::checkout::sold_out::drain(&app.db, &process)
         .await
@@ -334,7 +334,7 @@ async fn sold_out_answers_come_from_redis(strategy: OrderStrategy) {
     {
         assert!(
             since.elapsed() < Duration::from_secs(5),
-            "a copy holding a key already copied never stored the others"
+            "a copy holding a key already copied, or one key twice, never stored the others"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -347,6 +347,36 @@ async fn sold_out_answers_come_from_redis(strategy: OrderStrategy) {
         2
     );
     app.assert_invariants().await;
+}
+
+/// The version the app checks at start is read from the server (which `SET … NX GET`
+/// needs to be 7.0 or later).
+#[tokio::test]
+async fn the_redis_version_is_read_from_the_server() {
+    let app = spawn_app().await;
+    let redis = stockade::locking::Redis::connect_lazy(
+        app.settings.redis_url.as_deref().unwrap(),
+        &app.settings.redis_prefix,
+    )
+    .unwrap();
+    let mut conn = app.redis().await;
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let reported = info
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let (major, minor) = redis.version().await.expect("Redis answered");
+    assert!(
+        reported.starts_with(&format!("{major}.{minor}.")),
+        "read {major}.{minor}, the server says {reported}"
+    );
+    assert!(major >= 7, "the tests' Redis is {reported}");
 }
 
 /// A lot as large as `STOCKADE_BATCH_MAX` allows is stored whole by one Redis call.

@@ -1,8 +1,7 @@
 //! A statement PostgreSQL keeps prepared is planned once for all values after a few runs.
 //! Planned while a table was empty, a join against it reads the whole table ever after,
 //! and the tables a sale writes grow by the thousand every second. The set-based lookups
-//! on those tables are either planned afresh on each run or written so that every plan
-//! probes the index once per key; this proves it on the busiest one.
+//! on those tables are planned afresh on each run; this proves it on the busiest one.
 
 use sqlx::{Connection, PgConnection};
 
