@@ -165,16 +165,10 @@ pub async fn drain(db: &PgPool, redis: &Redis) -> sqlx::Result<u64> {
         if texts.is_empty() {
             return Ok(copied);
         }
-        let mut records: Vec<Record> = texts
+        let records: Vec<Record> = texts
             .iter()
             .filter_map(|t| serde_json::from_str(t).ok())
             .collect();
-        // In the primary key's order: each row then lands next to the last one in the
-        // index, instead of on a page of its own somewhere in it.
-        records.sort_unstable_by(|a, b| (&a.scope, &a.key).cmp(&(&b.scope, &b.key)));
-        // A key answered twice (its answer outlived in Redis, then decided again) is
-        // copied once: the insert would refuse the pair.
-        records.dedup_by(|a, b| a.scope == b.scope && a.key == b.key);
         let decisions: Vec<idempotency::Decision<'_>> = records
             .iter()
             .map(|r| idempotency::Decision {

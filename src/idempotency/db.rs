@@ -194,10 +194,15 @@ pub async fn store(
 }
 
 /// Stores many decided answers (sold-out answers first kept in Redis); a key that has a
-/// record already keeps it. Returns how many were stored.
+/// record already keeps it, and a key given twice (answered again after its answer
+/// lapsed in Redis) is stored once, with its first answer. Returns how many were stored.
 #[tracing::instrument(skip_all)]
 pub async fn store_decided(db: &PgPool, decisions: &[Decision<'_>]) -> sqlx::Result<u64> {
-    let mut decisions: Vec<&Decision<'_>> = decisions.iter().collect();
+    let mut seen = std::collections::HashSet::new();
+    let mut decisions: Vec<&Decision<'_>> = decisions
+        .iter()
+        .filter(|d| seen.insert((d.scope, d.key)))
+        .collect();
     let mut attempts = 0;
     loop {
         attempts += 1;
