@@ -108,18 +108,7 @@ fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 600_000_000, 3).expect("valid bounds")
 }
 
-/// The pooled HTTP client of an open-loop phase, which needs as many connections as
-/// requests overlap.
-pub fn client(connections: usize, timeout: Duration) -> anyhow::Result<reqwest::Client> {
-    crate::install_tls_provider(); // a library caller (a test) may not have
-    Ok(reqwest::Client::builder()
-        .pool_max_idle_per_host(connections.max(16))
-        .timeout(timeout)
-        .build()?)
-}
-
-/// Where one loop sends its requests: the URL parsed once, not per request (the client's
-/// own cost is part of what the machine spends, so it is kept small).
+/// Where one loop sends its requests: the URL parsed once, not per request.
 fn url_for(load: &Load, base: &str) -> reqwest::Url {
     let path = match &load.work {
         Work::Order { .. } => "/api/v1/orders",
@@ -136,41 +125,11 @@ fn order(skus: &[String], quantity: i32, rng: &mut StdRng) -> (String, String) {
     (uuid::Uuid::new_v4().simple().to_string(), body)
 }
 
-/// Sends one request through the pooled client; returns its status (0 when none came).
-/// The body is read to the end so the connection is reused.
-async fn send(client: &reqwest::Client, load: &Load, url: &reqwest::Url, rng: &mut StdRng) -> u16 {
-    let request = match &load.work {
-        Work::Order { skus, quantity } => {
-            let (key, body) = order(skus, *quantity, rng);
-            let request = client
-                .post(url.clone())
-                .header("Idempotency-Key", key)
-                .header("Content-Type", "application/json")
-                .body(body);
-            match &load.api_key {
-                Some(key) => request.bearer_auth(key),
-                None => request,
-            }
-        }
-        Work::Page { .. } => client.get(url.clone()),
-    };
-    match request.send().await {
-        Ok(res) => {
-            let status = res.status().as_u16();
-            match res.bytes().await {
-                Ok(_) => status,
-                Err(_) => 0,
-            }
-        }
-        Err(_) => 0,
-    }
-}
-
-/// One closed loop's own keep-alive HTTP/1.1 connection, written to directly (as wrk
-/// does) rather than through a pool: the client shares the machine with the servers it
-/// measures, and this costs it about half as much per request as the pooled client.
+/// One loop's own keep-alive HTTP/1.1 connection, written to directly (as wrk does)
+/// rather than through a pool: the client shares the machine with the servers it
+/// measures, and this costs it about half as much per request as a pooled client.
 /// A connection that fails is dropped and opened again for the next request.
-struct Connection {
+pub struct Connection {
     /// `host:port`, for connecting and as the `Host` header.
     authority: String,
     path: String,
@@ -295,42 +254,69 @@ pub async fn closed(
     all
 }
 
-/// Open loop: request `i` starts at `i / rate` seconds whatever the servers are doing, for
-/// `duration`; each latency counts from its scheduled start.
-pub async fn open(
-    load: &Load,
-    client: &reqwest::Client,
-    rate: f64,
-    duration: Duration,
-    live: Arc<Live>,
-) -> Measured {
-    let started = Instant::now();
-    let interval = Duration::from_secs_f64(1.0 / rate);
-    let urls: Arc<Vec<reqwest::Url>> =
-        Arc::new(load.targets.iter().map(|t| url_for(load, t)).collect());
-    let mut tasks = Vec::new();
-    for i in 0u64.. {
-        let intended = started + interval.mul_f64(i as f64);
-        if intended >= started + duration {
-            break;
-        }
-        tokio::time::sleep_until(intended.into()).await;
-        let (load, client, live, urls) = (load.clone(), client.clone(), live.clone(), urls.clone());
-        tasks.push(tokio::spawn(async move {
-            let url = &urls[(i as usize) % urls.len()];
-            let mut rng = StdRng::seed_from_u64(i ^ 0x0BE4_C0DE);
-            let status = send(&client, &load, url, &mut rng).await;
-            live.answers.fetch_add(1, Ordering::Relaxed);
-            (status, intended.elapsed())
-        }));
+/// The connections of an open loop, opened by its warm-up and kept for its measurement.
+pub struct OpenLoop {
+    connections: Vec<Connection>,
+}
+
+impl OpenLoop {
+    /// `connections` connections (opened by their first request), spread over the
+    /// servers. Enough that each connection's next request is due long after its last
+    /// was answered, or the schedule of one connection would wait on its own answers.
+    pub fn new(load: &Load, connections: usize) -> Self {
+        let connections = (0..connections.max(1))
+            .map(|i| Connection::new(load, &load.targets[i % load.targets.len()]))
+            .collect();
+        Self { connections }
     }
-    let mut all = Measured::empty();
-    for task in tasks {
-        if let Ok((status, took)) = task.await {
-            all.record(status, took);
+
+    /// Requests at `rate` for `duration`, as wrk2 and `pgbench --rate` schedule them:
+    /// request `i` is due at `i / rate` seconds, on connection `i mod n`; it is sent when
+    /// due, or as soon as that connection's previous answer came if that was later, and
+    /// its latency counts from when it was due (so neither a queue nor a slow answer can
+    /// hide). `seed` varies the SKUs picked between phases.
+    pub async fn run(
+        &mut self,
+        load: &Load,
+        rate: f64,
+        duration: Duration,
+        seed: u64,
+        live: Arc<Live>,
+    ) -> Measured {
+        let n = self.connections.len() as u64;
+        let interval = Duration::from_secs_f64(n as f64 / rate);
+        let first_due = Duration::from_secs_f64(1.0 / rate);
+        let started = Instant::now();
+        let end = started + duration;
+        let loops: Vec<_> = std::mem::take(&mut self.connections)
+            .into_iter()
+            .enumerate()
+            .map(|(i, mut connection)| {
+                let (load, live) = (load.clone(), live.clone());
+                tokio::spawn(async move {
+                    let mut rng = StdRng::seed_from_u64(seed ^ (i as u64) ^ 0x0BE4_C0DE);
+                    let mut measured = Measured::empty();
+                    let mut due = started + first_due.mul_f64(i as f64);
+                    while due < end {
+                        tokio::time::sleep_until(due.into()).await;
+                        let status = connection.send(&load, &mut rng).await;
+                        measured.record(status, due.elapsed());
+                        live.answers.fetch_add(1, Ordering::Relaxed);
+                        due += interval;
+                    }
+                    (connection, measured)
+                })
+            })
+            .collect();
+        let mut all = Measured::empty();
+        for task in loops {
+            if let Ok((connection, measured)) = task.await {
+                all.merge(&measured);
+                self.connections.push(connection);
+            }
         }
+        // The send window, not the time the last answers took to come back.
+        all.seconds = duration.as_secs_f64();
+        all
     }
-    // The send window, not the time the last answers took to come back.
-    all.seconds = duration.as_secs_f64();
-    all
 }

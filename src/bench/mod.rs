@@ -26,16 +26,17 @@ use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use sqlx::PgPool;
 
-use self::load::{Live, Load, Measured, Work};
+use self::load::{Live, Load, Measured, OpenLoop, Work};
 use self::report::{BenchReport, Derived, PostgresInfo, Row};
 use crate::loadtest::check::{self, RedisTarget};
 use crate::loadtest::servers::ServerProcess;
 use crate::local::{LocalOptions, LocalServices};
 
-/// What the requests do.
-/// Idle connections the open-loop client keeps to each server.
-const OPEN_LOOP_CONNECTIONS: usize = 1024;
+/// Connections of the open loop (over all servers): at the rates it runs, each is due
+/// again some 100 ms after its last request, far longer than an answer takes.
+const OPEN_LOOP_CONNECTIONS: usize = 512;
 
+/// What the requests do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Workload {
@@ -604,16 +605,15 @@ impl Bench<'_> {
 
     async fn open_loop(&self, load: &Load, rate: f64) -> anyhow::Result<Measured> {
         let duration = Duration::from_secs(self.plan.duration_s);
-        // As many connections as arrivals ever overlap, kept open between requests (a
-        // connection opened per request would measure the handshake), and a warm-up at the
-        // same rate that opens them.
-        let client = load::client(OPEN_LOOP_CONNECTIONS, load.timeout)?;
+        // Connections kept open between requests (a connection opened per request would
+        // measure the handshake), opened by a warm-up at the same rate.
+        let mut open = OpenLoop::new(load, OPEN_LOOP_CONNECTIONS);
         let warmup = Duration::from_secs_f64(self.plan.warmup_s);
-        load::open(load, &client, rate, warmup, Arc::default()).await;
+        open.run(load, rate, warmup, 1, Arc::default()).await;
         let live = Arc::new(Live::default());
         let label = format!("hot-sku · batched · open loop {rate:.0}/s");
         let progress = self.progress(label, duration, live.clone());
-        let measured = load::open(load, &client, rate, duration, live).await;
+        let measured = open.run(load, rate, duration, 2, live).await;
         progress.finish();
         Ok(measured)
     }
