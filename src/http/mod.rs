@@ -263,31 +263,57 @@ fn public_routes() -> Vec<(Method, &'static str, actix_web::Route)> {
 
 /// Every route of the application: the admin's first (so `/admin/products/new` is not
 /// taken for a SKU), then the public ones.
+///
+/// Routes are grouped under scopes by path prefix (`/admin`, `/api/v1/admin`, `/api/v1`):
+/// actix tries each resource's pattern in turn (a regular expression when the path has a
+/// `{segment}`), so without them an order would be matched against every admin and shop
+/// pattern before its own; a scope turns a request away with one prefix comparison.
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.configure(admin::register);
-    register(cfg, public_routes());
+    let mut public = resources(public_routes());
+    let prefix = "/api/v1";
+    let mut scope = web::scope(prefix);
+    for (path, methods, list) in take_under(&mut public, prefix) {
+        scope = scope.service(resource(&path[prefix.len()..], methods, list));
+    }
+    cfg.service(scope);
+    for (path, methods, list) in public {
+        cfg.service(resource(path, methods, list));
+    }
 }
 
-/// Registers `routes` as one resource per path, each answering 405 to other methods.
-pub fn register(
-    cfg: &mut web::ServiceConfig,
-    routes: Vec<(Method, &'static str, actix_web::Route)>,
-) {
-    for (path, methods, list) in resources(routes) {
-        let mut resource = web::resource(path).default_service(method_not_allowed(methods));
-        for route in list {
-            resource = resource.route(route);
-        }
-        cfg.service(resource);
+/// One path's resource as [`resources`] groups them: the path, its methods, their routes.
+pub type Grouped = (&'static str, Vec<Method>, Vec<actix_web::Route>);
+
+/// Takes the resources at `prefix` or below it out of `resources`, in order.
+pub fn take_under(resources: &mut Vec<Grouped>, prefix: &str) -> Vec<Grouped> {
+    let (under, rest) = std::mem::take(resources)
+        .into_iter()
+        .partition(|(path, _, _)| {
+            path.strip_prefix(prefix)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+        });
+    *resources = rest;
+    under
+}
+
+/// A resource at `path` answering with `routes`, and 405 to any method but `methods`.
+pub fn resource(
+    path: &str,
+    methods: Vec<Method>,
+    routes: Vec<actix_web::Route>,
+) -> actix_web::Resource {
+    let mut resource = web::resource(path).default_service(method_not_allowed(methods));
+    for route in routes {
+        resource = resource.route(route);
     }
+    resource
 }
 
 /// `(method, path, route)` grouped into one resource per path, in the order listed, with
 /// the methods each path answers.
-pub fn resources(
-    routes: Vec<(Method, &'static str, actix_web::Route)>,
-) -> Vec<(&'static str, Vec<Method>, Vec<actix_web::Route>)> {
-    let mut grouped: Vec<(&'static str, Vec<Method>, Vec<actix_web::Route>)> = Vec::new();
+pub fn resources(routes: Vec<(Method, &'static str, actix_web::Route)>) -> Vec<Grouped> {
+    let mut grouped: Vec<Grouped> = Vec::new();
     for (method, path, route) in routes {
         match grouped.iter_mut().find(|(p, _, _)| *p == path) {
             Some((_, methods, list)) => {

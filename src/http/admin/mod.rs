@@ -262,16 +262,27 @@ pub fn register(cfg: &mut web::ServiceConfig) {
             web::post().to(login::post_logout),
         ),
     ];
-    super::register(cfg, open);
-    // One resource per path, in the order listed (so `/products/new` wins over `{sku}`).
-    for (path, methods, list) in super::resources(routes()) {
-        let mut resource = web::resource(path)
-            .wrap(from_fn(require_admin))
-            .default_service(super::method_not_allowed(methods));
-        for route in list {
-            resource = resource.route(route);
+    let mut open = super::resources(open);
+    let mut guarded = super::resources(routes());
+    // One scope per prefix (see [`super::routes`]), each path in the order listed (so
+    // `/products/new` wins over `{sku}`).
+    for prefix in ["/admin", "/api/v1/admin"] {
+        let mut scope = web::scope(prefix);
+        for (path, methods, list) in super::take_under(&mut open, prefix) {
+            scope = scope.service(super::resource(&path[prefix.len()..], methods, list));
         }
-        cfg.service(resource);
+        for (path, methods, list) in super::take_under(&mut guarded, prefix) {
+            let resource = super::resource(&path[prefix.len()..], methods, list);
+            scope = scope.service(resource.wrap(from_fn(require_admin)));
+        }
+        cfg.service(scope);
+    }
+    // Anything outside both prefixes, as it is.
+    for (path, methods, list) in open {
+        cfg.service(super::resource(path, methods, list));
+    }
+    for (path, methods, list) in guarded {
+        cfg.service(super::resource(path, methods, list).wrap(from_fn(require_admin)));
     }
 }
 
