@@ -380,3 +380,40 @@ impl Chrome {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grouped(paths: &[&'static str]) -> Vec<Grouped> {
+        paths
+            .iter()
+            .map(|p| (*p, vec![Method::GET], Vec::new()))
+            .collect()
+    }
+
+    fn paths(resources: &[Grouped]) -> Vec<&'static str> {
+        resources.iter().map(|(p, _, _)| *p).collect()
+    }
+
+    #[test]
+    fn a_scope_takes_its_prefix_and_what_is_below_it_in_order_and_nothing_else() {
+        let mut all = grouped(&[
+            "/admin",
+            "/administrators",
+            "/admin/products/new",
+            "/",
+            "/admin/products/{sku}",
+            "/api/v1/admin/products",
+        ]);
+        let under = take_under(&mut all, "/admin");
+        assert_eq!(
+            paths(&under),
+            ["/admin", "/admin/products/new", "/admin/products/{sku}"]
+        );
+        assert_eq!(
+            paths(&all),
+            ["/administrators", "/", "/api/v1/admin/products"]
+        );
+    }
+}
