@@ -33,7 +33,7 @@ use crate::loadtest::servers::ServerProcess;
 use crate::local::{LocalOptions, LocalServices};
 
 /// Connections of the open loop (over all servers): at the rates it runs, each is due
-/// again some 100 ms after its last request, far longer than an answer takes.
+/// again some 150–250 ms after its last request, far longer than an answer takes.
 const OPEN_LOOP_CONNECTIONS: usize = 512;
 
 /// What the requests do.
