@@ -191,14 +191,29 @@ impl Connection {
         request.expect("bench requests are well formed")
     }
 
-    /// The status of `request`'s answer, its body read to the end; `None` when the
-    /// connection failed (the caller drops it).
-    async fn exchange(&mut self, request: Request<Full<Bytes>>) -> Option<u16> {
+    /// Opens the connection unless it is open; one the server closed while it was idle
+    /// (after its keep-alive timeout: the open loop's connections wait between requests)
+    /// is opened again.
+    async fn open(&mut self) {
+        if self.sender.as_ref().is_some_and(|s| s.is_closed()) {
+            self.sender = None;
+        }
         if self.sender.is_none() {
             self.sender = connect(&self.authority).await;
         }
+    }
+
+    /// The status of `request`'s answer, its body read to the end; `None` when the
+    /// connection failed (the caller drops it).
+    async fn exchange(&mut self, request: Request<Full<Bytes>>) -> Option<u16> {
+        self.open().await;
         let sender = self.sender.as_mut()?;
-        sender.ready().await.ok()?;
+        if sender.ready().await.is_err() {
+            // Closed by the server as it became ready (nothing was sent yet): once more.
+            self.sender = connect(&self.authority).await;
+            self.sender.as_mut()?.ready().await.ok()?;
+        }
+        let sender = self.sender.as_mut()?;
         let response = sender.send_request(request).await.ok()?;
         let status = response.status().as_u16();
         response.into_body().collect().await.ok()?;
@@ -260,9 +275,9 @@ pub struct OpenLoop {
 }
 
 impl OpenLoop {
-    /// `connections` connections (opened by their first request), spread over the
-    /// servers. Enough that each connection's next request is due long after its last
-    /// was answered, or the schedule of one connection would wait on its own answers.
+    /// `connections` connections (opened by the first run), spread over the servers.
+    /// Enough that each connection's next request is due after most answers have come,
+    /// or the schedule of one connection would wait on its own answers.
     pub fn new(load: &Load, connections: usize) -> Self {
         let connections = (0..connections.max(1))
             .map(|i| Connection::new(load, &load.targets[i % load.targets.len()]))
@@ -270,7 +285,8 @@ impl OpenLoop {
         Self { connections }
     }
 
-    /// Requests at `rate` for `duration`, as wrk2 and `pgbench --rate` schedule them:
+    /// Requests at `rate` for `duration`, as wrk2 and `pgbench --rate` schedule them
+    /// (every connection is opened first, so no handshake is measured):
     /// request `i` is due at `i / rate` seconds, on connection `i mod n`; it is sent when
     /// due, or as soon as that connection's previous answer came if that was later, and
     /// its latency counts from when it was due (so neither a queue nor a slow answer can
@@ -284,25 +300,27 @@ impl OpenLoop {
         live: Arc<Live>,
     ) -> Measured {
         let n = self.connections.len() as u64;
-        let interval = Duration::from_secs_f64(n as f64 / rate);
-        let first_due = Duration::from_secs_f64(1.0 / rate);
+        let mut connections = std::mem::take(&mut self.connections);
+        futures_util::future::join_all(connections.iter_mut().map(Connection::open)).await;
         let started = Instant::now();
-        let end = started + duration;
-        let loops: Vec<_> = std::mem::take(&mut self.connections)
+        let loops: Vec<_> = connections
             .into_iter()
             .enumerate()
             .map(|(i, mut connection)| {
                 let (load, live) = (load.clone(), live.clone());
                 tokio::spawn(async move {
-                    let mut rng = StdRng::seed_from_u64(seed ^ (i as u64) ^ 0x0BE4_C0DE);
+                    let mut rng = StdRng::seed_from_u64((seed << 32) | i as u64);
                     let mut measured = Measured::empty();
-                    let mut due = started + first_due.mul_f64(i as f64);
-                    while due < end {
+                    // Request j (of all connections) is due at j / rate.
+                    let due = |j: u64| Duration::from_secs_f64(j as f64 / rate);
+                    let mut j = i as u64;
+                    while due(j) < duration {
+                        let due = started + due(j);
                         tokio::time::sleep_until(due.into()).await;
                         let status = connection.send(&load, &mut rng).await;
                         measured.record(status, due.elapsed());
                         live.answers.fetch_add(1, Ordering::Relaxed);
-                        due += interval;
+                        j += n;
                     }
                     (connection, measured)
                 })

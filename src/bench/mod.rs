@@ -33,7 +33,7 @@ use crate::loadtest::servers::ServerProcess;
 use crate::local::{LocalOptions, LocalServices};
 
 /// Connections of the open loop (over all servers): at the rates it runs, each is due
-/// again some 150–250 ms after its last request, far longer than an answer takes.
+/// again some 150–250 ms after its last request, longer than most answers take.
 const OPEN_LOOP_CONNECTIONS: usize = 512;
 
 /// What the requests do.
@@ -606,7 +606,7 @@ impl Bench<'_> {
     async fn open_loop(&self, load: &Load, rate: f64) -> anyhow::Result<Measured> {
         let duration = Duration::from_secs(self.plan.duration_s);
         // Connections kept open between requests (a connection opened per request would
-        // measure the handshake), opened by a warm-up at the same rate.
+        // measure the handshake), and a warm-up at the same rate.
         let mut open = OpenLoop::new(load, OPEN_LOOP_CONNECTIONS);
         let warmup = Duration::from_secs_f64(self.plan.warmup_s);
         open.run(load, rate, warmup, 1, Arc::default()).await;

@@ -261,8 +261,9 @@ fn public_routes() -> Vec<(Method, &'static str, actix_web::Route)> {
     ]
 }
 
-/// Every route of the application: the admin's first (so `/admin/products/new` is not
-/// taken for a SKU), then the public ones.
+/// Every route of the application: the admin's first, then the public ones (the
+/// `/api/v1/admin` scope must come before `/api/v1`: a request whose prefix a scope
+/// matches never reaches a later one).
 ///
 /// Routes are grouped under scopes by path prefix (`/admin`, `/api/v1/admin`, `/api/v1`):
 /// actix tries each resource's pattern in turn (a regular expression when the path has a
