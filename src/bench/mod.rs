@@ -531,8 +531,8 @@ impl Bench<'_> {
         let open = if workload == Workload::HotSku && strategy == "batched" {
             let rate = plan.open_loop_rate.unwrap_or(0.8 * closed_row.rate);
             match self.open_loop(&load, rate).await {
-                Ok(measured) => {
-                    answered += measured.requests();
+                Ok((warm, measured)) => {
+                    answered += warm.requests() + measured.requests();
                     Some(Row::of(workload, strategy, "open", Some(rate), &measured))
                 }
                 Err(e) => {
@@ -603,19 +603,20 @@ impl Bench<'_> {
         Ok((warm, measured))
     }
 
-    async fn open_loop(&self, load: &Load, rate: f64) -> anyhow::Result<Measured> {
+    /// Warm-up, then the measured open loop: `(warm-up, measured)`.
+    async fn open_loop(&self, load: &Load, rate: f64) -> anyhow::Result<(Measured, Measured)> {
         let duration = Duration::from_secs(self.plan.duration_s);
         // Connections kept open between requests (a connection opened per request would
         // measure the handshake), and a warm-up at the same rate.
         let mut open = OpenLoop::new(load, OPEN_LOOP_CONNECTIONS);
         let warmup = Duration::from_secs_f64(self.plan.warmup_s);
-        open.run(load, rate, warmup, 1, Arc::default()).await;
+        let warm = open.run(load, rate, warmup, 1, Arc::default()).await;
         let live = Arc::new(Live::default());
         let label = format!("hot-sku · batched · open loop {rate:.0}/s");
         let progress = self.progress(label, duration, live.clone());
         let measured = open.run(load, rate, duration, 2, live).await;
         progress.finish();
-        Ok(measured)
+        Ok((warm, measured))
     }
 
     /// pgbench with the minimal SQL of `workload`, on a fresh database of its own (none
