@@ -272,12 +272,12 @@ fn public_routes() -> Vec<(Method, &'static str, actix_web::Route)> {
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.configure(admin::register);
     let mut public = resources(public_routes());
-    let prefix = "/api/v1";
-    let mut scope = web::scope(prefix);
-    for (path, methods, list) in take_under(&mut public, prefix) {
-        scope = scope.service(resource(&path[prefix.len()..], methods, list));
-    }
-    cfg.service(scope);
+    cfg.service(add_under(
+        web::scope("/api/v1"),
+        "/api/v1",
+        &mut public,
+        |r| r,
+    ));
     for (path, methods, list) in public {
         cfg.service(resource(path, methods, list));
     }
@@ -296,6 +296,25 @@ pub fn take_under(resources: &mut Vec<Grouped>, prefix: &str) -> Vec<Grouped> {
         });
     *resources = rest;
     under
+}
+
+/// Adds to `scope` (at `prefix`) the resources of `resources` at or below `prefix`, each
+/// at its path relative to the scope and passed through `wrap`, and takes them out of
+/// `resources`.
+pub fn add_under<R>(
+    scope: actix_web::Scope,
+    prefix: &str,
+    resources: &mut Vec<Grouped>,
+    wrap: impl Fn(actix_web::Resource) -> R,
+) -> actix_web::Scope
+where
+    R: actix_web::dev::HttpServiceFactory + 'static,
+{
+    take_under(resources, prefix)
+        .into_iter()
+        .fold(scope, |scope, (path, methods, list)| {
+            scope.service(wrap(resource(&path[prefix.len()..], methods, list)))
+        })
 }
 
 /// A resource at `path` answering with `routes`, and 405 to any method but `methods`.

@@ -265,26 +265,18 @@ pub fn register(cfg: &mut web::ServiceConfig) {
     let mut open = super::resources(open);
     let mut guarded = super::resources(routes());
     // One scope per prefix (see [`super::routes`]), each path in the order listed (so
-    // `/products/new` wins over `{sku}`).
-    for prefix in ["/admin", "/api/v1/admin"] {
-        let mut scope = web::scope(prefix);
-        for (path, methods, list) in super::take_under(&mut open, prefix) {
-            scope = scope.service(super::resource(&path[prefix.len()..], methods, list));
-        }
-        for (path, methods, list) in super::take_under(&mut guarded, prefix) {
-            let resource = super::resource(&path[prefix.len()..], methods, list);
-            scope = scope.service(resource.wrap(from_fn(require_admin)));
-        }
+    // `/products/new` wins over `{sku}`); every admin path is under one of them.
+    for prefix in PREFIXES {
+        let scope = super::add_under(web::scope(prefix), prefix, &mut open, |r| r);
+        let scope = super::add_under(scope, prefix, &mut guarded, |r| {
+            r.wrap(from_fn(require_admin))
+        });
         cfg.service(scope);
     }
-    // Anything outside both prefixes, as it is.
-    for (path, methods, list) in open {
-        cfg.service(super::resource(path, methods, list));
-    }
-    for (path, methods, list) in guarded {
-        cfg.service(super::resource(path, methods, list).wrap(from_fn(require_admin)));
-    }
 }
+
+/// The path prefixes of the admin's routes, one route scope each.
+const PREFIXES: [&str; 2] = ["/admin", "/api/v1/admin"];
 
 /// Lets a request through only with a live admin session, which it leaves in the request
 /// for the [`Admin`] extractor.
@@ -359,6 +351,19 @@ fn check_api_csrf(req: &HttpRequest, admin: &Admin) -> Result<(), AppError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_admin_route_is_under_one_of_the_scoped_prefixes() {
+        let mut all = crate::http::resources(routes());
+        for prefix in PREFIXES {
+            crate::http::take_under(&mut all, prefix);
+        }
+        let outside: Vec<&str> = all.iter().map(|(p, _, _)| *p).collect();
+        assert!(
+            outside.is_empty(),
+            "not under a scope, so not served: {outside:?}"
+        );
+    }
 
     #[test]
     fn a_page_skips_the_rows_before_it_and_counts_partial_pages() {
