@@ -7,8 +7,8 @@
 //! sent once, so the numbers are the cost of one request.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -302,15 +302,18 @@ impl OpenLoop {
         let n = self.connections.len() as u64;
         let mut connections = std::mem::take(&mut self.connections);
         futures_util::future::join_all(connections.iter_mut().map(Connection::open)).await;
+        // One record for all connections, made before the schedule starts: a histogram
+        // per connection would be hundreds of allocations at the start of every phase,
+        // enough CPU on a small machine to make the first requests late.
+        let measured = Arc::new(Mutex::new(Measured::empty()));
         let started = Instant::now();
         let loops: Vec<_> = connections
             .into_iter()
             .enumerate()
             .map(|(i, mut connection)| {
-                let (load, live) = (load.clone(), live.clone());
+                let (load, live, measured) = (load.clone(), live.clone(), measured.clone());
                 tokio::spawn(async move {
                     let mut rng = StdRng::seed_from_u64((seed << 32) | i as u64);
-                    let mut measured = Measured::empty();
                     // Request j (of all connections) is due at j / rate.
                     let due = |j: u64| Duration::from_secs_f64(j as f64 / rate);
                     let mut j = i as u64;
@@ -318,21 +321,27 @@ impl OpenLoop {
                         let due = started + due(j);
                         tokio::time::sleep_until(due.into()).await;
                         let status = connection.send(&load, &mut rng).await;
-                        measured.record(status, due.elapsed());
+                        let took = due.elapsed();
+                        measured
+                            .lock()
+                            .expect("never poisoned")
+                            .record(status, took);
                         live.answers.fetch_add(1, Ordering::Relaxed);
                         j += n;
                     }
-                    (connection, measured)
+                    connection
                 })
             })
             .collect();
-        let mut all = Measured::empty();
         for task in loops {
-            if let Ok((connection, measured)) = task.await {
-                all.merge(&measured);
+            if let Ok(connection) = task.await {
                 self.connections.push(connection);
             }
         }
+        let mut all = std::mem::replace(
+            &mut *measured.lock().expect("never poisoned"),
+            Measured::empty(),
+        );
         // The send window, not the time the last answers took to come back.
         all.seconds = duration.as_secs_f64();
         all

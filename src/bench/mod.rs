@@ -482,6 +482,7 @@ impl Bench<'_> {
         ];
         env.extend(plan.settings.iter().map(|(k, v)| (k.as_str(), v.clone())));
         let commits_before = commit_count(admin, &name).await?;
+        let wal_before = wal_position(admin).await?;
         let statements_before = if statements {
             statement_count(admin, &name).await
         } else {
@@ -548,12 +549,14 @@ impl Bench<'_> {
         // Backends report their counts when they exit: wait for the servers' to be gone.
         wait_for_no_sessions(admin, &name).await;
         let commits = commit_count(admin, &name).await? - commits_before;
+        let wal = wal_position(admin).await? - wal_before;
         let statements = match (statements_before, statement_count(admin, &name).await) {
             (Some(before), Some(after)) => Some(after - before),
             _ => None,
         };
         let answered = answered as f64;
         closed_row.commits_per_request = (answered > 0.0).then(|| commits as f64 / answered);
+        closed_row.wal_per_request = (answered > 0.0).then(|| wal as f64 / answered);
         closed_row.statements_per_request = statements
             .filter(|_| answered > 0.0)
             .map(|n| n as f64 / answered);
@@ -643,6 +646,7 @@ impl Bench<'_> {
         };
         let progress = self.progress(label, duration, live);
         let logs = self.out.join("pgbench-open-loop-log");
+        let wal_before = wal_position(admin).await?;
         let result = pgbench::run(
             &self.pgbench,
             &url,
@@ -656,8 +660,11 @@ impl Bench<'_> {
         let _ = std::fs::remove_dir_all(&logs);
         progress.finish();
         wait_for_no_sessions(admin, &name).await;
+        let wal = wal_position(admin).await? - wal_before;
         drop_database(admin, &name).await;
-        let result = result?;
+        let mut result = result?;
+        result.wal_per_transaction =
+            (result.transactions > 0).then(|| wal as f64 / result.transactions as f64);
         match (result.offered_rate, result.p99_ms) {
             (Some(rate), Some(p99)) => eprintln!(
                 "pgbench {script_name}, open loop at {rate:.0}/s: {:.0} transactions/s, \
@@ -789,6 +796,16 @@ async fn commit_count(admin: &PgPool, name: &str) -> anyhow::Result<i64> {
     .fetch_optional(admin)
     .await?
     .unwrap_or(0))
+}
+
+/// The cluster's WAL position in bytes: the difference of two is the WAL written between
+/// them, by every database (the bench runs one thing at a time).
+async fn wal_position(admin: &PgPool) -> anyhow::Result<i64> {
+    Ok(
+        sqlx::query_scalar!(r#"select (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint as "bytes!""#)
+            .fetch_one(admin)
+            .await?,
+    )
 }
 
 /// Statements executed in database `name` so far, when `pg_stat_statements` is there.

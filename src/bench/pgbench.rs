@@ -34,6 +34,8 @@ pub struct PgbenchResult {
     /// late it started), in milliseconds.
     pub p50_ms: Option<f64>,
     pub p99_ms: Option<f64>,
+    /// Bytes of WAL the cluster wrote per transaction over the run.
+    pub wal_per_transaction: Option<f64>,
 }
 
 /// `pgbench`: on `PATH`, else next to `postgres`, else in Debian's versioned folders
@@ -211,6 +213,7 @@ pub async fn run(
         offered_rate: open_loop.map(|(rate, _)| rate),
         p50_ms,
         p99_ms,
+        wal_per_transaction: None,
     })
 }
 

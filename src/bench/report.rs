@@ -50,6 +50,9 @@ pub struct Row {
     pub commits_per_request: Option<f64>,
     /// Statements per request, when `pg_stat_statements` is available.
     pub statements_per_request: Option<f64>,
+    /// Bytes of WAL the cluster wrote per request, over the server's whole run: what the
+    /// disk must take per answer.
+    pub wal_per_request: Option<f64>,
     /// Whether every invariant held afterwards (`None`: not an order workload).
     pub invariants: Option<bool>,
     pub verdicts: Vec<Verdict>,
@@ -88,6 +91,7 @@ impl Row {
             ratio_to_pgbench: None,
             commits_per_request: None,
             statements_per_request: None,
+            wal_per_request: None,
             invariants: None,
             verdicts: Vec::new(),
         }
@@ -158,7 +162,7 @@ pub fn summary(report: &BenchReport) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<13} {:<22} {:>9} {:>8} {:>8} {:>7} {:>9} {:>7} {:>9} {:>8} {:>10}",
+        "{:<13} {:<22} {:>9} {:>8} {:>8} {:>7} {:>9} {:>7} {:>9} {:>8} {:>7} {:>10}",
         "workload",
         "strategy",
         "req/s",
@@ -169,12 +173,13 @@ pub fn summary(report: &BenchReport) -> String {
         "ratio",
         "commits/r",
         "stmts/r",
+        "WAL B/r",
         "invariants"
     );
     for r in &report.rows {
         let _ = writeln!(
             out,
-            "{:<13} {:<22} {:>9.0} {:>8.1} {:>8.1} {:>7} {:>9} {:>7} {:>9} {:>8} {:>10}",
+            "{:<13} {:<22} {:>9.0} {:>8.1} {:>8.1} {:>7} {:>9} {:>7} {:>9} {:>8} {:>7} {:>10}",
             r.workload.name(),
             r.label(),
             r.rate,
@@ -185,6 +190,7 @@ pub fn summary(report: &BenchReport) -> String {
             opt(r.ratio_to_pgbench, 2),
             opt(r.commits_per_request, 2),
             opt(r.statements_per_request, 1),
+            opt(r.wal_per_request, 0),
             verdict(r.invariants),
         );
     }
@@ -219,6 +225,7 @@ struct RowView {
     bar: u32,
     commits: String,
     statements: String,
+    wal: String,
     invariants: &'static str,
 }
 
@@ -250,6 +257,7 @@ pub fn html(report: &BenchReport) -> anyhow::Result<String> {
                 .map_or(0, |x| (x * 100.0).clamp(0.0, 100.0) as u32),
             commits: opt(r.commits_per_request, 2),
             statements: opt(r.statements_per_request, 1),
+            wal: opt(r.wal_per_request, 0),
             invariants: verdict(r.invariants),
         })
         .collect();

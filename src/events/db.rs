@@ -27,7 +27,9 @@ pub async fn record(conn: &mut PgConnection, event: Event) -> sqlx::Result<()> {
 }
 
 /// Writes events of one type by one statement (a batch's orders, a sweep's holds), on the
-/// transaction of the changes they report.
+/// transaction of the changes they report. Whether an endpoint subscribes is a scalar
+/// subquery, so PostgreSQL looks it up once per statement; written as a subquery in
+/// `from`, it is pulled up into the select list and looked up again for every row.
 #[tracing::instrument(skip_all, fields(kind = kind.as_str(), events = payloads.len()))]
 pub async fn record_many(
     conn: &mut PgConnection,
@@ -39,8 +41,8 @@ pub async fn record_many(
     }
     sqlx::query!(
         r#"insert into events (type, payload, routed_at)
-           select $1, p, event_routed_at(subscribed, $1, p)
-             from unnest($2::jsonb[]) as p, (select event_subscribed($1) as subscribed) as s"#,
+           select $1, p, event_routed_at((select event_subscribed($1)), $1, p)
+             from unnest($2::jsonb[]) as p"#,
         kind.as_str(),
         &payloads,
     )

@@ -132,9 +132,10 @@ pub async fn write(conn: &mut PgConnection, d: &Decided<'_>) -> sqlx::Result<boo
                 where (select go from go)
            ), placed_events as (
                insert into events (type, payload, routed_at)
-               select 'order.placed', p, event_routed_at(subscribed, 'order.placed', p)
-                 from unnest($15::jsonb[]) as p,
-                      (select event_subscribed('order.placed') as subscribed) as s
+               -- The subscription lookup once per statement (see events::db::record_many).
+               select 'order.placed', p,
+                      event_routed_at((select event_subscribed('order.placed')), 'order.placed', p)
+                 from unnest($15::jsonb[]) as p
                 where (select go from go)
            ), answers as (
                insert into idempotency_keys
