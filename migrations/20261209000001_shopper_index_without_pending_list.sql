@@ -5,10 +5,14 @@
 -- batch in every few thousand orders stalling for tens of milliseconds, and every order
 -- queued behind it waiting as long. Without the list every insert pays a little more, and
 -- none pays for the others.
+
+-- What is pending goes into the trees first, under a lock that lets inserts go on. Then the
+-- setting changes, which locks the index until this migration commits (with little left to
+-- do by then), and keeps new entries out of the list; it does not empty the list, so what
+-- came in between is moved by the second call.
+select gin_clean_pending_list('orders_shopper'::regclass);
+select gin_clean_pending_list('holds_shopper'::regclass);
 alter index orders_shopper set (fastupdate = off);
 alter index holds_shopper set (fastupdate = off);
-
--- Whatever is pending already goes into the trees now (the setting keeps new entries out
--- of the list; it does not empty it).
 select gin_clean_pending_list('orders_shopper'::regclass);
 select gin_clean_pending_list('holds_shopper'::regclass);

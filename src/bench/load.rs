@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -324,7 +324,7 @@ impl OpenLoop {
                         let took = due.elapsed();
                         measured
                             .lock()
-                            .expect("never poisoned")
+                            .unwrap_or_else(PoisonError::into_inner)
                             .record(status, took);
                         live.answers.fetch_add(1, Ordering::Relaxed);
                         j += n;
@@ -338,10 +338,11 @@ impl OpenLoop {
                 self.connections.push(connection);
             }
         }
-        let mut all = std::mem::replace(
-            &mut *measured.lock().expect("never poisoned"),
-            Measured::empty(),
-        );
+        // Every task has ended, so this is the last reference.
+        let mut all = Arc::into_inner(measured)
+            .expect("every connection's task has ended")
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner);
         // The send window, not the time the last answers took to come back.
         all.seconds = duration.as_secs_f64();
         all

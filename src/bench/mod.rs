@@ -482,7 +482,6 @@ impl Bench<'_> {
         ];
         env.extend(plan.settings.iter().map(|(k, v)| (k.as_str(), v.clone())));
         let commits_before = commit_count(admin, &name).await?;
-        let wal_before = wal_position(admin).await?;
         let statements_before = if statements {
             statement_count(admin, &name).await
         } else {
@@ -518,23 +517,26 @@ impl Bench<'_> {
             timeout: Duration::from_secs(10),
             api_key,
         };
-        let measured = self.load(&load, workload, strategy).await;
-        let (warm, closed) = match measured {
-            Ok(m) => m,
+        let measured = self.load(admin, &load, workload, strategy).await;
+        let closed = match measured {
+            Ok(phases) => phases,
             Err(e) => {
                 stop_all(servers).await;
                 return Err(e);
             }
         };
         // Every request of the server's life counts: commits are counted over all of it.
-        let mut answered = warm.requests() + closed.requests();
-        let mut closed_row = Row::of(workload, strategy, "closed", None, &closed);
+        let mut answered = closed.warm.requests() + closed.measured.requests();
+        let mut closed_row = Row::of(workload, strategy, "closed", None, &closed.measured);
+        closed_row.wal_per_request = per_request(closed.wal, closed.measured.requests());
         let open = if workload == Workload::HotSku && strategy == "batched" {
             let rate = plan.open_loop_rate.unwrap_or(0.8 * closed_row.rate);
-            match self.open_loop(&load, rate).await {
-                Ok((warm, measured)) => {
-                    answered += warm.requests() + measured.requests();
-                    Some(Row::of(workload, strategy, "open", Some(rate), &measured))
+            match self.open_loop(admin, &load, rate).await {
+                Ok(open) => {
+                    answered += open.warm.requests() + open.measured.requests();
+                    let mut row = Row::of(workload, strategy, "open", Some(rate), &open.measured);
+                    row.wal_per_request = per_request(open.wal, open.measured.requests());
+                    Some(row)
                 }
                 Err(e) => {
                     stop_all(servers).await;
@@ -549,17 +551,12 @@ impl Bench<'_> {
         // Backends report their counts when they exit: wait for the servers' to be gone.
         wait_for_no_sessions(admin, &name).await;
         let commits = commit_count(admin, &name).await? - commits_before;
-        let wal = wal_position(admin).await? - wal_before;
         let statements = match (statements_before, statement_count(admin, &name).await) {
             (Some(before), Some(after)) => Some(after - before),
             _ => None,
         };
-        let answered = answered as f64;
-        closed_row.commits_per_request = (answered > 0.0).then(|| commits as f64 / answered);
-        closed_row.wal_per_request = (answered > 0.0).then(|| wal as f64 / answered);
-        closed_row.statements_per_request = statements
-            .filter(|_| answered > 0.0)
-            .map(|n| n as f64 / answered);
+        closed_row.commits_per_request = per_request(Some(commits), answered);
+        closed_row.statements_per_request = per_request(statements, answered);
 
         let verdicts = if workload.orders() {
             let db = PgPool::connect(&url).await?;
@@ -587,13 +584,14 @@ impl Bench<'_> {
         Ok(rows)
     }
 
-    /// Warm-up, then the measured closed loop: `(warm-up, measured)`.
+    /// Warm-up, then the measured closed loop.
     async fn load(
         &self,
+        admin: &PgPool,
         load: &Load,
         workload: Workload,
         strategy: &str,
-    ) -> anyhow::Result<(Measured, Measured)> {
+    ) -> anyhow::Result<Phases> {
         let plan = self.plan;
         let warmup = Duration::from_secs_f64(plan.warmup_s);
         let warm = load::closed(load, plan.connections, warmup, Arc::default()).await;
@@ -601,13 +599,19 @@ impl Bench<'_> {
         let live = Arc::new(Live::default());
         let label = format!("{} · {strategy}", workload.name());
         let progress = self.progress(label, duration, live.clone());
+        let wal_before = wal_position(admin).await;
         let measured = load::closed(load, plan.connections, duration, live).await;
+        let wal = wal_since(admin, wal_before).await;
         progress.finish();
-        Ok((warm, measured))
+        Ok(Phases {
+            warm,
+            measured,
+            wal,
+        })
     }
 
-    /// Warm-up, then the measured open loop: `(warm-up, measured)`.
-    async fn open_loop(&self, load: &Load, rate: f64) -> anyhow::Result<(Measured, Measured)> {
+    /// Warm-up, then the measured open loop.
+    async fn open_loop(&self, admin: &PgPool, load: &Load, rate: f64) -> anyhow::Result<Phases> {
         let duration = Duration::from_secs(self.plan.duration_s);
         // Connections kept open between requests (a connection opened per request would
         // measure the handshake), and a warm-up at the same rate.
@@ -617,9 +621,15 @@ impl Bench<'_> {
         let live = Arc::new(Live::default());
         let label = format!("hot-sku · batched · open loop {rate:.0}/s");
         let progress = self.progress(label, duration, live.clone());
+        let wal_before = wal_position(admin).await;
         let measured = open.run(load, rate, duration, 2, live).await;
+        let wal = wal_since(admin, wal_before).await;
         progress.finish();
-        Ok((warm, measured))
+        Ok(Phases {
+            warm,
+            measured,
+            wal,
+        })
     }
 
     /// pgbench with the minimal SQL of `workload`, on a fresh database of its own (none
@@ -646,7 +656,7 @@ impl Bench<'_> {
         };
         let progress = self.progress(label, duration, live);
         let logs = self.out.join("pgbench-open-loop-log");
-        let wal_before = wal_position(admin).await?;
+        let wal_before = wal_position(admin).await;
         let result = pgbench::run(
             &self.pgbench,
             &url,
@@ -660,11 +670,10 @@ impl Bench<'_> {
         let _ = std::fs::remove_dir_all(&logs);
         progress.finish();
         wait_for_no_sessions(admin, &name).await;
-        let wal = wal_position(admin).await? - wal_before;
+        let wal = wal_since(admin, wal_before).await;
         drop_database(admin, &name).await;
         let mut result = result?;
-        result.wal_per_transaction =
-            (result.transactions > 0).then(|| wal as f64 / result.transactions as f64);
+        result.wal_per_transaction = per_request(wal, result.transactions + result.failed);
         match (result.offered_rate, result.p99_ms) {
             (Some(rate), Some(p99)) => eprintln!(
                 "pgbench {script_name}, open loop at {rate:.0}/s: {:.0} transactions/s, \
@@ -798,14 +807,35 @@ async fn commit_count(admin: &PgPool, name: &str) -> anyhow::Result<i64> {
     .unwrap_or(0))
 }
 
-/// The cluster's WAL position in bytes: the difference of two is the WAL written between
-/// them, by every database (the bench runs one thing at a time).
-async fn wal_position(admin: &PgPool) -> anyhow::Result<i64> {
-    Ok(
-        sqlx::query_scalar!(r#"select (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint as "bytes!""#)
-            .fetch_one(admin)
-            .await?,
+/// A load's warm-up and its measured phase, with the bytes of WAL written during the latter.
+struct Phases {
+    warm: Measured,
+    measured: Measured,
+    wal: Option<i64>,
+}
+
+/// The cluster's WAL insert position in bytes (`None` if it cannot be read). WAL is the
+/// cluster's, not one database's: on the bench's own cluster only the phase being measured
+/// writes; on a shared server, whatever else runs there counts too.
+async fn wal_position(admin: &PgPool) -> Option<i64> {
+    sqlx::query_scalar!(
+        r#"select (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint as "bytes!""#
     )
+    .fetch_one(admin)
+    .await
+    .ok()
+}
+
+/// Bytes of WAL written since `before`.
+async fn wal_since(admin: &PgPool, before: Option<i64>) -> Option<i64> {
+    Some(wal_position(admin).await? - before?)
+}
+
+/// `total` over `requests`, when there were any.
+fn per_request(total: Option<i64>, requests: u64) -> Option<f64> {
+    total
+        .filter(|_| requests > 0)
+        .map(|t| t as f64 / requests as f64)
 }
 
 /// Statements executed in database `name` so far, when `pg_stat_statements` is there.

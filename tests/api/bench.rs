@@ -39,6 +39,9 @@ fn a_quick_bench_measures_the_app_and_pgbench_and_passes_the_checker() {
     // Group commit: a batch of orders shares one transaction.
     let commits = hot["commits_per_request"].as_f64().unwrap();
     assert!(commits > 0.0 && commits < 1.0, "{hot}");
+    // Each order's rows and index entries reach the WAL: well over a kilobyte an order.
+    let wal = hot["wal_per_request"].as_f64().unwrap();
+    assert!(wal > 1000.0, "{hot}");
     assert_eq!(hot["invariants"], true);
     let sold_out = rows.iter().find(|r| r["workload"] == "sold-out").unwrap();
     assert!(sold_out["rate"].as_f64().unwrap() > 0.0, "{sold_out}");
@@ -66,6 +69,10 @@ fn a_quick_bench_measures_the_app_and_pgbench_and_passes_the_checker() {
         .expect("an open-loop pgbench run");
     assert!(
         pgbench_open["p99_ms"].as_f64().unwrap() > 0.0,
+        "{pgbench_open}"
+    );
+    assert!(
+        pgbench_open["wal_per_transaction"].as_f64().unwrap() > 1000.0,
         "{pgbench_open}"
     );
     assert!(out.path().join("bench.html").is_file());

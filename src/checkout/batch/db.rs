@@ -132,7 +132,8 @@ pub async fn write(conn: &mut PgConnection, d: &Decided<'_>) -> sqlx::Result<boo
                 where (select go from go)
            ), placed_events as (
                insert into events (type, payload, routed_at)
-               -- The subscription lookup once per statement (see events::db::record_many).
+               -- A scalar subquery: whether an endpoint subscribes is looked up once per
+               -- statement, not once per event (see events::db::record_many).
                select 'order.placed', p,
                       event_routed_at((select event_subscribed('order.placed')), 'order.placed', p)
                  from unnest($15::jsonb[]) as p
