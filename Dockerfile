@@ -1,7 +1,9 @@
 # Build: the release binary, with templates, static files and migrations compiled in.
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
-COPY Cargo.toml Cargo.lock ./
+COPY Cargo.toml Cargo.lock build.rs ./
+# The checked queries' descriptions: `sqlx::query!` needs them without a database to ask.
+COPY .sqlx .sqlx
 COPY src src
 COPY templates templates
 COPY static static
