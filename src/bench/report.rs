@@ -50,7 +50,7 @@ pub struct Row {
     pub commits_per_request: Option<f64>,
     /// Statements per request, when `pg_stat_statements` is available.
     pub statements_per_request: Option<f64>,
-    /// Bytes of WAL the cluster wrote per request, over the server's whole run: what the
+    /// Bytes of WAL the cluster wrote per request during the measured phase: what the
     /// disk must take per answer.
     pub wal_per_request: Option<f64>,
     /// Whether every invariant held afterwards (`None`: not an order workload).
