@@ -232,41 +232,65 @@ async fn connect(authority: &str) -> Option<SendRequest<Full<Bytes>>> {
     Some(sender)
 }
 
-/// Closed loop: `connections` loops, each on a connection of its own, sending its next
-/// request as soon as the last is answered, for `duration`.
-pub async fn closed(
-    load: &Load,
-    connections: usize,
-    duration: Duration,
-    live: Arc<Live>,
-) -> Measured {
-    let started = Instant::now();
-    let deadline = started + duration;
-    let loops: Vec<_> = (0..connections.max(1))
-        .map(|i| {
-            let (load, live) = (load.clone(), live.clone());
-            tokio::spawn(async move {
-                let mut connection = Connection::new(&load, &load.targets[i % load.targets.len()]);
-                let mut rng = StdRng::seed_from_u64(i as u64 ^ 0x5EED_BE4C);
-                let mut measured = Measured::empty();
-                while Instant::now() < deadline {
-                    let sent = Instant::now();
-                    let status = connection.send(&load, &mut rng).await;
-                    measured.record(status, sent.elapsed());
-                    live.answers.fetch_add(1, Ordering::Relaxed);
-                }
-                measured
-            })
-        })
-        .collect();
-    let mut all = Measured::empty();
-    for task in loops {
-        if let Ok(measured) = task.await {
-            all.merge(&measured);
-        }
+/// The connections of a closed loop, opened by its warm-up and kept for its measurement
+/// (as wrk opens its connections before it starts the clock).
+pub struct ClosedLoop {
+    connections: Vec<Connection>,
+}
+
+impl ClosedLoop {
+    /// `connections` request loops (opened by the first run), spread over the servers.
+    pub fn new(load: &Load, connections: usize) -> Self {
+        let connections = (0..connections.max(1))
+            .map(|i| Connection::new(load, &load.targets[i % load.targets.len()]))
+            .collect();
+        Self { connections }
     }
-    all.seconds = started.elapsed().as_secs_f64();
-    all
+
+    /// Each connection sends its next request as soon as the last is answered, for
+    /// `duration`. Connections are opened and records made before the clock starts, so
+    /// neither a handshake nor an allocation is measured. `seed` varies the SKUs picked
+    /// between phases.
+    pub async fn run(
+        &mut self,
+        load: &Load,
+        duration: Duration,
+        seed: u64,
+        live: Arc<Live>,
+    ) -> Measured {
+        let mut connections = std::mem::take(&mut self.connections);
+        futures_util::future::join_all(connections.iter_mut().map(Connection::open)).await;
+        let records: Vec<Measured> = connections.iter().map(|_| Measured::empty()).collect();
+        let started = Instant::now();
+        let deadline = started + duration;
+        let loops: Vec<_> = connections
+            .into_iter()
+            .zip(records)
+            .enumerate()
+            .map(|(i, (mut connection, mut measured))| {
+                let (load, live) = (load.clone(), live.clone());
+                tokio::spawn(async move {
+                    let mut rng = StdRng::seed_from_u64((seed << 32) | i as u64);
+                    while Instant::now() < deadline {
+                        let sent = Instant::now();
+                        let status = connection.send(&load, &mut rng).await;
+                        measured.record(status, sent.elapsed());
+                        live.answers.fetch_add(1, Ordering::Relaxed);
+                    }
+                    (connection, measured)
+                })
+            })
+            .collect();
+        let mut all = Measured::empty();
+        for task in loops {
+            if let Ok((connection, measured)) = task.await {
+                all.merge(&measured);
+                self.connections.push(connection);
+            }
+        }
+        all.seconds = started.elapsed().as_secs_f64();
+        all
+    }
 }
 
 /// The connections of an open loop, opened by its warm-up and kept for its measurement.

@@ -26,7 +26,7 @@ use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use sqlx::PgPool;
 
-use self::load::{Live, Load, Measured, OpenLoop, Work};
+use self::load::{ClosedLoop, Live, Load, Measured, OpenLoop, Work};
 use self::report::{BenchReport, Derived, PostgresInfo, Row};
 use crate::loadtest::check::{self, RedisTarget};
 use crate::loadtest::servers::ServerProcess;
@@ -594,13 +594,14 @@ impl Bench<'_> {
     ) -> anyhow::Result<Phases> {
         let plan = self.plan;
         let warmup = Duration::from_secs_f64(plan.warmup_s);
-        let warm = load::closed(load, plan.connections, warmup, Arc::default()).await;
+        let mut closed = ClosedLoop::new(load, plan.connections);
+        let warm = closed.run(load, warmup, 1, Arc::default()).await;
         let duration = Duration::from_secs(plan.duration_s);
         let live = Arc::new(Live::default());
         let label = format!("{} · {strategy}", workload.name());
         let progress = self.progress(label, duration, live.clone());
         let wal_before = wal_position(admin).await;
-        let measured = load::closed(load, plan.connections, duration, live).await;
+        let measured = closed.run(load, duration, 2, live).await;
         let wal = wal_since(admin, wal_before).await;
         progress.finish();
         Ok(Phases {
