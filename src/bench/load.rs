@@ -232,19 +232,43 @@ async fn connect(authority: &str) -> Option<SendRequest<Full<Bytes>>> {
     Some(sender)
 }
 
+/// A loop's connections, spread over the servers and kept between its phases (its warm-up
+/// opens them, its measurement reuses them).
+struct Kept(Vec<Connection>);
+
+impl Kept {
+    fn new(load: &Load, connections: usize) -> Self {
+        let connections = (0..connections.max(1))
+            .map(|i| Connection::new(load, &load.targets[i % load.targets.len()]))
+            .collect();
+        Self(connections)
+    }
+
+    /// Every connection, opened (one that fails is tried again by its first request);
+    /// the phase gives them back with [`Kept::put_back`].
+    async fn take_opened(&mut self) -> Vec<Connection> {
+        let mut connections = std::mem::take(&mut self.0);
+        futures_util::future::join_all(connections.iter_mut().map(Connection::open)).await;
+        connections
+    }
+
+    fn put_back(&mut self, connection: Connection) {
+        self.0.push(connection);
+    }
+}
+
 /// The connections of a closed loop, opened by its warm-up and kept for its measurement
 /// (as wrk opens its connections before it starts the clock).
 pub struct ClosedLoop {
-    connections: Vec<Connection>,
+    connections: Kept,
 }
 
 impl ClosedLoop {
     /// `connections` request loops (opened by the first run), spread over the servers.
     pub fn new(load: &Load, connections: usize) -> Self {
-        let connections = (0..connections.max(1))
-            .map(|i| Connection::new(load, &load.targets[i % load.targets.len()]))
-            .collect();
-        Self { connections }
+        Self {
+            connections: Kept::new(load, connections),
+        }
     }
 
     /// Each connection sends its next request as soon as the last is answered, for
@@ -258,8 +282,7 @@ impl ClosedLoop {
         seed: u64,
         live: Arc<Live>,
     ) -> Measured {
-        let mut connections = std::mem::take(&mut self.connections);
-        futures_util::future::join_all(connections.iter_mut().map(Connection::open)).await;
+        let connections = self.connections.take_opened().await;
         let records: Vec<Measured> = connections.iter().map(|_| Measured::empty()).collect();
         let started = Instant::now();
         let deadline = started + duration;
@@ -285,7 +308,7 @@ impl ClosedLoop {
         for task in loops {
             if let Ok((connection, measured)) = task.await {
                 all.merge(&measured);
-                self.connections.push(connection);
+                self.connections.put_back(connection);
             }
         }
         all.seconds = started.elapsed().as_secs_f64();
@@ -295,7 +318,7 @@ impl ClosedLoop {
 
 /// The connections of an open loop, opened by its warm-up and kept for its measurement.
 pub struct OpenLoop {
-    connections: Vec<Connection>,
+    connections: Kept,
 }
 
 impl OpenLoop {
@@ -303,10 +326,9 @@ impl OpenLoop {
     /// Enough that each connection's next request is due after most answers have come,
     /// or the schedule of one connection would wait on its own answers.
     pub fn new(load: &Load, connections: usize) -> Self {
-        let connections = (0..connections.max(1))
-            .map(|i| Connection::new(load, &load.targets[i % load.targets.len()]))
-            .collect();
-        Self { connections }
+        Self {
+            connections: Kept::new(load, connections),
+        }
     }
 
     /// Requests at `rate` for `duration`, as wrk2 and `pgbench --rate` schedule them
@@ -323,9 +345,8 @@ impl OpenLoop {
         seed: u64,
         live: Arc<Live>,
     ) -> Measured {
-        let n = self.connections.len() as u64;
-        let mut connections = std::mem::take(&mut self.connections);
-        futures_util::future::join_all(connections.iter_mut().map(Connection::open)).await;
+        let connections = self.connections.take_opened().await;
+        let n = connections.len() as u64;
         // One record for all connections, made before the schedule starts: a histogram
         // per connection would be hundreds of allocations at the start of every phase,
         // enough CPU on a small machine to make the first requests late.
@@ -359,7 +380,7 @@ impl OpenLoop {
             .collect();
         for task in loops {
             if let Ok(connection) = task.await {
-                self.connections.push(connection);
+                self.connections.put_back(connection);
             }
         }
         // Every task has ended, so this is the last reference.
