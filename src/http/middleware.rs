@@ -31,15 +31,19 @@ pub async fn around_request(
     let started = Instant::now();
     let request_id = uuid::Uuid::new_v4().simple().to_string()[..16].to_string();
     req.extensions_mut().insert(RequestId(request_id.clone()));
-    let new_csrf_cookie = csrf::ensure_token(&req).map(|token| {
-        super::cookie(
-            req.request(),
-            csrf::CSRF_COOKIE,
-            token,
-            actix_web::cookie::SameSite::Strict,
-        )
-        .to_string()
-    });
+    // The JSON API renders no forms, and its callers are programs: no storefront cookie.
+    let new_csrf_cookie = (!req.path().starts_with("/api/"))
+        .then(|| csrf::ensure_token(&req))
+        .flatten()
+        .map(|token| {
+            super::cookie(
+                req.request(),
+                csrf::CSRF_COOKIE,
+                token,
+                actix_web::cookie::SameSite::Strict,
+            )
+            .to_string()
+        });
     let no_store = personal(req.path());
     // The metrics listener serves `/metrics` and nothing else.
     let state = req.app_data::<web::Data<AppState>>().cloned();

@@ -552,6 +552,42 @@ async fn admin_and_personal_pages_say_no_store() {
     }
 }
 
+#[tokio::test]
+async fn api_answers_set_no_cookie_while_pages_get_their_csrf_cookie() {
+    let app = spawn_app_with(test_settings().await).await;
+    app.add_product("GOOD-1", "Good", 1_000, 50).await;
+    let mut answers = vec![
+        (
+            "order".to_string(),
+            app.post_order("o1", &[("GOOD-1", 1)]).await,
+        ),
+        (
+            "refused order".into(),
+            app.post_order("o2", &[("NOPE-1", 1)]).await,
+        ),
+    ];
+    for path in [
+        "/api/v1/products",
+        "/api/v1/products/GOOD-1",
+        "/api/v1/nowhere",
+    ] {
+        answers.push((path.to_string(), app.get(path).await));
+    }
+    for (what, res) in &answers {
+        assert!(
+            res.headers().get("set-cookie").is_none(),
+            "{what} ({}) set a cookie",
+            res.status()
+        );
+    }
+    assert_eq!(answers[0].1.status().as_u16(), 201);
+    assert_eq!(answers[1].1.status().as_u16(), 422);
+    // A page still gets the storefront's CSRF cookie for its forms.
+    let page = app.get("/products/GOOD-1").await;
+    let (token, _) = set_cookie(&page, "csrf").expect("a page sets the csrf cookie");
+    assert_eq!(token.len(), 64);
+}
+
 /// The `name=value` of the Set-Cookie of `res` named `name`, and its attributes.
 fn set_cookie(res: &reqwest::Response, name: &str) -> Option<(String, String)> {
     res.headers()
