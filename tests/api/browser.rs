@@ -427,6 +427,11 @@ async fn product_names_that_look_like_markup_show_as_text_everywhere() {
             .click()
             .await
             .unwrap();
+        // The cart page the form leads to: the next `goto` must not race the submit.
+        b.wait()
+            .for_element(Locator::Css("table.lines"))
+            .await
+            .unwrap();
     }
     for path in ["/", "/cart"] {
         check(path.to_string()).await;
