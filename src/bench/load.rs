@@ -232,164 +232,152 @@ async fn connect(authority: &str) -> Option<SendRequest<Full<Bytes>>> {
     Some(sender)
 }
 
-/// A loop's connections, spread over the servers and kept between its phases (its warm-up
-/// opens them, its measurement reuses them).
-struct Kept(Vec<Connection>);
+/// How a loop sends: each connection's next request as soon as its last is answered
+/// (closed), or on a fixed schedule whatever the servers do (open).
+#[derive(Debug, Clone, Copy)]
+pub enum Schedule {
+    Closed,
+    /// `rate` requests a second in all.
+    Open {
+        rate: f64,
+    },
+}
 
-impl Kept {
-    fn new(load: &Load, connections: usize) -> Self {
+/// A loop's keep-alive connections, spread over the servers and kept between its phases:
+/// its warm-up opens them and its measurement reuses them, as wrk and wrk2 open theirs
+/// before they start the clock.
+pub struct Connections(Vec<Connection>);
+
+impl Connections {
+    pub fn new(load: &Load, connections: usize) -> Self {
         let connections = (0..connections.max(1))
             .map(|i| Connection::new(load, &load.targets[i % load.targets.len()]))
             .collect();
         Self(connections)
     }
 
-    /// Every connection, opened (one that fails is tried again by its first request);
-    /// the phase gives them back with [`Kept::put_back`].
-    async fn take_opened(&mut self) -> Vec<Connection> {
+    /// One phase of `duration` on every connection (each opened first, so no handshake is
+    /// measured); `seed` varies the SKUs picked between phases.
+    pub async fn run(
+        &mut self,
+        load: &Load,
+        schedule: Schedule,
+        duration: Duration,
+        seed: u64,
+        live: Arc<Live>,
+    ) -> Measured {
         let mut connections = std::mem::take(&mut self.0);
         futures_util::future::join_all(connections.iter_mut().map(Connection::open)).await;
-        connections
-    }
-
-    fn put_back(&mut self, connection: Connection) {
-        self.0.push(connection);
+        let (connections, measured) = match schedule {
+            Schedule::Closed => closed(load, connections, duration, seed, live).await,
+            Schedule::Open { rate } => open(load, connections, rate, duration, seed, live).await,
+        };
+        self.0 = connections;
+        measured
     }
 }
 
-/// The connections of a closed loop, opened by its warm-up and kept for its measurement
-/// (as wrk opens its connections before it starts the clock).
-pub struct ClosedLoop {
-    connections: Kept,
-}
-
-impl ClosedLoop {
-    /// `connections` request loops (opened by the first run), spread over the servers.
-    pub fn new(load: &Load, connections: usize) -> Self {
-        Self {
-            connections: Kept::new(load, connections),
-        }
-    }
-
-    /// Each connection sends its next request as soon as the last is answered, for
-    /// `duration`. Connections are opened and records made before the clock starts, so
-    /// neither a handshake nor an allocation is measured. `seed` varies the SKUs picked
-    /// between phases.
-    pub async fn run(
-        &mut self,
-        load: &Load,
-        duration: Duration,
-        seed: u64,
-        live: Arc<Live>,
-    ) -> Measured {
-        let connections = self.connections.take_opened().await;
-        let records: Vec<Measured> = connections.iter().map(|_| Measured::empty()).collect();
-        let started = Instant::now();
-        let deadline = started + duration;
-        let loops: Vec<_> = connections
-            .into_iter()
-            .zip(records)
-            .enumerate()
-            .map(|(i, (mut connection, mut measured))| {
-                let (load, live) = (load.clone(), live.clone());
-                tokio::spawn(async move {
-                    let mut rng = StdRng::seed_from_u64((seed << 32) | i as u64);
-                    while Instant::now() < deadline {
-                        let sent = Instant::now();
-                        let status = connection.send(&load, &mut rng).await;
-                        measured.record(status, sent.elapsed());
-                        live.answers.fetch_add(1, Ordering::Relaxed);
-                    }
-                    (connection, measured)
-                })
+/// Each connection sends its next request as soon as the last is answered, for
+/// `duration`; latency counts from each send. Every record is made before the clock
+/// starts, so no allocation is measured.
+async fn closed(
+    load: &Load,
+    connections: Vec<Connection>,
+    duration: Duration,
+    seed: u64,
+    live: Arc<Live>,
+) -> (Vec<Connection>, Measured) {
+    let records: Vec<Measured> = connections.iter().map(|_| Measured::empty()).collect();
+    let started = Instant::now();
+    let deadline = started + duration;
+    let loops: Vec<_> = connections
+        .into_iter()
+        .zip(records)
+        .enumerate()
+        .map(|(i, (mut connection, mut measured))| {
+            let (load, live) = (load.clone(), live.clone());
+            tokio::spawn(async move {
+                let mut rng = StdRng::seed_from_u64((seed << 32) | i as u64);
+                while Instant::now() < deadline {
+                    let sent = Instant::now();
+                    let status = connection.send(&load, &mut rng).await;
+                    measured.record(status, sent.elapsed());
+                    live.answers.fetch_add(1, Ordering::Relaxed);
+                }
+                (connection, measured)
             })
-            .collect();
-        let mut all = Measured::empty();
-        for task in loops {
-            if let Ok((connection, measured)) = task.await {
-                all.merge(&measured);
-                self.connections.put_back(connection);
-            }
-        }
-        all.seconds = started.elapsed().as_secs_f64();
-        all
-    }
-}
-
-/// The connections of an open loop, opened by its warm-up and kept for its measurement.
-pub struct OpenLoop {
-    connections: Kept,
-}
-
-impl OpenLoop {
-    /// `connections` connections (opened by the first run), spread over the servers.
-    /// Enough that each connection's next request is due after most answers have come,
-    /// or the schedule of one connection would wait on its own answers.
-    pub fn new(load: &Load, connections: usize) -> Self {
-        Self {
-            connections: Kept::new(load, connections),
+        })
+        .collect();
+    let mut kept = Vec::new();
+    let mut all = Measured::empty();
+    for task in loops {
+        if let Ok((connection, measured)) = task.await {
+            all.merge(&measured);
+            kept.push(connection);
         }
     }
+    all.seconds = started.elapsed().as_secs_f64();
+    (kept, all)
+}
 
-    /// Requests at `rate` for `duration`, as wrk2 and `pgbench --rate` schedule them
-    /// (every connection is opened first, so no handshake is measured):
-    /// request `i` is due at `i / rate` seconds, on connection `i mod n`; it is sent when
-    /// due, or as soon as that connection's previous answer came if that was later, and
-    /// its latency counts from when it was due (so neither a queue nor a slow answer can
-    /// hide). `seed` varies the SKUs picked between phases.
-    pub async fn run(
-        &mut self,
-        load: &Load,
-        rate: f64,
-        duration: Duration,
-        seed: u64,
-        live: Arc<Live>,
-    ) -> Measured {
-        let connections = self.connections.take_opened().await;
-        let n = connections.len() as u64;
-        // One record for all connections, made before the schedule starts: a histogram
-        // per connection would be hundreds of allocations at the start of every phase,
-        // enough CPU on a small machine to make the first requests late.
-        let measured = Arc::new(Mutex::new(Measured::empty()));
-        let started = Instant::now();
-        let loops: Vec<_> = connections
-            .into_iter()
-            .enumerate()
-            .map(|(i, mut connection)| {
-                let (load, live, measured) = (load.clone(), live.clone(), measured.clone());
-                tokio::spawn(async move {
-                    let mut rng = StdRng::seed_from_u64((seed << 32) | i as u64);
-                    // Request j (of all connections) is due at j / rate.
-                    let due = |j: u64| Duration::from_secs_f64(j as f64 / rate);
-                    let mut j = i as u64;
-                    while due(j) < duration {
-                        let due = started + due(j);
-                        tokio::time::sleep_until(due.into()).await;
-                        let status = connection.send(&load, &mut rng).await;
-                        let took = due.elapsed();
-                        measured
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .record(status, took);
-                        live.answers.fetch_add(1, Ordering::Relaxed);
-                        j += n;
-                    }
-                    connection
-                })
+/// Requests at `rate` for `duration`, as wrk2 and `pgbench --rate` schedule them:
+/// request `i` is due at `i / rate` seconds, on connection `i mod n`; it is sent when
+/// due, or as soon as that connection's previous answer came if that was later, and its
+/// latency counts from when it was due (so neither a queue nor a slow answer can hide).
+/// Enough connections that each one's next request is due after most answers have come,
+/// or the schedule of one connection would wait on its own answers.
+async fn open(
+    load: &Load,
+    connections: Vec<Connection>,
+    rate: f64,
+    duration: Duration,
+    seed: u64,
+    live: Arc<Live>,
+) -> (Vec<Connection>, Measured) {
+    let n = connections.len() as u64;
+    // One record for all connections, made before the schedule starts: a histogram per
+    // connection would be hundreds of allocations at the start of every phase, enough CPU
+    // on a small machine to make the first requests late.
+    let measured = Arc::new(Mutex::new(Measured::empty()));
+    let started = Instant::now();
+    let loops: Vec<_> = connections
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut connection)| {
+            let (load, live, measured) = (load.clone(), live.clone(), measured.clone());
+            tokio::spawn(async move {
+                let mut rng = StdRng::seed_from_u64((seed << 32) | i as u64);
+                // Request j (of all connections) is due at j / rate.
+                let due = |j: u64| Duration::from_secs_f64(j as f64 / rate);
+                let mut j = i as u64;
+                while due(j) < duration {
+                    let due = started + due(j);
+                    tokio::time::sleep_until(due.into()).await;
+                    let status = connection.send(&load, &mut rng).await;
+                    let took = due.elapsed();
+                    measured
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .record(status, took);
+                    live.answers.fetch_add(1, Ordering::Relaxed);
+                    j += n;
+                }
+                connection
             })
-            .collect();
-        for task in loops {
-            if let Ok(connection) = task.await {
-                self.connections.put_back(connection);
-            }
+        })
+        .collect();
+    let mut kept = Vec::new();
+    for task in loops {
+        if let Ok(connection) = task.await {
+            kept.push(connection);
         }
-        // Every task has ended, so this is the last reference.
-        let mut all = Arc::into_inner(measured)
-            .expect("every connection's task has ended")
-            .into_inner()
-            .unwrap_or_else(PoisonError::into_inner);
-        // The send window, not the time the last answers took to come back.
-        all.seconds = duration.as_secs_f64();
-        all
     }
+    // Every task has ended, so this is the last reference.
+    let mut all = Arc::into_inner(measured)
+        .expect("every connection's task has ended")
+        .into_inner()
+        .unwrap_or_else(PoisonError::into_inner);
+    // The send window, not the time the last answers took to come back.
+    all.seconds = duration.as_secs_f64();
+    (kept, all)
 }

@@ -26,7 +26,7 @@ use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use sqlx::PgPool;
 
-use self::load::{ClosedLoop, Live, Load, Measured, OpenLoop, Work};
+use self::load::{Connections, Live, Load, Measured, Schedule, Work};
 use self::report::{BenchReport, Derived, PostgresInfo, Row};
 use crate::loadtest::check::{self, RedisTarget};
 use crate::loadtest::servers::ServerProcess;
@@ -517,32 +517,23 @@ impl Bench<'_> {
             timeout: Duration::from_secs(10),
             api_key,
         };
-        let measured = self.load(admin, &load, workload, strategy).await;
-        let closed = match measured {
-            Ok(phases) => phases,
-            Err(e) => {
-                stop_all(servers).await;
-                return Err(e);
-            }
-        };
+        let label = format!("{} · {strategy}", workload.name());
+        let closed = self
+            .phases(admin, &load, plan.connections, Schedule::Closed, label)
+            .await;
         // Every request of the server's life counts: commits are counted over all of it.
-        let mut answered = closed.warm.requests() + closed.measured.requests();
-        let mut closed_row = Row::of(workload, strategy, "closed", None, &closed.measured);
-        closed_row.wal_per_request = per_request(closed.wal, closed.measured.requests());
+        let mut answered = closed.requests();
+        let mut closed_row = closed.row(workload, strategy, None);
         let open = if workload == Workload::HotSku && strategy == "batched" {
             let rate = plan.open_loop_rate.unwrap_or(0.8 * closed_row.rate);
-            match self.open_loop(admin, &load, rate).await {
-                Ok(open) => {
-                    answered += open.warm.requests() + open.measured.requests();
-                    let mut row = Row::of(workload, strategy, "open", Some(rate), &open.measured);
-                    row.wal_per_request = per_request(open.wal, open.measured.requests());
-                    Some(row)
-                }
-                Err(e) => {
-                    stop_all(servers).await;
-                    return Err(e);
-                }
-            }
+            // Connections kept open between requests, and a warm-up at the same rate.
+            let label = format!("hot-sku · batched · open loop {rate:.0}/s");
+            let schedule = Schedule::Open { rate };
+            let open = self
+                .phases(admin, &load, OPEN_LOOP_CONNECTIONS, schedule, label)
+                .await;
+            answered += open.requests();
+            Some(open.row(workload, strategy, Some(rate)))
         } else {
             None
         };
@@ -584,53 +575,33 @@ impl Bench<'_> {
         Ok(rows)
     }
 
-    /// Warm-up, then the measured closed loop.
-    async fn load(
+    /// A warm-up, then the measured phase, on `connections` connections kept from one to
+    /// the other; the WAL written during the measured phase alone.
+    async fn phases(
         &self,
         admin: &PgPool,
         load: &Load,
-        workload: Workload,
-        strategy: &str,
-    ) -> anyhow::Result<Phases> {
-        let plan = self.plan;
-        let warmup = Duration::from_secs_f64(plan.warmup_s);
-        let mut closed = ClosedLoop::new(load, plan.connections);
-        let warm = closed.run(load, warmup, 1, Arc::default()).await;
-        let duration = Duration::from_secs(plan.duration_s);
-        let live = Arc::new(Live::default());
-        let label = format!("{} · {strategy}", workload.name());
-        let progress = self.progress(label, duration, live.clone());
-        let wal_before = wal_position(admin).await;
-        let measured = closed.run(load, duration, 2, live).await;
-        let wal = wal_since(admin, wal_before).await;
-        progress.finish();
-        Ok(Phases {
-            warm,
-            measured,
-            wal,
-        })
-    }
-
-    /// Warm-up, then the measured open loop.
-    async fn open_loop(&self, admin: &PgPool, load: &Load, rate: f64) -> anyhow::Result<Phases> {
-        let duration = Duration::from_secs(self.plan.duration_s);
-        // Connections kept open between requests (a connection opened per request would
-        // measure the handshake), and a warm-up at the same rate.
-        let mut open = OpenLoop::new(load, OPEN_LOOP_CONNECTIONS);
+        connections: usize,
+        schedule: Schedule,
+        label: String,
+    ) -> Phases {
+        let mut connections = Connections::new(load, connections);
         let warmup = Duration::from_secs_f64(self.plan.warmup_s);
-        let warm = open.run(load, rate, warmup, 1, Arc::default()).await;
+        let warm = connections
+            .run(load, schedule, warmup, 1, Arc::default())
+            .await;
+        let duration = Duration::from_secs(self.plan.duration_s);
         let live = Arc::new(Live::default());
-        let label = format!("hot-sku · batched · open loop {rate:.0}/s");
         let progress = self.progress(label, duration, live.clone());
         let wal_before = wal_position(admin).await;
-        let measured = open.run(load, rate, duration, 2, live).await;
+        let measured = connections.run(load, schedule, duration, 2, live).await;
         let wal = wal_since(admin, wal_before).await;
         progress.finish();
-        Ok(Phases {
+        Phases {
             warm,
             measured,
             wal,
-        })
+        }
     }
 
     /// pgbench with the minimal SQL of `workload`, on a fresh database of its own (none
@@ -813,6 +784,21 @@ struct Phases {
     warm: Measured,
     measured: Measured,
     wal: Option<i64>,
+}
+
+impl Phases {
+    /// Requests sent in both phases.
+    fn requests(&self) -> u64 {
+        self.warm.requests() + self.measured.requests()
+    }
+
+    /// The measured phase's row (`rate`: the open loop's schedule, `None` for closed).
+    fn row(&self, workload: Workload, strategy: &str, rate: Option<f64>) -> Row {
+        let kind = if rate.is_some() { "open" } else { "closed" };
+        let mut row = Row::of(workload, strategy, kind, rate, &self.measured);
+        row.wal_per_request = per_request(self.wal, self.measured.requests());
+        row
+    }
 }
 
 /// The cluster's WAL insert position in bytes (`None` if it cannot be read). WAL is the
