@@ -31,8 +31,8 @@ pub async fn around_request(
     let started = Instant::now();
     let request_id = uuid::Uuid::new_v4().simple().to_string()[..16].to_string();
     req.extensions_mut().insert(RequestId(request_id.clone()));
-    // The JSON API renders no forms, and its callers are programs: no storefront cookie.
-    let new_csrf_cookie = (!req.path().starts_with("/api/"))
+    // Pages carry the storefront's CSRF cookie for their forms; the JSON API has none.
+    let new_csrf_cookie = (!super::is_api(req.path()))
         .then(|| csrf::ensure_token(&req))
         .flatten()
         .map(|token| {
@@ -286,7 +286,7 @@ fn render_error(res: ServiceResponse<BoxBody>, request_id: &str) -> ServiceRespo
 }
 
 fn wants_json(req: &HttpRequest) -> bool {
-    req.path().starts_with("/api/")
+    super::is_api(req.path())
         || req.path() == "/readyz"
         || req
             .headers()

@@ -117,6 +117,12 @@ pub fn cookie(
         .finish()
 }
 
+/// Whether `path` is the JSON API's: its callers are programs, its answers and errors are
+/// JSON, and it renders no forms (so it sets no storefront cookie).
+pub fn is_api(path: &str) -> bool {
+    path.starts_with("/api/")
+}
+
 /// Runs `work` as a task of its own, so it runs to the end (committing or cleaning up
 /// its idempotency key and leases) even when the client goes away and the handler is
 /// dropped. The work is boxed before it is spawned: the handler's own future then holds

@@ -124,7 +124,7 @@ pub fn api_routes() -> Vec<(String, String)> {
     let mut routes: Vec<(String, String)> = super::public_routes()
         .into_iter()
         .chain(super::admin::routes())
-        .filter(|(_, path, _)| path.starts_with("/api/"))
+        .filter(|(_, path, _)| super::is_api(path))
         .map(|(method, path, _)| (method.to_string(), path.to_string()))
         .collect();
     routes.sort();

@@ -303,7 +303,7 @@ pub async fn require_admin(
             req.extensions_mut().insert(admin);
             return Ok(next.call(req).await?.map_into_left_body());
         }
-        None if req.path().starts_with("/api/") => {
+        None if crate::http::is_api(req.path()) => {
             AppError::Unauthorized("Log in as an admin first.".into())
         }
         None => AppError::LoginRequired {
