@@ -16,3 +16,18 @@ pub fn is_transient(e: &sqlx::Error) -> bool {
         _ => false,
     }
 }
+
+/// Failures that mean the server is out of reach (stopped, restarting, or the network
+/// gone), not that the statement failed: no connection within the wait, a dropped one, or
+/// the server shutting down or starting up.
+pub fn is_unreachable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => true,
+        // admin_shutdown, crash_shutdown, cannot_connect_now, and class 08 (connection
+        // exception)
+        sqlx::Error::Database(db) => db.code().is_some_and(|c| {
+            matches!(c.as_ref(), "57P01" | "57P02" | "57P03") || c.starts_with("08")
+        }),
+        _ => false,
+    }
+}

@@ -368,15 +368,25 @@ impl Replica {
                     replica.lag_ms.store(ms, Ordering::Relaxed);
                     replica.lag_bytes.store(bytes, Ordering::Relaxed);
                 }
-                if replica.up.swap(up, Ordering::Relaxed) != up {
-                    if up {
-                        tracing::info!("the read replica answers; reads go to it");
-                    } else {
-                        tracing::warn!("the read replica does not answer; reads go to the primary");
-                    }
-                }
+                replica.set_up(up);
             }
         });
+    }
+
+    /// Takes the replica out at once, after a read on it found it gone; its check puts
+    /// it back once it answers again.
+    pub fn mark_down(&self) {
+        self.set_up(false);
+    }
+
+    fn set_up(&self, up: bool) {
+        if self.up.swap(up, Ordering::Relaxed) != up {
+            if up {
+                tracing::info!("the read replica answers; reads go to it");
+            } else {
+                tracing::warn!("the read replica does not answer; reads go to the primary");
+            }
+        }
     }
 
     /// Checks the replica answers, then reads from the primary how far its replicas'

@@ -25,6 +25,7 @@ use sqlx::PgPool;
 
 use crate::checkout::OrderDeps;
 use crate::config::{OrderStrategy, Settings};
+use crate::error::AppError;
 use crate::locking::Redis;
 use crate::metrics::Metrics;
 
@@ -49,11 +50,27 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// Where reads that may lag go (catalogue, product pages, product API, admin
-    /// reports): the replica while it answers, else the primary. Stock decisions, orders,
-    /// holds, idempotency records and admin writes use [`AppState::db`].
-    pub fn read_pool(&self) -> &PgPool {
-        self.replica.as_ref().map_or(&self.db, |r| r.pool())
+    /// Runs `read` where reads that may lag go (catalogue, product pages, product API, the
+    /// dashboard): the replica while it answers, else the primary. Should the replica turn
+    /// out to be gone between its checks (stopped, or out of reach), it is taken out at
+    /// once and `read` runs again on the primary, so no reader is failed by a replica
+    /// going away. Stock decisions, orders, holds, idempotency records and admin writes
+    /// use [`AppState::db`].
+    pub async fn read<T>(
+        &self,
+        read: impl AsyncFn(&PgPool) -> Result<T, AppError>,
+    ) -> Result<T, AppError> {
+        let Some(replica) = self.replica.as_ref().filter(|r| r.is_up()) else {
+            return read(&self.db).await;
+        };
+        match read(replica.pool()).await {
+            Err(AppError::Database(e)) if crate::pg::is_unreachable(&e) => {
+                tracing::debug!(error = %e, "a read on the replica failed; reading the primary");
+                replica.mark_down();
+                read(&self.db).await
+            }
+            answer => answer,
+        }
     }
 
     /// Whether `req` came in on the metrics listener.

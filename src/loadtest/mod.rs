@@ -420,7 +420,7 @@ async fn one_run(
     api_key: Option<String>,
 ) -> anyhow::Result<StrategyRun> {
     if let Some(db) = db.filter(|_| !args.no_setup) {
-        setup(db, args).await?;
+        setup(db, redis, args).await?;
     }
     let run_id = format!("lt-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let plan = args.plan(targets.to_vec(), run_id, api_key);
@@ -508,8 +508,14 @@ fn progress_bar(
 
 /// Sets the scenario's SKUs to `args.stock` units, through the ledger: products are created
 /// when missing, active holds on them released, and the difference recorded as an
-/// adjustment by `loadtest`.
-pub async fn setup(db: &PgPool, args: &LoadtestArgs) -> anyhow::Result<()> {
+/// adjustment by `loadtest`. The servers learn of the new stock as of an admin restock:
+/// the SKUs' sold-out hints in `redis` are cleared (an earlier run's hint would otherwise
+/// answer "sold out" for up to its TTL while the new stock waits).
+pub async fn setup(
+    db: &PgPool,
+    redis: Option<&RedisTarget>,
+    args: &LoadtestArgs,
+) -> anyhow::Result<()> {
     let mut skus = vec![(
         HOT_SKU.to_string(),
         "Flash Drop: Numbered Edition".to_string(),
@@ -524,9 +530,23 @@ pub async fn setup(db: &PgPool, args: &LoadtestArgs) -> anyhow::Result<()> {
             )
         }));
     }
+    let redis = redis
+        .map(|t| crate::locking::Redis::connect_lazy(&t.url, &t.prefix))
+        .transpose()?;
+    if redis.is_none() {
+        eprintln!(
+            "no --redis-url: a sold-out hint left by an earlier run may answer \"sold out\" \
+             for a few seconds"
+        );
+    }
     for (sku, name, price) in skus {
         let sku = Sku::parse(&sku)?;
         set_stock(db, &sku, &name, price, args.stock).await?;
+        if let Some(redis) = &redis
+            && !redis.clear_sold_out(&sku).await
+        {
+            eprintln!("Redis did not answer: {sku} may answer \"sold out\" for a few seconds");
+        }
     }
     Ok(())
 }

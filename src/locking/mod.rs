@@ -696,8 +696,9 @@ impl Redis {
         .await;
     }
 
-    /// Removes the sold-out hint (stock came back, or the hint was stale).
-    pub async fn clear_sold_out(&self, sku: &Sku) {
+    /// Removes the sold-out hint (stock came back, or the hint was stale); false when
+    /// Redis did not answer (the hint then lives out its TTL).
+    pub async fn clear_sold_out(&self, sku: &Sku) -> bool {
         self.believe_sold_out(sku, false);
         let mut conn = self.conn();
         let mut cmd = redis::cmd("DEL");
@@ -706,7 +707,8 @@ impl Redis {
             "clearing the sold-out hint",
             cmd.query_async::<()>(&mut conn),
         )
-        .await;
+        .await
+        .is_some()
     }
 
     /// Lease keys currently held under this prefix (for checks and tests).

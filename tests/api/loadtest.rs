@@ -170,6 +170,38 @@ async fn a_flash_sale_with_retries_and_double_submits_passes_every_invariant() {
 }
 
 #[tokio::test]
+async fn a_sale_set_up_right_after_a_sell_out_sells_its_whole_stock() {
+    let app = spawn_app().await;
+    let server = serve_app(&app, &[], &[]).await;
+    let targets = std::slice::from_ref(&server.address);
+    let sale = ["--stock", "5", "--buyers", "40", "--concurrency", "8"];
+    let first = run_report(&args(&app, targets, &sale)).await.unwrap();
+    assert_eq!(first.runs[0].result.orders_acknowledged, 5);
+    // The sell-out left the SKU hinted sold out in Redis; here for a minute, so the test
+    // does not race the hint's few seconds.
+    let hint = format!("{}soldout:FLASH-DROP", app.settings.redis_prefix);
+    let _: () = redis::cmd("SET")
+        .arg(&hint)
+        .arg(1)
+        .arg("PX")
+        .arg(60_000)
+        .query_async(&mut app.redis().await)
+        .await
+        .unwrap();
+
+    // The next run's setup restocks the SKU and clears the hint, as an admin restock does:
+    // its buyers get the new stock, not "sold out".
+    let second = run_report(&args(&app, targets, &sale)).await.unwrap();
+    let run = &second.runs[0];
+    assert!(run.passed(), "{:#?}", run.verdicts);
+    assert_eq!(
+        run.result.orders_acknowledged, 5,
+        "{:?}",
+        run.result.outcomes
+    );
+}
+
+#[tokio::test]
 async fn the_checker_fails_a_naive_flash_sale_on_oversell() {
     let app = spawn_app().await;
     let extra = [("STOCKADE_ORDER_STRATEGY", "naive-unsafe".to_string())];

@@ -55,13 +55,20 @@ pub struct RecentOrder {
 const LISTED: i64 = 12;
 
 pub(super) async fn dashboard(state: &AppState) -> Result<Dashboard, AppError> {
-    let db = state.read_pool();
-    let stock = reports::totals(db).await?;
-    let today = orders::reports::today(db).await?;
-    let active_holds = holds::reports::active_count(db).await?;
-    let low_stock = reports::available_between(db, 1..=LOW_STOCK, LISTED).await?;
-    let sold_out = reports::available_between(db, i32::MIN..=0, LISTED).await?;
-    let (recent, _) = orders::reports::list(db, &OrderFilter::default(), 8, 0).await?;
+    let (stock, today, active_holds, low_stock, sold_out, recent, events) = state
+        .read(async |db| {
+            let (recent, _) = orders::reports::list(db, &OrderFilter::default(), 8, 0).await?;
+            Ok((
+                reports::totals(db).await?,
+                orders::reports::today(db).await?,
+                holds::reports::active_count(db).await?,
+                reports::available_between(db, 1..=LOW_STOCK, LISTED).await?,
+                reports::available_between(db, i32::MIN..=0, LISTED).await?,
+                recent,
+                crate::events::db::stats(db).await?,
+            ))
+        })
+        .await?;
     let redis_up = tokio::time::timeout(Duration::from_secs(1), state.redis.ping())
         .await
         .is_ok_and(|r| r.is_ok());
@@ -78,7 +85,8 @@ pub(super) async fn dashboard(state: &AppState) -> Result<Dashboard, AppError> {
         recent_orders: recent.into_iter().map(recent_order).collect(),
         strategy: state.settings.order_strategy.to_string(),
         lease_layer: if redis_up { "up" } else { "degraded" }.into(),
-        events: crate::events::db::stats(db).await?,
+        events,
+        // After the reads: one that found the replica gone has taken it out.
         replica: match &state.replica {
             None => "none".into(),
             Some(r) => match r.lag() {

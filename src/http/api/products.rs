@@ -94,8 +94,7 @@ pub async fn get_products(
         None => i64::MAX,
     };
     let listing = state
-        .catalog
-        .browse(state.read_pool(), &browse, per_page)
+        .read(async |db| Ok(state.catalog.browse(db, &browse, per_page).await?))
         .await?;
     let mut res = HttpResponse::Ok();
     res.insert_header(("X-Total-Count", listing.total));
@@ -136,8 +135,7 @@ pub async fn get_product(
     let not_found = || AppError::not_found(format!("No product with SKU {path:?}."));
     let sku = Sku::parse(&path).map_err(|_| not_found())?;
     let product = state
-        .catalog
-        .product(state.read_pool(), &sku)
+        .read(async |db| Ok(state.catalog.product(db, &sku).await?))
         .await?
         .ok_or_else(not_found)?;
     Ok(HttpResponse::Ok().json(ProductJson::from(product)))

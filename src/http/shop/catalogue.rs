@@ -109,11 +109,12 @@ pub async fn get_catalogue(
     query: web::Query<BrowseParams>,
 ) -> Result<CataloguePage, AppError> {
     let browse = query.parse()?;
-    let listing = state
-        .catalog
-        .browse(state.read_pool(), &browse, PER_PAGE)
+    let (listing, categories) = state
+        .read(async |db| {
+            let listing = state.catalog.browse(db, &browse, PER_PAGE).await?;
+            Ok((listing, state.catalog.categories(db).await?))
+        })
         .await?;
-    let categories = state.catalog.categories(state.read_pool()).await?;
     Ok(CataloguePage {
         chrome: Chrome::new(&req),
         products: listing.products,

@@ -26,8 +26,7 @@ pub async fn get_product(
     let not_found = || AppError::not_found(format!("We have no product with SKU {path:?}."));
     let sku = Sku::parse(&path).map_err(|_| not_found())?;
     let product = state
-        .catalog
-        .product(state.read_pool(), &sku)
+        .read(async |db| Ok(state.catalog.product(db, &sku).await?))
         .await?
         .ok_or_else(not_found)?;
     Ok(ProductPage {
