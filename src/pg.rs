@@ -18,11 +18,12 @@ pub fn is_transient(e: &sqlx::Error) -> bool {
 }
 
 /// Failures that mean the server is out of reach (stopped, restarting, or the network
-/// gone), not that the statement failed: no connection within the wait, a dropped one, or
-/// the server shutting down or starting up.
+/// gone), not that the statement failed: a dropped connection, or the server shutting down
+/// or starting up. (No connection within the pool's wait is not among them: that is as
+/// often a busy server as a gone one.)
 pub fn is_unreachable(e: &sqlx::Error) -> bool {
     match e {
-        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => true,
+        sqlx::Error::PoolClosed | sqlx::Error::Io(_) => true,
         // admin_shutdown, crash_shutdown, cannot_connect_now, and class 08 (connection
         // exception)
         sqlx::Error::Database(db) => db.code().is_some_and(|c| {

@@ -51,11 +51,13 @@ pub struct AppState {
 
 impl AppState {
     /// Runs `read` where reads that may lag go (catalogue, product pages, product API, the
-    /// dashboard): the replica while it answers, else the primary. Should the replica turn
-    /// out to be gone between its checks (stopped, or out of reach), it is taken out at
-    /// once and `read` runs again on the primary, so no reader is failed by a replica
-    /// going away. Stock decisions, orders, holds, idempotency records and admin writes
-    /// use [`AppState::db`].
+    /// dashboard): the replica while it answers, else the primary. A read the replica
+    /// cannot take runs again on the primary, so no reader is failed by a replica going
+    /// away between its checks: one that found it gone (a dropped connection, the server
+    /// shutting down) also takes it out at once; one that got no connection within the
+    /// wait leaves that to the replica's check, as the replica may only be busy. Stock
+    /// decisions, orders, holds, idempotency records and admin writes use
+    /// [`AppState::db`].
     pub async fn read<T>(
         &self,
         read: impl AsyncFn(&PgPool) -> Result<T, AppError>,
@@ -65,10 +67,11 @@ impl AppState {
         };
         match read(replica.pool()).await {
             Err(AppError::Database(e)) if crate::pg::is_unreachable(&e) => {
-                tracing::debug!(error = %e, "a read on the replica failed; reading the primary");
+                tracing::debug!(error = %e, "the replica is gone; reading the primary");
                 replica.mark_down();
                 read(&self.db).await
             }
+            Err(AppError::Database(sqlx::Error::PoolTimedOut)) => read(&self.db).await,
             answer => answer,
         }
     }
