@@ -63,7 +63,7 @@ impl SkuBalance {
 
 /// Stock, ledger and sales per SKU.
 #[tracing::instrument(skip_all)]
-pub async fn balances(db: &PgPool) -> sqlx::Result<Vec<SkuBalance>> {
+pub async fn balances(db: impl sqlx::PgExecutor<'_>) -> sqlx::Result<Vec<SkuBalance>> {
     sqlx::query_as!(
         SkuBalance,
         r#"select s.sku, s.on_hand, s.reserved,
@@ -131,7 +131,16 @@ pub async fn check(
     redis: Option<&RedisTarget>,
     stale_after: Duration,
 ) -> anyhow::Result<Vec<Verdict>> {
-    let balances = balances(db).await?;
+    // One snapshot for every check, so verdicts on a database still being written agree
+    // with each other; and no JIT, whose compiling costs more than these whole-table
+    // queries do.
+    let mut tx = db.begin().await?;
+    sqlx::query("set transaction isolation level repeatable read, read only")
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("set local jit = off").execute(&mut *tx).await?;
+    let db = &mut *tx;
+    let balances = balances(&mut *db).await?;
     let mut verdicts = Vec::new();
 
     // I1: conservation — the ledger sums to the stock row; sales match order lines.
@@ -193,7 +202,7 @@ pub async fn check(
         r#"select idempotency_scope, idempotency_key, count(*) as "orders!" from orders
             group by 1, 2 having count(*) > 1"#,
     )
-    .fetch_all(db)
+    .fetch_all(&mut *db)
     .await?
     .into_iter()
     .map(|r| {
@@ -222,7 +231,7 @@ pub async fn check(
         let ids: Vec<uuid::Uuid> = acknowledged.iter().copied().collect();
         let found: BTreeSet<uuid::Uuid> =
             sqlx::query_scalar!("select id from orders where id = any($1)", &ids)
-                .fetch_all(db)
+                .fetch_all(&mut *db)
                 .await?
                 .into_iter()
                 .collect();
@@ -253,7 +262,7 @@ pub async fn check(
                   and substr(idempotency_key, strpos(idempotency_key, ':') + 1) = any($1)"#,
             &refused as &[&str],
         )
-        .fetch_all(db)
+        .fetch_all(&mut *db)
         .await?
         .into_iter()
         .map(|r| {
@@ -278,7 +287,7 @@ pub async fn check(
              from holds where state = 'active' and expires_at < now() - interval '5 seconds'
            having count(*) > 0"#,
     )
-    .fetch_all(db)
+    .fetch_all(&mut *db)
     .await?;
     rows.extend(
         // Between two statements of a live transaction (a dispatcher's or a sweeper's
@@ -292,7 +301,7 @@ pub async fn check(
                   and state_change < now() - interval '2 seconds'
                   and pid <> pg_backend_pid()"#,
         )
-        .fetch_all(db)
+        .fetch_all(&mut *db)
         .await?,
     );
     rows.extend(
@@ -304,7 +313,7 @@ pub async fn check(
                 order by locked_at"#,
             stale_after.as_secs_f64(),
         )
-        .fetch_all(db)
+        .fetch_all(&mut *db)
         .await?,
     );
     if let Some(target) = redis {
@@ -327,7 +336,7 @@ pub async fn check(
     // order that does not exist (one written by a transaction that rolled back). Not asked
     // of a database migrated by a build that had no outbox (`stockade bench --server-exe`).
     let has_outbox = sqlx::query_scalar!(r#"select to_regclass('events') is not null as "has!""#)
-        .fetch_one(db)
+        .fetch_one(&mut *db)
         .await?;
     if !has_outbox {
         return Ok(verdicts);
@@ -344,7 +353,7 @@ pub async fn check(
             where e.type = 'order.placed'
               and not exists (select 1 from orders o where o.id::text = e.payload->>'order_id')"#,
     )
-    .fetch_all(db)
+    .fetch_all(&mut *db)
     .await?;
     verdicts.push(verdict(
         "I7",

@@ -36,9 +36,13 @@ fn a_quick_bench_measures_the_app_and_pgbench_and_passes_the_checker() {
         .unwrap();
     assert!(hot["rate"].as_f64().unwrap() > 0.0, "{hot}");
     assert!(hot["pgbench_tps"].as_f64().unwrap() > 0.0, "{hot}");
-    // Group commit: a batch of orders shares one transaction.
+    // Group commit: a batch of orders shares its transaction. An order on a per-request
+    // path commits three times (two reads outside a transaction, then its own); a batch
+    // commits twice whatever its size (one read, one write). Under two per order means
+    // orders shared batches, even on a loaded machine, where the open loop's slow arrivals
+    // make batches of one or two.
     let commits = hot["commits_per_request"].as_f64().unwrap();
-    assert!(commits > 0.0 && commits < 1.0, "{hot}");
+    assert!(commits > 0.0 && commits < 2.0, "{hot}");
     // Each order's rows and index entries reach the WAL: well over a kilobyte an order.
     let wal = hot["wal_per_request"].as_f64().unwrap();
     assert!(wal > 1000.0, "{hot}");
