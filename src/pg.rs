@@ -24,11 +24,13 @@ pub fn is_transient(e: &sqlx::Error) -> bool {
 pub fn is_unreachable(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::PoolClosed | sqlx::Error::Io(_) => true,
-        // admin_shutdown, crash_shutdown, cannot_connect_now, and class 08 (connection
-        // exception)
-        sqlx::Error::Database(db) => db.code().is_some_and(|c| {
-            matches!(c.as_ref(), "57P01" | "57P02" | "57P03") || c.starts_with("08")
-        }),
+        sqlx::Error::Database(db) => matches!(
+            db.code().as_deref(),
+            // admin_shutdown, crash_shutdown, cannot_connect_now; connection_exception,
+            // sqlclient_unable_to_establish_sqlconnection, connection_does_not_exist,
+            // sqlserver_rejected_establishment_of_sqlconnection, connection_failure
+            Some("57P01" | "57P02" | "57P03" | "08000" | "08001" | "08003" | "08004" | "08006")
+        ),
         _ => false,
     }
 }

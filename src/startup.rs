@@ -328,13 +328,16 @@ impl Replica {
         Ok(replica)
     }
 
-    /// The replica while it answers, else the primary.
+    /// The replica's own pool (whatever its check last found: see [`Replica::is_up`]).
     pub fn pool(&self) -> &PgPool {
-        if self.up.load(Ordering::Relaxed) {
-            &self.pool
-        } else {
-            &self.primary
-        }
+        &self.pool
+    }
+
+    /// After a read got no replica connection within the wait: whether the replica looks
+    /// out of reach rather than busy. A busy replica's pool is full of connections in use;
+    /// one that cannot be reached has dropped them and is trying to connect again.
+    pub fn looks_gone(&self) -> bool {
+        self.pool.size() < self.pool.options().get_max_connections()
     }
 
     /// Whether reads go to the replica now.

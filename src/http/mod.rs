@@ -51,13 +51,13 @@ pub struct AppState {
 
 impl AppState {
     /// Runs `read` where reads that may lag go (catalogue, product pages, product API, the
-    /// dashboard): the replica while it answers, else the primary. A read the replica
-    /// cannot take runs again on the primary, so no reader is failed by a replica going
-    /// away between its checks: one that found it gone (a dropped connection, the server
-    /// shutting down) also takes it out at once; one that got no connection within the
-    /// wait leaves that to the replica's check, as the replica may only be busy. Stock
-    /// decisions, orders, holds, idempotency records and admin writes use
-    /// [`AppState::db`].
+    /// dashboard): the replica while its check finds it answering, else the primary. A
+    /// read that finds the replica gone before its check does (a dropped connection, the
+    /// server shutting down, or no connection within the wait while the replica's pool is
+    /// not full, so it is out of reach rather than busy) takes it out at once and runs
+    /// again on the primary. A busy replica's timeout stays a 503: its reads are not moved
+    /// onto the primary, which orders need. Stock decisions, orders, holds, idempotency
+    /// records and admin writes use [`AppState::db`].
     pub async fn read<T>(
         &self,
         read: impl AsyncFn(&PgPool) -> Result<T, AppError>,
@@ -66,12 +66,14 @@ impl AppState {
             return read(&self.db).await;
         };
         match read(replica.pool()).await {
-            Err(AppError::Database(e)) if crate::pg::is_unreachable(&e) => {
+            Err(AppError::Database(e))
+                if crate::pg::is_unreachable(&e)
+                    || matches!(e, sqlx::Error::PoolTimedOut) && replica.looks_gone() =>
+            {
                 tracing::debug!(error = %e, "the replica is gone; reading the primary");
                 replica.mark_down();
                 read(&self.db).await
             }
-            Err(AppError::Database(sqlx::Error::PoolTimedOut)) => read(&self.db).await,
             answer => answer,
         }
     }

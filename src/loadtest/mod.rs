@@ -539,14 +539,21 @@ pub async fn setup(
              for a few seconds"
         );
     }
+    let mut hinted = Vec::new();
     for (sku, name, price) in skus {
         let sku = Sku::parse(&sku)?;
         set_stock(db, &sku, &name, price, args.stock).await?;
         if let Some(redis) = &redis
             && !redis.clear_sold_out(&sku).await
         {
-            eprintln!("Redis did not answer: {sku} may answer \"sold out\" for a few seconds");
+            hinted.push(sku.to_string());
         }
+    }
+    if !hinted.is_empty() {
+        eprintln!(
+            "Redis did not answer: {} may answer \"sold out\" for a few seconds",
+            hinted.join(", ")
+        );
     }
     Ok(())
 }

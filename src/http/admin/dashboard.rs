@@ -57,14 +57,15 @@ const LISTED: i64 = 12;
 pub(super) async fn dashboard(state: &AppState) -> Result<Dashboard, AppError> {
     let (stock, today, active_holds, low_stock, sold_out, recent, events) = state
         .read(async |db| {
-            let (recent, _) = orders::reports::list(db, &OrderFilter::default(), 8, 0).await?;
             Ok((
                 reports::totals(db).await?,
                 orders::reports::today(db).await?,
                 holds::reports::active_count(db).await?,
                 reports::available_between(db, 1..=LOW_STOCK, LISTED).await?,
                 reports::available_between(db, i32::MIN..=0, LISTED).await?,
-                recent,
+                orders::reports::list(db, &OrderFilter::default(), 8, 0)
+                    .await?
+                    .0,
                 crate::events::db::stats(db).await?,
             ))
         })
