@@ -303,7 +303,7 @@ const REPLICA_ACQUIRE_TIMEOUT: Duration = Duration::from_millis(250);
 pub const REPLICA_CHECK_EVERY: Duration = Duration::from_millis(250);
 
 /// A streaming replica taking the reads that may lag, watched by a background check:
-/// while it does not answer, [`Replica::pool`] hands out the primary instead.
+/// while it does not answer, reads go to the primary (`AppState::read`).
 pub struct Replica {
     pool: PgPool,
     primary: PgPool,
