@@ -32,18 +32,19 @@ pub async fn around_request(
     let request_id = uuid::Uuid::new_v4().simple().to_string()[..16].to_string();
     req.extensions_mut().insert(RequestId(request_id.clone()));
     // Pages carry the storefront's CSRF cookie for their forms; the JSON API has none.
-    let new_csrf_cookie = (!super::is_api(req.path()))
-        .then(|| csrf::ensure_token(&req))
-        .flatten()
-        .map(|token| {
-            super::cookie(
-                req.request(),
-                csrf::CSRF_COOKIE,
-                token,
-                actix_web::cookie::SameSite::Strict,
-            )
-            .to_string()
-        });
+    let token = match super::is_api(req.path()) {
+        true => None,
+        false => csrf::ensure_token(&req),
+    };
+    let new_csrf_cookie = token.map(|token| {
+        super::cookie(
+            req.request(),
+            csrf::CSRF_COOKIE,
+            token,
+            actix_web::cookie::SameSite::Strict,
+        )
+        .to_string()
+    });
     let no_store = personal(req.path());
     // The metrics listener serves `/metrics` and nothing else.
     let state = req.app_data::<web::Data<AppState>>().cloned();

@@ -131,9 +131,6 @@ pub async fn check(
     redis: Option<&RedisTarget>,
     stale_after: Duration,
 ) -> anyhow::Result<Vec<Verdict>> {
-    // One snapshot for every check, so verdicts on a database still being written agree
-    // with each other; and no JIT, whose compiling costs more than these whole-table
-    // queries do.
     // Redis first: a session waiting on it inside the transaction would sit idle in
     // transaction meanwhile (which a PgBouncer set up by `stockade cluster` ends after 2 s).
     let leases: Vec<String> = match redis {
@@ -145,13 +142,15 @@ pub async fn check(
             .collect(),
         None => Vec::new(),
     };
+    // Then one snapshot for every check, so verdicts on a database still being written
+    // agree with each other; and no JIT, whose compiling costs more than these whole-table
+    // queries do.
     let mut tx = db.begin().await?;
     sqlx::query("set transaction isolation level repeatable read, read only")
         .execute(&mut *tx)
         .await?;
     sqlx::query("set local jit = off").execute(&mut *tx).await?;
-    let db = &mut *tx;
-    let balances = balances(&mut *db).await?;
+    let balances = balances(&mut *tx).await?;
     let mut verdicts = Vec::new();
 
     // I1: conservation — the ledger sums to the stock row; sales match order lines.
@@ -213,7 +212,7 @@ pub async fn check(
         r#"select idempotency_scope, idempotency_key, count(*) as "orders!" from orders
             group by 1, 2 having count(*) > 1"#,
     )
-    .fetch_all(&mut *db)
+    .fetch_all(&mut *tx)
     .await?
     .into_iter()
     .map(|r| {
@@ -242,7 +241,7 @@ pub async fn check(
         let ids: Vec<uuid::Uuid> = acknowledged.iter().copied().collect();
         let found: BTreeSet<uuid::Uuid> =
             sqlx::query_scalar!("select id from orders where id = any($1)", &ids)
-                .fetch_all(&mut *db)
+                .fetch_all(&mut *tx)
                 .await?
                 .into_iter()
                 .collect();
@@ -273,7 +272,7 @@ pub async fn check(
                   and substr(idempotency_key, strpos(idempotency_key, ':') + 1) = any($1)"#,
             &refused as &[&str],
         )
-        .fetch_all(&mut *db)
+        .fetch_all(&mut *tx)
         .await?
         .into_iter()
         .map(|r| {
@@ -298,7 +297,7 @@ pub async fn check(
              from holds where state = 'active' and expires_at < now() - interval '5 seconds'
            having count(*) > 0"#,
     )
-    .fetch_all(&mut *db)
+    .fetch_all(&mut *tx)
     .await?;
     rows.extend(
         // Between two statements of a live transaction (a dispatcher's or a sweeper's
@@ -312,7 +311,7 @@ pub async fn check(
                   and state_change < now() - interval '2 seconds'
                   and pid <> pg_backend_pid()"#,
         )
-        .fetch_all(&mut *db)
+        .fetch_all(&mut *tx)
         .await?,
     );
     rows.extend(
@@ -324,7 +323,7 @@ pub async fn check(
                 order by locked_at"#,
             stale_after.as_secs_f64(),
         )
-        .fetch_all(&mut *db)
+        .fetch_all(&mut *tx)
         .await?,
     );
     rows.extend(leases);
@@ -338,7 +337,7 @@ pub async fn check(
     // order that does not exist (one written by a transaction that rolled back). Not asked
     // of a database migrated by a build that had no outbox (`stockade bench --server-exe`).
     let has_outbox = sqlx::query_scalar!(r#"select to_regclass('events') is not null as "has!""#)
-        .fetch_one(&mut *db)
+        .fetch_one(&mut *tx)
         .await?;
     if !has_outbox {
         tx.rollback().await?;
@@ -356,7 +355,7 @@ pub async fn check(
             where e.type = 'order.placed'
               and not exists (select 1 from orders o where o.id::text = e.payload->>'order_id')"#,
     )
-    .fetch_all(&mut *db)
+    .fetch_all(&mut *tx)
     .await?;
     verdicts.push(verdict(
         "I7",
