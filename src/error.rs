@@ -309,6 +309,11 @@ impl From<crate::holds::HoldError> for AppError {
         match e {
             E::NotFound => Self::NotFound(sentence(&e.to_string())),
             E::Released | E::AlreadyConfirmed(_) => Self::conflict(sentence(&e.to_string())),
+            E::OverLimit(message) => Self::conflict(message),
+            E::TimedOut => Self::Unavailable {
+                message: sentence(&e.to_string()),
+                retry_after: 1,
+            },
             E::Insufficient(ref shortages) => Self::Conflict {
                 message: sentence(&e.to_string()),
                 retry_after: None,

@@ -69,6 +69,8 @@ pub struct Job {
     pub key: IdempotencyKey,
     pub fingerprint: Fingerprint,
     pub request: OrderRequest,
+    /// When its client is answered whatever happens: no batch takes it after that.
+    pub answer_by: Instant,
 }
 
 impl Job {
@@ -318,6 +320,7 @@ impl Batcher {
                 .into_iter()
                 .partition(|q| leased.contains(q.job.sku()));
             let later = self.give_up_on_stale(later);
+            let now = answered_already(now);
             if now.is_empty() {
                 self.release(lease.as_ref()).await;
                 return (later, None);
@@ -452,6 +455,20 @@ impl Batcher {
         }
         rest
     }
+}
+
+/// The jobs of `now` whose clients are still waiting; the others (cut off by their
+/// budget, or gone) are answered "timed out" and take no part in the transaction about
+/// to start.
+fn answered_already(now: Vec<Queued>) -> Vec<Queued> {
+    let at = Instant::now();
+    let (late, live): (Vec<Queued>, Vec<Queued>) = now
+        .into_iter()
+        .partition(|q| at >= q.job.answer_by || q.answer.is_closed());
+    for q in late {
+        q.answer(BatchAnswer::Failed(OrderError::TimedOut));
+    }
+    live
 }
 
 /// Moves what is queued in `jobs` into `lot`, up to `max` in all, without waiting.
@@ -632,7 +649,7 @@ async fn decide(
     let counted = if asks.is_empty() {
         Vec::new()
     } else {
-        crate::orders::db::bought_by(conn, &asks).await?
+        crate::orders::db::bought_by(conn, &asks, None).await?
     };
     let mut bought: HashMap<usize, i64> = limited.iter().map(|(i, _)| *i).zip(counted).collect();
 
@@ -655,7 +672,7 @@ async fn decide(
         if let (Some(limit), Some(already)) = (stock.limit, bought.get(&i).copied())
             && already + i64::from(q) > i64::from(limit)
         {
-            let refusal = super::place::limit_refusal(&stock.name, limit, q, already);
+            let refusal = crate::orders::limits::refusal(&stock.name, limit, q, already);
             each.push(BatchAnswer::Failed(OrderError::OverLimit(refusal)));
             continue;
         }

@@ -81,6 +81,10 @@ pub struct OrderDeps<'a> {
     pub batcher: &'a std::sync::Arc<Batcher>,
     /// Forgotten for a SKU this process sells out, so its pages say so at once.
     pub catalog: &'a crate::catalog::cache::CatalogCache,
+    /// When the request's client is answered whatever happens (its budget runs out): no
+    /// transaction starts for it after this. A commit sent before may still finish; its
+    /// key then replays the order.
+    pub answer_by: std::time::Instant,
 }
 
 /// What placing an order decided; stored under the key and replayed for retries.
@@ -124,7 +128,11 @@ pub enum OrderError {
     InFlight,
     #[error("these products are in high demand right now; please retry in a moment")]
     Busy,
-    #[error("the order took too long and was cancelled; nothing was charged or reserved")]
+    /// The request ran out of time with its outcome unknown (a commit may have been sent
+    /// and not answered): only the key can tell.
+    #[error(
+        "we could not confirm the order in time; retry with the same Idempotency-Key to find out whether it was placed"
+    )]
     TimedOut,
     #[error(transparent)]
     Database(#[from] sqlx::Error),

@@ -27,18 +27,6 @@ use crate::orders::{Order, Shortage};
 /// How many times a write refused for a stale fence is retried under a fresh lease.
 pub(super) const MAX_ATTEMPTS: usize = 5;
 
-/// "Only N per customer" in words a shopper understands.
-pub(super) fn limit_refusal(name: &str, limit: i32, asked: i32, bought: i64) -> String {
-    if bought == 0 {
-        format!("{name} is limited to {limit} per customer; you asked for {asked}.")
-    } else {
-        format!(
-            "{name} is limited to {limit} per customer, and you already have {bought} \
-             (ordered, or held in a checkout)."
-        )
-    }
-}
-
 /// Steps 1–6 for a request of kind `K` (a single-SKU order under `batched` goes to the
 /// batch instead: [`place_batched`]).
 pub(super) async fn place<K: Kind>(
@@ -211,6 +199,11 @@ async fn place_keyed<K: Kind>(
             // A stalled process: nothing of it runs, its lease watchdog included.
             tokio::time::sleep(s.fault_pause_after_lease).await;
         }
+        if Instant::now() >= deps.answer_by {
+            // Its client has been answered: no transaction may start for it now.
+            release(deps.redis, lease.as_ref()).await;
+            return Err(OrderError::TimedOut);
+        }
         let fence = lease.as_ref().map(|l| l.fence);
         let work = transact::<K>(deps, keyed, request, fence, held.as_deref_mut());
         let outcome = deps
@@ -290,6 +283,7 @@ pub(super) async fn place_batched(
         key: keyed.key.clone(),
         fingerprint: keyed.fingerprint.clone(),
         request: request.clone(),
+        answer_by: deps.answer_by,
     };
     let placed = match deps.batcher.submit(job).await {
         BatchAnswer::Placed(order) => Ok(Outcome::Made {

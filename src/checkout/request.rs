@@ -225,7 +225,7 @@ impl OrderRequest {
     /// The request as placed by `shopper` (whose identities gain the email, if given).
     pub fn placed_by(mut self, shopper: Shopper) -> Self {
         self.shopper = match &self.email {
-            Some(email) => shopper.with(format!("email:{}", email.to_lowercase())),
+            Some(email) => shopper.with(crate::orders::limits::email_identity(email)),
             None => shopper,
         };
         self

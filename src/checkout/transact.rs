@@ -9,13 +9,13 @@ use uuid::Uuid;
 
 use super::decided::{Keyed, Stored};
 use super::kind::{Draft, Kind};
-use super::place::limit_refusal;
 use super::{OrderDeps, OrderError, OrderRequest};
 use crate::catalog::Sku;
 use crate::events;
 use crate::idempotency::{self, Begin, Found};
 use crate::inventory::db::Take;
 use crate::orders::db::{self as order_rows, OrderProduct};
+use crate::orders::limits;
 use crate::orders::{OrderLine, Shortage};
 
 pub(super) enum Tx<K> {
@@ -162,26 +162,11 @@ async fn over_limit(
     request: &OrderRequest,
     products: &[OrderProduct],
 ) -> sqlx::Result<Option<String>> {
-    let limited: Vec<(&OrderProduct, i32, i32)> = request
+    let lines: Vec<(&str, i32)> = request
         .lines()
         .iter()
-        .filter_map(|line| {
-            let product = products.iter().find(|p| p.sku == line.sku.as_str())?;
-            Some((product, product.purchase_limit?, line.quantity.get()))
-        })
+        .map(|l| (l.sku.as_str(), l.quantity.get()))
         .collect();
-    if limited.is_empty() {
-        return Ok(None);
-    }
     let identities = request.shopper().identities();
-    let asks: Vec<(&str, &[String])> = limited
-        .iter()
-        .map(|(p, ..)| (p.sku.as_str(), identities))
-        .collect();
-    let bought = order_rows::bought_by(conn, &asks).await?;
-    Ok(limited
-        .iter()
-        .zip(bought)
-        .find(|((_, limit, asked), bought)| bought + i64::from(*asked) > i64::from(*limit))
-        .map(|((p, limit, asked), bought)| limit_refusal(&p.name, *limit, *asked, bought)))
+    limits::over_limit(conn, &lines, identities, products, None).await
 }

@@ -139,21 +139,12 @@ pub async fn lock_hold(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<Option
     Ok(Some(assemble(row, lines)))
 }
 
-/// Gives order `order_id` the shopper of hold `hold_id` (the hold it was confirmed from).
+/// The identities of whoever placed hold `id` (see [`crate::orders::limits`]).
 #[tracing::instrument(skip_all)]
-pub async fn pass_shopper(
-    conn: &mut PgConnection,
-    hold_id: Uuid,
-    order_id: Uuid,
-) -> sqlx::Result<()> {
-    sqlx::query!(
-        "update orders set shopper = (select shopper from holds where id = $1) where id = $2",
-        hold_id,
-        order_id,
-    )
-    .execute(conn)
-    .await?;
-    Ok(())
+pub async fn shopper_of(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<Vec<String>> {
+    sqlx::query_scalar!("select shopper from holds where id = $1", id)
+        .fetch_one(conn)
+        .await
 }
 
 /// Moves a locked hold to `state`.

@@ -7,7 +7,10 @@
 //! A hold then changes state exactly once, under its row lock:
 //! - **confirm** turns it into an order (`reserved −= q, on_hand −= q`, order, ledger, one
 //!   commit); confirming again returns the same order. After expiry the order is placed
-//!   from free stock if there is enough, else it is refused;
+//!   from free stock if there is enough, else it is refused. Either way the purchase limit
+//!   is counted again under the stock rows' locks, for the hold's shopper and the email
+//!   given at confirmation, and the order records both: a hold that expired no longer
+//!   counts, so its units are a new sale, and a new email is a new identity;
 //! - **release** (the shopper cancels) returns the stock at once; again is a no-op;
 //! - the **sweeper**, in every process, claims expired holds with `FOR UPDATE SKIP LOCKED`
 //!   in batches and returns their stock, so several processes never release one twice.
@@ -15,7 +18,7 @@
 pub mod db;
 pub mod reports;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -26,7 +29,7 @@ use crate::catalog::format_cents;
 use crate::events::{self, Event};
 use crate::inventory::db::{Take, sell_reserved, take_stock, unreserve, unreserve_many};
 use crate::locking::Redis;
-use crate::orders::{Order, OrderLine, OrderStatus, Shortage, text_column};
+use crate::orders::{Order, OrderLine, OrderStatus, Shortage, limits, text_column};
 
 /// Where a hold stands (`holds.state`). It leaves `Active` once, under its row lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -121,6 +124,16 @@ pub enum HoldError {
     /// Confirmed after expiry, and the free stock no longer covers it.
     #[error("the reservation expired and not enough stock is left")]
     Insufficient(Vec<Shortage>),
+    /// The order would take the shopper past a product's purchase limit (the message says
+    /// which); nothing changed.
+    #[error("{0}")]
+    OverLimit(String),
+    /// The request ran out of time before its transaction could start; nothing was done
+    /// for it (another confirmation may have been).
+    #[error(
+        "we could not confirm the order in time; confirm again to find out whether it was placed"
+    )]
+    TimedOut,
     #[error(transparent)]
     Database(#[from] sqlx::Error),
 }
@@ -132,15 +145,23 @@ pub struct Confirmed {
     pub replayed: bool,
 }
 
-/// Turns hold `id` into an order, with the shopper's details when given.
+/// Turns hold `id` into an order, with the shopper's details when given; its transaction
+/// starts only before `answer_by`, when the request's client is answered whatever happens.
 #[tracing::instrument(skip_all, fields(hold = %id))]
 pub async fn confirm(
     db: &PgPool,
     id: Uuid,
     name: Option<&str>,
     email: Option<&str>,
+    answer_by: Instant,
 ) -> Result<Confirmed, HoldError> {
-    let mut tx = db.begin().await?;
+    let conn = db.acquire().await?;
+    if Instant::now() >= answer_by {
+        return Err(HoldError::TimedOut);
+    }
+    // The transaction owns the connection, so a replay below reads with another only
+    // after this one went back to the pool.
+    let mut tx = sqlx::Transaction::begin(conn, None).await?;
     let hold = db::lock_hold(&mut tx, id)
         .await?
         .ok_or(HoldError::NotFound)?;
@@ -210,19 +231,39 @@ pub async fn confirm(
         }
     }
 
+    // Purchase limits, counted under the stock rows' locks taken above: for whoever
+    // placed the hold and the email given now, leaving out this hold's own units (they
+    // are the ones being bought).
+    let email = email.or(hold.email.as_deref());
+    let shopper = limits::with_email(&db::shopper_of(&mut tx, id).await?, email);
+    let skus: Vec<_> = hold.lines.iter().map(|l| l.sku.clone()).collect();
+    let products = crate::orders::db::products_for(&mut *tx, &skus).await?;
+    let lines: Vec<(&str, i32)> = hold
+        .lines
+        .iter()
+        .map(|l| (l.sku.as_str(), l.quantity))
+        .collect();
+    if let Some(refusal) =
+        limits::over_limit(&mut tx, &lines, &shopper, &products, Some(id)).await?
+    {
+        tx.rollback().await?;
+        return Err(HoldError::OverLimit(refusal));
+    }
+
     let order = Order {
         id: order_id,
         status: OrderStatus::Placed,
         lines: hold.lines.clone(),
         total_cents: hold.total_cents,
-        email: email.map(str::to_string).or(hold.email.clone()),
+        email: email.map(str::to_string),
         customer_name: name.map(str::to_string).or(hold.customer_name.clone()),
         created_at: DateTime::from_timestamp_micros(Utc::now().timestamp_micros())
             .expect("now is representable"),
     };
-    crate::orders::db::insert_order(&mut tx, &order, "hold", &id.to_string(), &[]).await?;
-    // The order counts against purchase limits for whoever placed the hold.
-    db::pass_shopper(&mut tx, id, order_id).await?;
+    // The order counts against purchase limits for whoever placed the hold, and for the
+    // email it was confirmed with.
+    let reference = id.to_string();
+    crate::orders::db::insert_order(&mut tx, &order, "hold", &reference, &shopper).await?;
     db::set_state(&mut tx, id, HoldState::Confirmed, Some(order_id)).await?;
     events::db::record(&mut tx, Event::order_placed(&order)).await?;
     events::db::record(&mut tx, Event::hold_confirmed(id, order_id)).await?;

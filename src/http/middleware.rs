@@ -84,6 +84,10 @@ pub async fn around_request(
     let budget = req
         .app_data::<web::Data<AppState>>()
         .map(|state| state.settings.request_budget);
+    if let Some(budget) = budget {
+        req.extensions_mut()
+            .insert(AnswerBy(std::time::Instant::now() + budget));
+    }
     // The request itself goes to the handler (and cannot be cloned before routing), so
     // what the answer to a cut-off request needs is taken now.
     let cut_off = budget.map(|_| CutOff::prepare(req.request(), &request_id));
@@ -211,6 +215,19 @@ struct ErrorPage {
     title: &'static str,
     message: String,
     request_id: String,
+}
+
+/// When a request is cut off by its budget (a request extension): work done for it
+/// after that must not start a transaction, since its client was answered already.
+#[derive(Debug, Clone, Copy)]
+pub struct AnswerBy(pub std::time::Instant);
+
+/// When `req` is cut off by its budget (a budget from now outside the middleware).
+pub fn answer_by(req: &actix_web::HttpRequest, budget: std::time::Duration) -> std::time::Instant {
+    use actix_web::HttpMessage as _;
+    req.extensions()
+        .get::<AnswerBy>()
+        .map_or_else(|| std::time::Instant::now() + budget, |a| a.0)
 }
 
 /// The answer to a request cut off by its budget: a 503 rendered like every other error,

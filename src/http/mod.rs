@@ -90,8 +90,11 @@ impl AppState {
         self.redis.clear_sold_out(sku).await;
     }
 
-    pub fn order_deps(&self) -> OrderDeps<'_> {
+    /// What placing an order or hold needs, for a request to be answered by `answer_by`
+    /// ([`middleware::answer_by`]).
+    pub fn order_deps(&self, answer_by: std::time::Instant) -> OrderDeps<'_> {
         OrderDeps {
+            answer_by,
             db: &self.db,
             redis: &self.redis,
             settings: &self.settings,

@@ -82,7 +82,8 @@ pub async fn insert_order(
 }
 
 /// Units of `asks[i].0` (a SKU) that shoppers sharing an identity with `asks[i].1` have
-/// bought (orders not cancelled) or hold (active holds), for each i, by one statement.
+/// bought (orders not cancelled) or hold (active holds other than `except`), for each i,
+/// by one statement.
 /// Run inside a transaction that holds the SKU's stock row lock (it updated the row, or a
 /// batch locked it first), which orders every sale of that SKU: so it sees every order
 /// or hold committed before it.
@@ -90,6 +91,7 @@ pub async fn insert_order(
 pub async fn bought_by(
     conn: &mut PgConnection,
     asks: &[(&str, &[String])],
+    except: Option<Uuid>,
 ) -> sqlx::Result<Vec<i64>> {
     let skus: Vec<&str> = asks.iter().map(|(sku, _)| *sku).collect();
     // unnest() flattens arrays of arrays, so each identity set travels as one string.
@@ -104,12 +106,14 @@ pub async fn bought_by(
                 + coalesce((select sum(l.quantity) from holds h
                               join hold_lines l on l.hold_id = h.id
                              where h.shopper <> '{}' and h.shopper && string_to_array(u.shopper, E'\n')
-                               and h.state = 'active' and l.sku = u.sku), 0)
+                               and h.state = 'active' and l.sku = u.sku
+                               and h.id is distinct from $3), 0)
              from unnest($1::text[], $2::text[]) with ordinality as u(sku, shopper, i)
             order by u.i"#,
     )
     .bind(&skus)
     .bind(&shoppers)
+    .bind(except)
     // Planned afresh each time, like `idempotency::present`: the orders grow.
     .persistent(false)
     .fetch_all(conn)

@@ -4,6 +4,7 @@
 //! how they were decided.
 
 pub mod db;
+pub mod limits;
 pub mod reports;
 
 use chrono::{DateTime, Utc};

@@ -339,3 +339,144 @@ async fn one_api_client_gets_its_allowance_once_from_any_address() {
     );
     assert_eq!(taken(&app).await, 1);
 }
+
+/// POSTs `body` to the API's `path` from `address`, under `key`.
+async fn api_post(
+    app: &TestApp,
+    path: &str,
+    address: &str,
+    key: &str,
+    body: serde_json::Value,
+) -> reqwest::Response {
+    app.client
+        .post(app.url(path))
+        .header("x-forwarded-for", address)
+        .header("idempotency-key", key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// An API hold of one unit of DROP-1 from `address`; its id.
+async fn hold_one(app: &TestApp, address: &str, key: &str) -> String {
+    let body = serde_json::json!({"lines": [{"sku": "DROP-1", "quantity": 1}]});
+    let res = api_post(app, "/api/v1/holds", address, key, body).await;
+    assert_eq!(res.status().as_u16(), 201, "hold {key}");
+    let hold: serde_json::Value = res.json().await.unwrap();
+    hold["id"].as_str().unwrap().to_string()
+}
+
+/// Runs hold `id` out of time, and the sweeper over it, as if its minutes had passed.
+async fn expire(app: &TestApp, id: &str) {
+    sqlx::query("update holds set expires_at = now() - interval '1 second' where id = $1::uuid")
+        .bind(id)
+        .execute(&app.db)
+        .await
+        .unwrap();
+    let redis = stockade::locking::Redis::connect_lazy(
+        app.settings.redis_url.as_deref().unwrap(),
+        &app.settings.redis_prefix,
+    )
+    .unwrap();
+    stockade::holds::sweep(&app.db, &redis, 100).await.unwrap();
+}
+
+async fn confirm_hold(app: &TestApp, id: &str, body: serde_json::Value) -> reqwest::Response {
+    app.client
+        .post(app.url(&format!("/api/v1/holds/{id}/confirm")))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn confirming_expired_holds_cannot_buy_past_the_purchase_limit() {
+    let app = app_with_a_drop(OrderStrategy::RedisLock).await;
+    // Three holds in turn, each let run out before the next: each was within the limit.
+    let mut holds = Vec::new();
+    for key in ["x1", "x2", "x3"] {
+        let id = hold_one(&app, BOT, key).await;
+        expire(&app, &id).await;
+        holds.push(id);
+    }
+    assert_eq!(taken(&app).await, 0);
+    // Confirmed after expiry, each buys from free stock: the first is the one unit.
+    let answers = [
+        confirm_hold(&app, &holds[0], serde_json::json!({})).await,
+        confirm_hold(&app, &holds[1], serde_json::json!({})).await,
+        confirm_hold(&app, &holds[2], serde_json::json!({})).await,
+    ];
+    let statuses: Vec<u16> = answers.iter().map(|r| r.status().as_u16()).collect();
+    assert_eq!(statuses, [201, 409, 409]);
+    let [_, second, _] = answers;
+    let problem: serde_json::Value = second.json().await.unwrap();
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("limited to 1 per customer, and you already have 1"),
+        "{problem}"
+    );
+    assert_eq!(taken(&app).await, 1);
+
+    // The drop's other way round: a hold expires, a new order takes the unit, and the
+    // old hold's confirmation is refused.
+    let old = hold_one(&app, HONEST, "y1").await;
+    expire(&app, &old).await;
+    let body = serde_json::json!({"lines": [{"sku": "DROP-1", "quantity": 1}]});
+    let order = api_post(&app, "/api/v1/orders", HONEST, "y2", body).await;
+    assert_eq!(order.status().as_u16(), 201);
+    let res = confirm_hold(&app, &old, serde_json::json!({})).await;
+    assert_eq!(res.status().as_u16(), 409);
+    assert_eq!(taken(&app).await, 2);
+    assert_eq!(app.stock("DROP-1").await, (38, 0));
+    app.assert_invariants().await;
+}
+
+#[tokio::test]
+async fn the_email_given_at_confirmation_is_counted_and_recorded() {
+    let app = app_with_a_drop(OrderStrategy::RedisLock).await;
+    stockade::catalog::db::set_purchase_limit(
+        &app.db,
+        &stockade::catalog::Sku::parse("DROP-1").unwrap(),
+        Some(2),
+    )
+    .await
+    .unwrap();
+    // Dave orders his two units by the API.
+    let body = serde_json::json!({
+        "lines": [{"sku": "DROP-1", "quantity": 2}], "email": "dave@example.com"
+    });
+    let order = api_post(&app, "/api/v1/orders", "192.0.2.50", "d1", body).await;
+    assert_eq!(order.status().as_u16(), 201);
+    // A hold from another address, without an email, confirmed as Dave: refused, and the
+    // hold is still there to be confirmed by someone else.
+    let hold = hold_one(&app, "192.0.2.51", "d2").await;
+    let body = serde_json::json!({"email": "Dave@Example.com"});
+    let res = confirm_hold(&app, &hold, body).await;
+    assert_eq!(res.status().as_u16(), 409);
+    assert_eq!(taken(&app).await, 3, "two sold, one still held");
+    // Confirmed as Frank: placed, and the order counts against Frank's email too.
+    let body = serde_json::json!({"email": "frank@example.com"});
+    let res = confirm_hold(&app, &hold, body).await;
+    assert_eq!(res.status().as_u16(), 201);
+    let placed: serde_json::Value = res.json().await.unwrap();
+    let shopper: Vec<String> = sqlx::query_scalar("select shopper from orders where id = $1::uuid")
+        .bind(placed["id"].as_str().unwrap())
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert!(
+        shopper.contains(&"email:frank@example.com".to_string())
+            && shopper.contains(&"addr:192.0.2.51".to_string()),
+        "{shopper:?}"
+    );
+    let body = serde_json::json!({
+        "lines": [{"sku": "DROP-1", "quantity": 2}], "email": "FRANK@example.com"
+    });
+    let again = api_post(&app, "/api/v1/orders", "192.0.2.52", "f2", body).await;
+    assert_eq!(again.status().as_u16(), 409, "Frank has one of his two");
+    app.assert_invariants().await;
+}

@@ -11,6 +11,7 @@ use crate::clients;
 use crate::error::AppError;
 use crate::holds;
 use crate::http::limits;
+use crate::http::middleware::answer_by;
 use crate::http::openapi::{ConfirmErrors, OwnLookupErrors, PlaceErrors, ReleaseErrors};
 use crate::http::{AppState, detached};
 use crate::idempotency::Scope;
@@ -151,9 +152,11 @@ pub async fn post_hold_confirm(
     };
     let details = OrderRequest::check_contact(body.email.as_deref(), body.name.as_deref())?;
     let db = state.db.clone();
-    let confirmed =
-        detached(async move { holds::confirm(&db, id, details.name(), details.email()).await })
-            .await?;
+    let answer_by = answer_by(&req, state.settings.request_budget);
+    let confirmed = detached(async move {
+        holds::confirm(&db, id, details.name(), details.email(), answer_by).await
+    })
+    .await?;
     match confirmed {
         Ok(confirmed) => {
             let mut res = HttpResponse::Created();

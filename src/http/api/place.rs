@@ -9,7 +9,7 @@ use crate::checkout::{self, HoldOutcome, OrderOutcome, OrderRequest, Shopper};
 use crate::clients::Caller;
 use crate::error::AppError;
 use crate::http::limits::{self, limit_placement};
-use crate::http::middleware::problem_response;
+use crate::http::middleware::{answer_by, problem_response};
 use crate::http::{AppState, detached};
 use crate::idempotency::{IdempotencyKey, Scope};
 use crate::orders::Shortage;
@@ -62,9 +62,10 @@ pub(super) async fn place(
     };
     let request =
         OrderRequest::from_json(&body, state.settings.max_line_quantity)?.placed_by(shopper);
+    let answer_by = answer_by(&req, state.settings.request_budget);
     let state = state.into_inner();
     let placement = detached(async move {
-        let deps = state.order_deps();
+        let deps = state.order_deps(answer_by);
         match scope {
             Scope::ApiHold => checkout::place_hold(deps, scope, &key, &request)
                 .await

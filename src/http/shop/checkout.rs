@@ -15,6 +15,7 @@ use crate::checkout::{self, HoldOutcome, OrderError, OrderRequest, Shopper};
 use crate::error::AppError;
 use crate::holds::{self, Hold, HoldError};
 use crate::http::csrf::{self, TokenForm};
+use crate::http::middleware::answer_by;
 use crate::http::{AppState, Chrome, detached, html, see_other};
 use crate::idempotency::{IdempotencyKey, Scope};
 use crate::orders::Shortage;
@@ -63,16 +64,17 @@ pub async fn post_checkout(
         .address(crate::http::client_addr(&req, &state.settings));
     let request = OrderRequest::new(lines, None, None, max_quantity(&state))?.placed_by(shopper);
 
-    // A second press of the same button waits for the first and goes where it went; a
-    // first press that died is taken over once its record goes stale.
+    // A second press of the same button waits for the first and goes where it went, for
+    // as long as this request may take; a first press that died is taken over once its
+    // record goes stale.
+    let answer_by = answer_by(&req, state.settings.request_budget);
     let shared = state.clone().into_inner();
     let placement = detached(async move {
-        let deadline =
-            Instant::now() + checkout::stale_after(&shared.settings) + Duration::from_secs(1);
         let mut pause = Duration::from_millis(20);
         loop {
-            match checkout::place_hold(shared.order_deps(), Scope::Page, &key, &request).await {
-                Err(OrderError::InFlight) if Instant::now() < deadline => {
+            let deps = shared.order_deps(answer_by);
+            match checkout::place_hold(deps, Scope::Page, &key, &request).await {
+                Err(OrderError::InFlight) if Instant::now() + pause < answer_by => {
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_millis(500));
                 }
@@ -202,9 +204,11 @@ pub async fn post_checkout_confirm(
         }
     };
     let db = state.db.clone();
-    let confirmed =
-        detached(async move { holds::confirm(&db, id, contact.name(), contact.email()).await })
-            .await?;
+    let answer_by = answer_by(&req, state.settings.request_budget);
+    let confirmed = detached(async move {
+        holds::confirm(&db, id, contact.name(), contact.email(), answer_by).await
+    })
+    .await?;
     match confirmed {
         Ok(confirmed) => Ok(HttpResponse::SeeOther()
             .insert_header((header::LOCATION, format!("/orders/{}", confirmed.order.id)))
@@ -214,6 +218,7 @@ pub async fn post_checkout_confirm(
             let message = "Your reservation expired, and meanwhile these products sold out.";
             again(StatusCode::CONFLICT, message, shortages).await
         }
+        Err(HoldError::OverLimit(message)) => again(StatusCode::CONFLICT, &message, vec![]).await,
         Err(HoldError::NotFound) => {
             Err(AppError::not_found("We have no checkout with this number."))
         }

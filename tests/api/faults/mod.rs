@@ -7,6 +7,7 @@
 pub mod proxy;
 pub mod sale;
 
+mod late;
 mod process;
 mod scenarios;
 
