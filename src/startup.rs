@@ -110,7 +110,9 @@ impl Application {
             metrics.clone(),
             catalog.clone(),
         ));
+        let confirmer = Arc::new(crate::holds::Confirmer::new(db.clone(), settings.batch_max));
         let state = web::Data::new(AppState {
+            confirmer,
             db,
             limiter: Arc::new(crate::ratelimit::RateLimiter::new(redis.clone())),
             redis,

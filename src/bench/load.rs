@@ -24,8 +24,10 @@ use rand::{Rng, SeedableRng};
 /// What each request is.
 #[derive(Debug, Clone)]
 pub enum Work {
-    /// POST /api/v1/orders for `quantity` units of a SKU picked uniformly from these.
+    /// POST `path` (`/api/v1/orders` or `/api/v1/holds`, which take the same body) for
+    /// `quantity` units of a SKU picked uniformly from these.
     Order {
+        path: &'static str,
         skus: Arc<Vec<String>>,
         quantity: i32,
     },
@@ -111,8 +113,8 @@ fn histogram() -> Histogram<u64> {
 /// Where one loop sends its requests: the URL parsed once, not per request.
 fn url_for(load: &Load, base: &str) -> reqwest::Url {
     let path = match &load.work {
-        Work::Order { .. } => "/api/v1/orders",
-        Work::Page { path } => path,
+        Work::Order { path, .. } => *path,
+        Work::Page { path } => path.as_str(),
     };
     reqwest::Url::parse(&format!("{base}{path}")).expect("bench targets are valid URLs")
 }
@@ -174,7 +176,7 @@ impl Connection {
             .uri(self.path.as_str())
             .header(header::HOST, self.authority.as_str());
         let request = match work {
-            Work::Order { skus, quantity } => {
+            Work::Order { skus, quantity, .. } => {
                 let (key, body) = order(skus, *quantity, rng);
                 let builder = builder
                     .method(Method::POST)

@@ -42,6 +42,9 @@ const OPEN_LOOP_CONNECTIONS: usize = 512;
 pub enum Workload {
     /// Orders of one unit of one SKU whose stock never runs out.
     HotSku,
+    /// Holds of one unit of that SKU (what the storefront's "Checkout" button places),
+    /// through `POST /api/v1/holds`.
+    HoldHot,
     /// Orders of one unit of a SKU picked uniformly from `--skus`.
     Uniform,
     /// Orders for a SKU with no stock: every answer is 409.
@@ -57,6 +60,7 @@ impl Workload {
     pub fn name(self) -> &'static str {
         match self {
             Self::HotSku => "hot-sku",
+            Self::HoldHot => "hold-hot",
             Self::Uniform => "uniform",
             Self::SoldOut => "sold-out",
             Self::ProductPage => "product-page",
@@ -66,13 +70,16 @@ impl Workload {
 
     /// Whether requests place orders (and so depend on the strategy and get checked).
     pub fn orders(self) -> bool {
-        matches!(self, Self::HotSku | Self::Uniform | Self::SoldOut)
+        matches!(
+            self,
+            Self::HotSku | Self::HoldHot | Self::Uniform | Self::SoldOut
+        )
     }
 
     /// The status every answer should have.
     pub fn expected_status(self) -> u16 {
         match self {
-            Self::HotSku | Self::Uniform => 201,
+            Self::HotSku | Self::HoldHot | Self::Uniform => 201,
             Self::SoldOut => 409,
             Self::ProductPage => 200,
             Self::Refused => 422,
@@ -80,7 +87,10 @@ impl Workload {
     }
 }
 
-/// The hot SKU (also the product page's).
+/// Where orders are posted.
+const ORDERS: &str = "/api/v1/orders";
+
+/// The hot SKU (also the product page's and the holds').
 pub const HOT_SKU: &str = "BENCH-HOT";
 /// The SKU with no stock.
 pub const SOLD_OUT_SKU: &str = "BENCH-SOLD";
@@ -495,18 +505,27 @@ impl Bench<'_> {
             targets: servers.iter().map(|s| s.address.clone()).collect(),
             work: match workload {
                 Workload::HotSku => Work::Order {
+                    path: ORDERS,
+                    skus: Arc::new(vec![HOT_SKU.to_string()]),
+                    quantity: 1,
+                },
+                Workload::HoldHot => Work::Order {
+                    path: "/api/v1/holds",
                     skus: Arc::new(vec![HOT_SKU.to_string()]),
                     quantity: 1,
                 },
                 Workload::Uniform => Work::Order {
+                    path: ORDERS,
                     skus: Arc::new((1..=plan.skus).map(uniform_sku).collect()),
                     quantity: 1,
                 },
                 Workload::SoldOut => Work::Order {
+                    path: ORDERS,
                     skus: Arc::new(vec![SOLD_OUT_SKU.to_string()]),
                     quantity: 1,
                 },
                 Workload::Refused => Work::Order {
+                    path: ORDERS,
                     skus: Arc::new(vec![HOT_SKU.to_string()]),
                     quantity: 0,
                 },
@@ -733,7 +752,7 @@ async fn stop_all(servers: Vec<ServerProcess>) {
 /// `inventory::db::create_stock` writes it), set-based so 10,000 SKUs take one commit.
 async fn seed(db: &PgPool, workload: Workload, skus: usize) -> anyhow::Result<()> {
     let (names, units): (Vec<String>, i32) = match workload {
-        Workload::HotSku | Workload::ProductPage | Workload::Refused => {
+        Workload::HotSku | Workload::HoldHot | Workload::ProductPage | Workload::Refused => {
             (vec![HOT_SKU.into()], HOT_STOCK)
         }
         Workload::Uniform => ((1..=skus).map(uniform_sku).collect(), UNIFORM_STOCK),
@@ -914,6 +933,16 @@ fn derived_lines(rows: &[Row], pgbench: &[pgbench::PgbenchResult]) -> Vec<Derive
         }
     }
     for strategy in strategies {
+        if let Some(value) = ratio(
+            rate(Workload::HoldHot, strategy),
+            rate(Workload::HotSku, strategy),
+        ) {
+            lines.push(Derived::ratio(
+                &format!("hold-hot ÷ hot SKU ({strategy})"),
+                value,
+                "holds/s (the checkout button) over orders/s of the same SKU",
+            ));
+        }
         if let Some(value) = ratio(
             rate(Workload::SoldOut, strategy),
             rate(Workload::HotSku, strategy),

@@ -91,6 +91,29 @@ update idempotency_keys
 commit;
 "#;
 
+/// The one-SKU hold transaction: as an order, with `reserved += 1` and a hold row.
+const HOLD: &str = r#"-- One hold of one unit, written as the app writes it, in one transaction.
+\set k random(1, 9000000000000000000)
+begin;
+insert into idempotency_keys (scope, key, fingerprint, state, owner)
+     values ('api-hold', 'pgbench-' || :client_id::text || '-' || :k::text, 'pgbench', 'in_flight', gen_random_uuid())
+     on conflict (scope, key) do nothing;
+update stock set reserved = reserved + 1, updated_at = now()
+ where sku = {sku} and on_hand - reserved >= 1;
+insert into stock_movements (sku, delta, reserved_delta, reason, reference, actor)
+     values ({sku}, 0, 1, 'hold', md5('pgbench-' || :client_id::text || '-' || :k::text), 'pgbench');
+insert into holds (id, state, expires_at, idempotency_scope, idempotency_key)
+     values (md5('pgbench-' || :client_id::text || '-' || :k::text)::uuid, 'active',
+             now() + interval '10 minutes', 'api-hold',
+             'pgbench-' || :client_id::text || '-' || :k::text);
+insert into hold_lines (hold_id, sku, quantity, unit_price_cents)
+     values (md5('pgbench-' || :client_id::text || '-' || :k::text)::uuid, {sku}, 1, {price});
+update idempotency_keys
+   set state = 'completed', response_status = 201, response_body = '{}', completed_at = now()
+ where scope = 'api-hold' and key = 'pgbench-' || :client_id::text || '-' || :k::text and state = 'in_flight';
+commit;
+"#;
+
 /// A sold-out answer: the plain read that finds no stock, and the 409 stored under the key.
 const SOLD_OUT: &str = r#"-- A sold-out answer: read availability, store the 409 under the key (one commit).
 \set k random(1, 9000000000000000000)
@@ -121,6 +144,10 @@ pub fn script(workload: Workload, skus: usize) -> Option<(String, String)> {
             ORDER
                 .replace("{pick}", "")
                 .replace("{sku}", &quoted(super::HOT_SKU)),
+        ),
+        Workload::HoldHot => (
+            "hold-hot-sku",
+            HOLD.replace("{sku}", &quoted(super::HOT_SKU)),
         ),
         Workload::Uniform => (
             "order-uniform",

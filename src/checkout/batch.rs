@@ -1,4 +1,5 @@
-//! The `batched` strategy: group commit.
+//! The `batched` strategy (the default): group commit, for single-SKU orders and
+//! single-SKU holds alike.
 //!
 //! A hot SKU is one row, and one row takes one commit at a time; a wide catalogue pays
 //! one commit (one WAL flush) per order. So instead of one transaction per order,
@@ -38,33 +39,47 @@
 //! A request never poisons its batch: it is parsed and validated before it queues, a key
 //! decided elsewhere drops out, and a SKU no longer on sale refuses only its own orders.
 //! A queued request costs the database nothing of its own: its key, its SKU and its stock
-//! are read by the batch's transaction. Orders of several SKUs, and holds, take the
-//! per-request path: their SKU sets rarely coincide, and a batch that mixed them would
-//! hold many leases for the sake of one order.
+//! are read by the batch's transaction. A hold is allocated from the same free units as
+//! an order (in arrival order, purchase limits counted alike) and written by the same
+//! statement, as `reserved += q` with its hold row, line, ledger row and `hold.placed`
+//! event; it expires `STOCKADE_HOLD_TTL` after the database's clock as the batch's read
+//! saw it (so never later than a hold placed on its own would). Orders and holds of
+//! several SKUs, and confirmations, take the per-request path: their SKU sets rarely
+//! coincide, and a batch that mixed them would hold many leases for the sake of one order.
 
 pub mod db;
+mod decide;
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
 use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot};
-use uuid::Uuid;
 
+use self::decide::{Applied, transact};
 use super::sold_out::{self, Answer};
-use super::{Order, OrderError, OrderLine, OrderRequest, Shortage};
+use super::{Order, OrderError, OrderRequest, Shortage};
 use crate::catalog::Sku;
 use crate::catalog::cache::CatalogCache;
 use crate::config::Settings;
+use crate::holds::Hold;
 use crate::idempotency::{Fingerprint, IdempotencyKey, Scope};
-use crate::inventory::db as stock;
 use crate::locking::{AcquireFree, Lease, Redis};
 use crate::metrics::Metrics;
 
-/// One single-SKU order for the queue.
+/// What a job asks of its SKU's units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Want {
+    /// An order: `on_hand −= q`.
+    Order,
+    /// A checkout hold: `reserved += q`, until it expires.
+    Hold,
+}
+
+/// One single-SKU order or hold for the queue.
 pub struct Job {
+    pub want: Want,
     pub scope: Scope,
     pub key: IdempotencyKey,
     pub fingerprint: Fingerprint,
@@ -103,6 +118,8 @@ impl Queued {
 pub enum BatchAnswer {
     /// The order was placed (201).
     Placed(Order),
+    /// The hold was placed (201).
+    Held(Hold),
     /// Not enough stock (409), stored under the key.
     Short(Vec<Shortage>),
     /// The key was decided by another request: answer from its record.
@@ -320,6 +337,10 @@ impl Batcher {
                 .into_iter()
                 .partition(|q| leased.contains(q.job.sku()));
             let later = self.give_up_on_stale(later);
+            if !s.fault_pause_after_lease.is_zero() {
+                // A stalled process: nothing of it runs, its lease watchdog included.
+                tokio::time::sleep(s.fault_pause_after_lease).await;
+            }
             let now = answered_already(now);
             if now.is_empty() {
                 self.release(lease.as_ref()).await;
@@ -328,7 +349,8 @@ impl Batcher {
             self.metrics.batch_size.observe(now.len() as f64);
             let fence = lease.as_ref().map(|l| l.fence);
             let jobs: Vec<&Job> = now.iter().map(|q| &q.job).collect();
-            let work = tokio::time::timeout(s.tx_timeout, transact(&self.db, &jobs, fence));
+            let work =
+                tokio::time::timeout(s.tx_timeout, transact(&self.db, &jobs, fence, s.hold_ttl));
             let result = self
                 .redis
                 .while_held(lease.as_ref(), s.lease_ttl, work)
@@ -524,276 +546,4 @@ fn copy_error(error: &OrderError) -> OrderError {
         }
         _ => OrderError::Busy,
     }
-}
-
-/// What the batch transaction did.
-enum Applied {
-    Done(Answers),
-    /// A newer lease wrote a row: nothing was written.
-    StaleFence {
-        last_fence: i64,
-    },
-    /// A key of the batch was recorded elsewhere while it ran: nothing was written.
-    Raced,
-}
-
-/// One answer per job, in job order, and what the batch did to stock.
-struct Answers {
-    each: Vec<BatchAnswer>,
-    /// SKUs the batch sold units of.
-    sold: Vec<Sku>,
-    /// SKUs with nothing left after the batch.
-    sold_out: Vec<Sku>,
-}
-
-/// A SKU of the batch as its row and product say.
-struct Stocked {
-    left: i32,
-    taken: i32,
-    name: String,
-    price_cents: i64,
-    limit: Option<i32>,
-}
-
-/// The batch's transaction (see the module documentation): under a lease, two statements
-/// and no `BEGIN` when no SKU of the batch has a purchase limit; otherwise its stock rows
-/// are locked first, in one transaction.
-async fn transact(db: &PgPool, jobs: &[&Job], fence: Option<i64>) -> sqlx::Result<Applied> {
-    let mut skus: Vec<&str> = jobs.iter().map(|j| j.sku().as_str()).collect();
-    skus.sort_unstable();
-    skus.dedup();
-    let scopes: Vec<&str> = jobs.iter().map(|j| j.scope.as_str()).collect();
-    let keys: Vec<&str> = jobs.iter().map(|j| j.key.as_str()).collect();
-    let mut conn = db.acquire().await?;
-    if fence.is_some() {
-        // The lease keeps every other batch of these SKUs out, and the write re-checks
-        // stock and fence. A purchase limit also counts holds and orders of several SKUs,
-        // which take no lease: batches with a limited SKU lock their rows instead.
-        let rows = db::read(&mut conn, &skus, &scopes, &keys).await?;
-        if !rows.iter().any(|r| r.purchase_limit.is_some()) {
-            return decide(&mut conn, jobs, rows, fence).await;
-        }
-    }
-    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-    stock::lock_for_sale(&mut tx, &skus).await?;
-    let rows = db::read(&mut tx, &skus, &scopes, &keys).await?;
-    let applied = decide(&mut tx, jobs, rows, fence).await?;
-    if matches!(applied, Applied::Done(_)) {
-        tx.commit().await?;
-    }
-    Ok(applied)
-}
-
-/// Decides every job from `rows` and writes the decisions by one statement.
-async fn decide(
-    conn: &mut sqlx::PgConnection,
-    jobs: &[&Job],
-    rows: Vec<db::Row>,
-    fence: Option<i64>,
-) -> sqlx::Result<Applied> {
-    // 1. A row a newer lease wrote refuses the batch. A SKU without an active product
-    //    (gone, or no longer sold) refuses its own orders.
-    if let Some(fence) = fence
-        && let Some(last_fence) = rows.iter().map(|r| r.last_fence).max()
-        && last_fence >= fence
-    {
-        return Ok(Applied::StaleFence { last_fence });
-    }
-    let recorded: HashSet<usize> = rows
-        .first()
-        .map(|r| r.recorded.iter().map(|i| (*i - 1) as usize).collect())
-        .unwrap_or_default();
-    let mut stocked: HashMap<String, Stocked> = rows
-        .into_iter()
-        .filter(|r| r.active)
-        .map(|r| {
-            let entry = Stocked {
-                left: r.available,
-                taken: 0,
-                name: r.name,
-                price_cents: r.price_cents,
-                limit: r.purchase_limit,
-            };
-            (r.sku, entry)
-        })
-        .collect();
-
-    // 2. Keys with a record already drop out (answered from it); the batch decides the
-    //    others, the first of each key if one came twice. Their records are written with
-    //    the orders; a request elsewhere that records one of them first makes the write
-    //    fail, and the batch start again. Then allocate in arrival order.
-    let mut claims: HashSet<(&str, &str)> = jobs
-        .iter()
-        .enumerate()
-        .filter(|(i, j)| stocked.contains_key(j.sku().as_str()) && !recorded.contains(i))
-        .map(|(_, j)| (j.scope.as_str(), j.key.as_str()))
-        .collect();
-
-    // Purchase limits: what each limited order's shopper bought or holds already (the
-    //    rows are locked, so no other sale of these SKUs is in between), plus what the
-    //    batch accepts for them on the way.
-    let limited: Vec<(usize, &Job)> = jobs
-        .iter()
-        .enumerate()
-        .filter(|(_, j)| {
-            stocked
-                .get(j.sku().as_str())
-                .is_some_and(|s| s.limit.is_some())
-        })
-        .map(|(i, j)| (i, *j))
-        .collect();
-    let asks: Vec<(&str, &[String])> = limited
-        .iter()
-        .map(|(_, j)| (j.sku().as_str(), j.request.shopper().identities()))
-        .collect();
-    let counted = if asks.is_empty() {
-        Vec::new()
-    } else {
-        crate::orders::db::bought_by(conn, &asks, None).await?
-    };
-    let mut bought: HashMap<usize, i64> = limited.iter().map(|(i, _)| *i).zip(counted).collect();
-
-    let now = chrono::DateTime::from_timestamp_micros(Utc::now().timestamp_micros())
-        .expect("now is representable");
-    let mut each = Vec::with_capacity(jobs.len());
-    for (i, job) in jobs.iter().enumerate() {
-        let Some(stock) = stocked.get_mut(job.sku().as_str()) else {
-            each.push(BatchAnswer::Failed(OrderError::UnknownSkus(vec![
-                job.sku().to_string(),
-            ])));
-            continue;
-        };
-        // A key twice in the batch: the first holds the claim, the second replays it.
-        if !claims.remove(&(job.scope.as_str(), job.key.as_str())) {
-            each.push(BatchAnswer::DecidedElsewhere);
-            continue;
-        }
-        let q = job.quantity();
-        if let (Some(limit), Some(already)) = (stock.limit, bought.get(&i).copied())
-            && already + i64::from(q) > i64::from(limit)
-        {
-            let refusal = crate::orders::limits::refusal(&stock.name, limit, q, already);
-            each.push(BatchAnswer::Failed(OrderError::OverLimit(refusal)));
-            continue;
-        }
-        if q <= stock.left {
-            stock.left -= q;
-            stock.taken += q;
-            // Later orders in this batch by the same shopper count this one.
-            let mine = job.request.shopper().identities();
-            for (j, later) in jobs.iter().enumerate().skip(i + 1) {
-                if later.sku() == job.sku()
-                    && later
-                        .request
-                        .shopper()
-                        .identities()
-                        .iter()
-                        .any(|id| mine.contains(id))
-                    && let Some(count) = bought.get_mut(&j)
-                {
-                    *count += i64::from(q);
-                }
-            }
-            each.push(BatchAnswer::Placed(Order {
-                id: Uuid::new_v4(),
-                status: crate::orders::OrderStatus::Placed,
-                total_cents: stock.price_cents * i64::from(q),
-                lines: vec![OrderLine {
-                    sku: job.sku().clone(),
-                    name: stock.name.clone(),
-                    quantity: q,
-                    unit_price_cents: stock.price_cents,
-                }],
-                email: job.request.email().map(str::to_string),
-                customer_name: job.request.name().map(str::to_string),
-                created_at: now,
-            }));
-        } else {
-            each.push(BatchAnswer::Short(vec![Shortage {
-                sku: job.sku().to_string(),
-                requested: q,
-                available: stock.left.max(0),
-            }]));
-        }
-    }
-
-    // 3. One statement writes it all; it still refuses to take stock below zero or past a
-    //    newer fence, and then writes nothing.
-    let decided = columns(jobs, &each, &stocked, fence);
-    if !decided.keys.is_empty() {
-        match db::write(conn, &decided).await {
-            Ok(true) => {}
-            Ok(false) => return Ok(Applied::Raced),
-            // A key (or its order) was recorded elsewhere meanwhile: start again.
-            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-                return Ok(Applied::Raced);
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    let sold = decided
-        .sold_skus
-        .iter()
-        .filter_map(|sku| Sku::parse(sku).ok())
-        .collect();
-    let sold_out = stocked
-        .iter()
-        .filter(|(_, s)| s.left <= 0)
-        .filter_map(|(sku, _)| Sku::parse(sku).ok())
-        .collect();
-    Ok(Applied::Done(Answers {
-        each,
-        sold,
-        sold_out,
-    }))
-}
-
-/// The batch's decisions as the columns [`db::write`] takes.
-fn columns<'a>(
-    jobs: &[&'a Job],
-    each: &'a [BatchAnswer],
-    stocked: &'a HashMap<String, Stocked>,
-    fence: Option<i64>,
-) -> db::Decided<'a> {
-    let mut d = db::Decided {
-        fence,
-        ..db::Decided::default()
-    };
-    let mut sold: Vec<(&str, i32)> = stocked
-        .iter()
-        .filter(|(_, s)| s.taken > 0)
-        .map(|(sku, s)| (sku.as_str(), s.taken))
-        .collect();
-    sold.sort_unstable();
-    (d.sold_skus, d.sold_units) = sold.into_iter().unzip();
-    for (job, answer) in jobs.iter().zip(each) {
-        let (status, body) = match answer {
-            BatchAnswer::Placed(order) => {
-                let line = &order.lines[0];
-                d.order_ids.push(order.id);
-                d.names.push(order.customer_name.as_deref());
-                d.emails.push(order.email.as_deref());
-                d.totals.push(order.total_cents);
-                d.order_scopes.push(job.scope.as_str());
-                d.order_keys.push(job.key.as_str());
-                d.created.push(order.created_at);
-                d.shoppers
-                    .push(job.request.shopper().identities().join("\n"));
-                d.skus.push(line.sku.as_str());
-                d.quantities.push(line.quantity);
-                d.prices.push(line.unit_price_cents);
-                d.events
-                    .push(crate::events::Event::order_placed(order).payload);
-                (201, serde_json::to_value(order).expect("orders serialise"))
-            }
-            BatchAnswer::Short(shortages) => (409, serde_json::json!({ "shortages": shortages })),
-            _ => continue,
-        };
-        d.key_scopes.push(job.scope.as_str());
-        d.keys.push(job.key.as_str());
-        d.fingerprints.push(job.fingerprint.as_str());
-        d.statuses.push(status);
-        d.bodies.push(body);
-    }
-    d
 }

@@ -9,6 +9,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::OrderRequest;
+use super::batch::{BatchAnswer, Want};
 use super::decided::Keyed;
 use crate::catalog::Sku;
 use crate::config::{OrderStrategy, Settings};
@@ -31,6 +32,12 @@ pub(super) struct Draft<'a> {
 /// One kind of placement: an order (stock sold now) or a hold (stock set aside for a
 /// while). The path is the same for both; these are the points where they differ.
 pub(super) trait Kind: Serialize + DeserializeOwned + Send + Sync + Sized {
+    /// What a batch job of this kind asks for.
+    const WANT: Want;
+
+    /// The one a batch made for a job of this kind.
+    fn from_batch(answer: BatchAnswer) -> Option<Self>;
+
     /// Moves `quantity` of `sku` inside the transaction: `on_hand −= q` for an order,
     /// `reserved += q` for a hold; conditional, fenced.
     async fn take(
@@ -64,6 +71,15 @@ pub(super) trait Kind: Serialize + DeserializeOwned + Send + Sync + Sized {
 }
 
 impl Kind for Order {
+    const WANT: Want = Want::Order;
+
+    fn from_batch(answer: BatchAnswer) -> Option<Self> {
+        match answer {
+            BatchAnswer::Placed(order) => Some(order),
+            _ => None,
+        }
+    }
+
     async fn take(
         tx: &mut PgConnection,
         settings: &Settings,
@@ -120,6 +136,15 @@ impl Kind for Order {
 }
 
 impl Kind for Hold {
+    const WANT: Want = Want::Hold;
+
+    fn from_batch(answer: BatchAnswer) -> Option<Self> {
+        match answer {
+            BatchAnswer::Held(hold) => Some(hold),
+            _ => None,
+        }
+    }
+
     async fn take(
         tx: &mut PgConnection,
         _: &Settings,

@@ -166,7 +166,7 @@ pub async fn place_order(
     // batch's transaction reads its key and its stock along with everyone else's.
     let placed =
         if deps.settings.order_strategy == OrderStrategy::Batched && request.lines().len() == 1 {
-            place::place_batched(deps, &keyed, request).await
+            place::place_batched::<Order>(deps, &keyed, request).await
         } else {
             place::place::<Order>(deps, &keyed, request).await
         };
@@ -199,9 +199,15 @@ pub async fn place_hold(
         )));
     }
     let keyed = decided::Keyed::new(deps.settings, scope, key, request);
-    place::place::<Hold>(deps, &keyed, request)
-        .await
-        .map(HoldOutcome::from)
+    // A single-SKU hold under `batched` (the storefront's checkout button, most often)
+    // joins the batch, as a single-SKU order does.
+    let placed =
+        if deps.settings.order_strategy == OrderStrategy::Batched && request.lines().len() == 1 {
+            place::place_batched::<Hold>(deps, &keyed, request).await
+        } else {
+            place::place::<Hold>(deps, &keyed, request).await
+        };
+    placed.map(HoldOutcome::from)
 }
 
 /// How long an in-flight idempotency record is trusted before a retry may take it over:

@@ -21,8 +21,8 @@ use crate::config::OrderStrategy;
 use crate::idempotency::{self, Found};
 use crate::inventory::db as stock;
 use crate::locking::{Acquire, Lease, Redis};
+use crate::orders::Shortage;
 use crate::orders::db::{self as order_rows, OrderProduct};
-use crate::orders::{Order, Shortage};
 
 /// How many times a write refused for a stale fence is retried under a fresh lease.
 pub(super) const MAX_ATTEMPTS: usize = 5;
@@ -271,14 +271,15 @@ async fn release(redis: &Redis, lease: Option<&Lease>) {
     }
 }
 
-/// A single-SKU order under `batched`: queued behind the process's batch leader, answered
-/// from the batch.
-pub(super) async fn place_batched(
+/// A single-SKU order or hold under `batched`: queued behind the process's batch leader,
+/// answered from the batch.
+pub(super) async fn place_batched<K: Kind>(
     deps: OrderDeps<'_>,
     keyed: &Keyed<'_>,
     request: &OrderRequest,
-) -> Result<Outcome<Order>, OrderError> {
+) -> Result<Outcome<K>, OrderError> {
     let job = batch::Job {
+        want: K::WANT,
         scope: keyed.scope,
         key: keyed.key.clone(),
         fingerprint: keyed.fingerprint.clone(),
@@ -286,10 +287,16 @@ pub(super) async fn place_batched(
         answer_by: deps.answer_by,
     };
     let placed = match deps.batcher.submit(job).await {
-        BatchAnswer::Placed(order) => Ok(Outcome::Made {
-            made: order,
-            replayed: false,
-        }),
+        answer @ (BatchAnswer::Placed(_) | BatchAnswer::Held(_)) => K::from_batch(answer)
+            .map(|made| Outcome::Made {
+                made,
+                replayed: false,
+            })
+            .ok_or_else(|| {
+                OrderError::Database(sqlx::Error::Protocol(
+                    "the batch answered a job with another kind".into(),
+                ))
+            }),
         BatchAnswer::Short(shortages) => Ok(Outcome::Insufficient {
             shortages,
             replayed: false,

@@ -1,5 +1,7 @@
 //! Hold SQL.
 
+use std::collections::BTreeMap;
+
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
@@ -268,5 +270,181 @@ pub async fn hold_for_key(pool: &PgPool, scope: &str, key: &str) -> sqlx::Result
         key,
     )
     .fetch_optional(pool)
+    .await
+}
+
+/// The live holds among `ids` (active, unexpired by the database's clock) that hold no
+/// product with a purchase limit, locked in id order until the transaction ends, with
+/// their lines: what a lot of confirmations may confirm together ([`super::batch`]).
+#[tracing::instrument(skip_all, fields(holds = ids.len()))]
+pub(super) async fn lock_live(
+    conn: &mut PgConnection,
+    ids: &[Uuid],
+) -> sqlx::Result<Vec<super::batch::LiveHold>> {
+    let rows = sqlx::query!(
+        r#"select h.id, h.email, h.customer_name, h.shopper
+             from holds h
+            where h.id = any($1::uuid[]) and h.state = 'active' and h.expires_at > now()
+              and not exists (select 1 from hold_lines l join products p on p.sku = l.sku
+                               where l.hold_id = h.id and p.purchase_limit is not null)
+            order by h.id
+              for update of h"#,
+        ids,
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    let live: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
+    let mut lines = sqlx::query!(
+        r#"select l.hold_id, l.sku as "sku: Sku", p.name, l.quantity, l.unit_price_cents
+             from hold_lines l join products p on p.sku = l.sku
+            where l.hold_id = any($1::uuid[])
+            order by l.sku collate "C""#,
+        &live,
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| super::batch::LiveHold {
+            id: r.id,
+            email: r.email,
+            customer_name: r.customer_name,
+            shopper: r.shopper,
+            lines: lines
+                .extract_if(.., |l| l.hold_id == r.id)
+                .map(|l| OrderLine {
+                    sku: l.sku,
+                    name: l.name,
+                    quantity: l.quantity,
+                    unit_price_cents: l.unit_price_cents,
+                })
+                .collect(),
+        })
+        .collect())
+}
+
+/// A lot of confirmations as the columns [`confirm_many`] writes.
+#[derive(Debug, Default)]
+pub(super) struct Confirmations {
+    /// Units per SKU, each SKU once, in SKU order.
+    units: BTreeMap<String, i32>,
+    /// One entry per order (and its hold).
+    order_ids: Vec<Uuid>,
+    hold_ids: Vec<Uuid>,
+    names: Vec<Option<String>>,
+    emails: Vec<Option<String>>,
+    totals: Vec<i64>,
+    created: Vec<DateTime<Utc>>,
+    shoppers: Vec<String>,
+    /// One entry per order line.
+    line_orders: Vec<Uuid>,
+    line_skus: Vec<String>,
+    line_quantities: Vec<i32>,
+    line_prices: Vec<i64>,
+    /// `order.placed` payloads, and `hold.confirmed` ones.
+    pub(super) events: Vec<serde_json::Value>,
+    confirmed_events: Vec<serde_json::Value>,
+}
+
+impl Confirmations {
+    /// Hold `hold` becomes `order`, counted for `shopper`'s identities.
+    pub(super) fn add(&mut self, hold: Uuid, order: &crate::orders::Order, shopper: &[String]) {
+        for line in &order.lines {
+            *self.units.entry(line.sku.to_string()).or_default() += line.quantity;
+            self.line_orders.push(order.id);
+            self.line_skus.push(line.sku.to_string());
+            self.line_quantities.push(line.quantity);
+            self.line_prices.push(line.unit_price_cents);
+        }
+        self.order_ids.push(order.id);
+        self.hold_ids.push(hold);
+        self.names.push(order.customer_name.clone());
+        self.emails.push(order.email.clone());
+        self.totals.push(order.total_cents);
+        self.created.push(order.created_at);
+        self.shoppers.push(shopper.join("\n"));
+        self.confirmed_events
+            .push(crate::events::Event::hold_confirmed(hold, order.id).payload);
+    }
+}
+
+/// Confirms a lot of locked, live holds by one statement: each SKU's stock sold from what
+/// the holds reserved, every order with its lines, ledger rows and `order.placed` event,
+/// every hold marked confirmed with its `hold.confirmed` event. False, having written
+/// nothing, when a stock row no longer has the units reserved.
+#[tracing::instrument(skip_all, fields(orders = w.order_ids.len()))]
+pub(super) async fn confirm_many(conn: &mut PgConnection, w: &Confirmations) -> sqlx::Result<bool> {
+    let skus: Vec<&str> = w.units.keys().map(String::as_str).collect();
+    let units: Vec<i32> = w.units.values().copied().collect();
+    sqlx::query_scalar!(
+        r#"with sold as (
+               update stock s
+                  set on_hand = s.on_hand - u.quantity,
+                      reserved = s.reserved - u.quantity,
+                      updated_at = now()
+                 from unnest($1::text[], $2::int[]) as u(sku, quantity)
+                where s.sku = u.sku and s.reserved >= u.quantity
+               returning s.sku
+           ), go as (
+               select count(*) = cardinality($1::text[]) as go from sold
+           ), placed as (
+               insert into orders
+                      (id, status, customer_name, email, total_cents, idempotency_scope,
+                       idempotency_key, created_at, shopper)
+               select id, 'placed', name, email, total, 'hold', hold::text, created,
+                      string_to_array(shopper, E'\n')
+                 from unnest($3::uuid[], $4::uuid[], $5::text[], $6::text[], $7::bigint[],
+                             $8::timestamptz[], $9::text[])
+                      as u(id, hold, name, email, total, created, shopper)
+                where (select go from go)
+           ), lines as (
+               insert into order_lines (order_id, sku, quantity, unit_price_cents)
+               select id, sku, quantity, price
+                 from unnest($10::uuid[], $11::text[], $12::int[], $13::bigint[])
+                      as u(id, sku, quantity, price)
+                where (select go from go)
+           ), ledger as (
+               insert into stock_movements (sku, delta, reserved_delta, reason, reference, actor)
+               select sku, -quantity, -quantity, 'order', id::text, 'shopper'
+                 from unnest($10::uuid[], $11::text[], $12::int[]) as u(id, sku, quantity)
+                where (select go from go)
+           ), confirmed as (
+               update holds h
+                  set state = 'confirmed', order_id = u.id, updated_at = now()
+                 from unnest($3::uuid[], $4::uuid[]) as u(id, hold)
+                where h.id = u.hold and (select go from go)
+           ), placed_events as (
+               insert into events (type, payload, routed_at)
+               -- Scalar subqueries: whether an endpoint subscribes is looked up once per
+               -- statement (see events::db::record_many).
+               select 'order.placed', p,
+                      event_routed_at((select event_subscribed('order.placed')), 'order.placed', p)
+                 from unnest($14::jsonb[]) as p
+                where (select go from go)
+           ), confirmed_events as (
+               insert into events (type, payload, routed_at)
+               select 'hold.confirmed', p,
+                      event_routed_at((select event_subscribed('hold.confirmed')), 'hold.confirmed', p)
+                 from unnest($15::jsonb[]) as p
+                where (select go from go)
+           )
+           select go as "go!" from go"#,
+        &skus as &[&str],
+        &units,
+        &w.order_ids,
+        &w.hold_ids,
+        &w.names as &[Option<String>],
+        &w.emails as &[Option<String>],
+        &w.totals,
+        &w.created,
+        &w.shoppers,
+        &w.line_orders,
+        &w.line_skus,
+        &w.line_quantities,
+        &w.line_prices,
+        &w.events,
+        &w.confirmed_events,
+    )
+    .fetch_one(conn)
     .await
 }

@@ -15,8 +15,11 @@
 //! - the **sweeper**, in every process, claims expired holds with `FOR UPDATE SKIP LOCKED`
 //!   in batches and returns their stock, so several processes never release one twice.
 
+mod batch;
 pub mod db;
 pub mod reports;
+
+pub use batch::Confirmer;
 
 use std::time::{Duration, Instant};
 

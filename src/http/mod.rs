@@ -37,6 +37,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// The `batched` strategy's queue and its leader.
     pub batcher: Arc<crate::checkout::Batcher>,
+    /// The `batched` strategy's queue of hold confirmations and its leader.
+    pub confirmer: Arc<crate::holds::Confirmer>,
     /// What the storefront pages read, kept for a moment.
     pub catalog: Arc<crate::catalog::cache::CatalogCache>,
     /// The bound address of the metrics listener (`STOCKADE_METRICS_LISTEN`), if any.
@@ -88,6 +90,22 @@ impl AppState {
     pub async fn stock_changed(&self, sku: &crate::catalog::Sku) {
         self.catalog.forget(sku);
         self.redis.clear_sold_out(sku).await;
+    }
+
+    /// Turns hold `id` into an order: with the lot of confirmations queued meanwhile under
+    /// `batched`, on its own otherwise.
+    pub async fn confirm_hold(
+        &self,
+        id: uuid::Uuid,
+        name: Option<&str>,
+        email: Option<&str>,
+        answer_by: std::time::Instant,
+    ) -> Result<crate::holds::Confirmed, crate::holds::HoldError> {
+        if self.settings.order_strategy == crate::config::OrderStrategy::Batched {
+            self.confirmer.confirm(id, name, email, answer_by).await
+        } else {
+            crate::holds::confirm(&self.db, id, name, email, answer_by).await
+        }
     }
 
     /// What placing an order or hold needs, for a request to be answered by `answer_by`

@@ -275,12 +275,12 @@ async fn self_hosted(args: &LoadtestArgs) -> anyhow::Result<Report> {
     let strategies = if args.compare {
         args.strategies.clone()
     } else {
-        vec![
-            args.strategies
-                .last()
-                .cloned()
-                .unwrap_or_else(|| "redis-lock".into()),
-        ]
+        vec![args.strategies.last().cloned().unwrap_or_else(|| {
+            crate::config::Settings::default()
+                .order_strategy
+                .as_str()
+                .into()
+        })]
     };
     let exe = std::env::current_exe().context("cannot find the stockade executable")?;
     let mut runs = Vec::new();

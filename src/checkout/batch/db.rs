@@ -25,6 +25,8 @@ pub struct Row {
     pub purchase_limit: Option<i32>,
     /// Positions (from 1) of the batch's keys that have a record; the same on every row.
     pub recorded: Vec<i64>,
+    /// The database's clock, which hold expiries are set by (the one the sweeper reads).
+    pub now: chrono::DateTime<chrono::Utc>,
 }
 
 /// The stock and product rows of `skus`, and which of the keys (`scopes[i]`, `keys[i]`)
@@ -44,7 +46,8 @@ pub async fn read(
                   array(select u.i
                           from unnest($2::text[], $3::text[]) with ordinality as u(scope, key, i)
                          where exists (select 1 from idempotency_keys k
-                                        where k.scope = u.scope and k.key = u.key)) as recorded
+                                        where k.scope = u.scope and k.key = u.key)) as recorded,
+                  now() as now
              from stock s
              join products p on p.sku = s.sku
             where s.sku = any($1)
@@ -61,9 +64,10 @@ pub async fn read(
 /// Everything one batch decided, as the columns of its rows.
 #[derive(Debug, Default)]
 pub struct Decided<'a> {
-    /// Units sold per SKU (each SKU once).
+    /// Units sold (`on_hand −= q`) and held (`reserved += q`) per SKU (each SKU once).
     pub sold_skus: Vec<&'a str>,
     pub sold_units: Vec<i32>,
+    pub held_units: Vec<i32>,
     /// The fence of the batch's lease; `None` without one (the rows are then locked).
     pub fence: Option<i64>,
     /// One entry per placed order.
@@ -81,6 +85,8 @@ pub struct Decided<'a> {
     pub prices: Vec<i64>,
     /// The `order.placed` payload of each order.
     pub events: Vec<Value>,
+    /// One entry per placed hold.
+    pub holds: PlacedHolds<'a>,
     /// One entry per decided key (placed or short), with its answer.
     pub key_scopes: Vec<&'a str>,
     pub keys: Vec<&'a str>,
@@ -89,8 +95,27 @@ pub struct Decided<'a> {
     pub bodies: Vec<Value>,
 }
 
+/// The holds a batch placed, as columns (one SKU each).
+#[derive(Debug, Default)]
+pub struct PlacedHolds<'a> {
+    pub ids: Vec<Uuid>,
+    pub names: Vec<Option<&'a str>>,
+    pub emails: Vec<Option<&'a str>>,
+    pub scopes: Vec<&'a str>,
+    pub keys: Vec<&'a str>,
+    pub expires: Vec<chrono::DateTime<chrono::Utc>>,
+    /// Identities joined by newlines, as for orders.
+    pub shoppers: Vec<String>,
+    pub skus: Vec<&'a str>,
+    pub quantities: Vec<i32>,
+    pub prices: Vec<i64>,
+    /// The `hold.placed` payload of each hold.
+    pub events: Vec<Value>,
+}
+
 /// Writes what a batch decided by one statement: the stock of each sold SKU, every order,
-/// line, ledger row and `order.placed` event, and every decided key with its answer.
+/// line, ledger row and `order.placed` event, every hold with its line, ledger row and
+/// `hold.placed` event, and every decided key with its answer.
 /// Returns false, having written nothing, when the stock update refused (a row no longer
 /// has the units, or a newer lease wrote it). Fails with a unique violation, having
 /// written nothing, when a key or an order was recorded elsewhere since the read.
@@ -98,12 +123,13 @@ pub async fn write(conn: &mut PgConnection, d: &Decided<'_>) -> sqlx::Result<boo
     sqlx::query_scalar!(
         r#"with sold as (
                update stock s
-                  set on_hand = s.on_hand - u.quantity,
+                  set on_hand = s.on_hand - u.sold,
+                      reserved = s.reserved + u.held,
                       last_fence = greatest(s.last_fence, $3),
                       updated_at = now()
-                 from unnest($1::text[], $2::int[]) as u(sku, quantity)
+                 from unnest($1::text[], $2::int[], $22::int[]) as u(sku, sold, held)
                 where s.sku = u.sku
-                  and s.on_hand - s.reserved >= u.quantity
+                  and s.on_hand - s.reserved >= u.sold + u.held
                   and ($3::bigint is null or s.last_fence < $3)
                returning s.sku
            ), go as (
@@ -138,6 +164,34 @@ pub async fn write(conn: &mut PgConnection, d: &Decided<'_>) -> sqlx::Result<boo
                       event_routed_at((select event_subscribed('order.placed')), 'order.placed', p)
                  from unnest($15::jsonb[]) as p
                 where (select go from go)
+           ), held as (
+               insert into holds
+                      (id, state, expires_at, email, customer_name, idempotency_scope,
+                       idempotency_key, shopper)
+               select id, 'active', expires, email, name, scope, key,
+                      string_to_array(shopper, E'\n')
+                 from unnest($23::uuid[], $24::text[], $25::text[], $26::text[], $27::text[],
+                             $28::timestamptz[], $29::text[])
+                      as u(id, name, email, scope, key, expires, shopper)
+                where (select go from go)
+           ), held_lines as (
+               insert into hold_lines (hold_id, sku, quantity, unit_price_cents)
+               select id, sku, quantity, price
+                 from unnest($23::uuid[], $30::text[], $31::int[], $32::bigint[])
+                      as u(id, sku, quantity, price)
+                where (select go from go)
+           ), held_ledger as (
+               insert into stock_movements (sku, delta, reserved_delta, reason, reference, actor)
+               select sku, 0, quantity, 'hold', id::text, scope
+                 from unnest($23::uuid[], $30::text[], $31::int[], $26::text[])
+                      as u(id, sku, quantity, scope)
+                where (select go from go)
+           ), held_events as (
+               insert into events (type, payload, routed_at)
+               select 'hold.placed', p,
+                      event_routed_at((select event_subscribed('hold.placed')), 'hold.placed', p)
+                 from unnest($33::jsonb[]) as p
+                where (select go from go)
            ), answers as (
                insert into idempotency_keys
                       (scope, key, fingerprint, state, owner, response_status, response_body,
@@ -169,6 +223,18 @@ pub async fn write(conn: &mut PgConnection, d: &Decided<'_>) -> sqlx::Result<boo
         &d.statuses,
         &d.bodies,
         Uuid::new_v4(),
+        &d.held_units,
+        &d.holds.ids,
+        &d.holds.names as &[Option<&str>],
+        &d.holds.emails as &[Option<&str>],
+        &d.holds.scopes as &[&str],
+        &d.holds.keys as &[&str],
+        &d.holds.expires,
+        &d.holds.shoppers,
+        &d.holds.skus as &[&str],
+        &d.holds.quantities,
+        &d.holds.prices,
+        &d.holds.events,
     )
     .fetch_one(conn)
     .await

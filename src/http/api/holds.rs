@@ -151,10 +151,10 @@ pub async fn post_hold_confirm(
         })?
     };
     let details = OrderRequest::check_contact(body.email.as_deref(), body.name.as_deref())?;
-    let db = state.db.clone();
     let answer_by = answer_by(&req, state.settings.request_budget);
+    let shared = state.clone().into_inner();
     let confirmed = detached(async move {
-        holds::confirm(&db, id, details.name(), details.email(), answer_by).await
+        (shared.confirm_hold(id, details.name(), details.email(), answer_by)).await
     })
     .await?;
     match confirmed {

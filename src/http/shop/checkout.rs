@@ -203,10 +203,10 @@ pub async fn post_checkout_confirm(
             return again(StatusCode::UNPROCESSABLE_ENTITY, &message, vec![]).await;
         }
     };
-    let db = state.db.clone();
     let answer_by = answer_by(&req, state.settings.request_budget);
+    let shared = state.clone().into_inner();
     let confirmed = detached(async move {
-        holds::confirm(&db, id, contact.name(), contact.email(), answer_by).await
+        (shared.confirm_hold(id, contact.name(), contact.email(), answer_by)).await
     })
     .await?;
     match confirmed {

@@ -1,0 +1,345 @@
+//! Deciding a batch: its transaction, the allocation of each SKU's units to its jobs in
+//! arrival order (purchase limits counted on the way), and the columns of its one write.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use chrono::Utc;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::db;
+use super::{BatchAnswer, Job, Want};
+use crate::catalog::Sku;
+use crate::checkout::{Order, OrderError, OrderLine, Shortage};
+use crate::holds::{Hold, HoldState};
+use crate::inventory::db as stock;
+
+/// What the batch transaction did.
+pub(super) enum Applied {
+    Done(Answers),
+    /// A newer lease wrote a row: nothing was written.
+    StaleFence {
+        last_fence: i64,
+    },
+    /// A key of the batch was recorded elsewhere while it ran: nothing was written.
+    Raced,
+}
+
+/// One answer per job, in job order, and what the batch did to stock.
+pub(super) struct Answers {
+    pub(super) each: Vec<BatchAnswer>,
+    /// SKUs the batch sold or held units of.
+    pub(super) sold: Vec<Sku>,
+    /// SKUs with nothing left after the batch.
+    pub(super) sold_out: Vec<Sku>,
+}
+
+/// A SKU of the batch as its row and product say.
+struct Stocked {
+    left: i32,
+    /// Units sold, and units held, by the batch.
+    taken: i32,
+    held: i32,
+    name: String,
+    price_cents: i64,
+    limit: Option<i32>,
+}
+
+/// The batch's transaction (see the module documentation): under a lease, two statements
+/// and no `BEGIN` when no SKU of the batch has a purchase limit; otherwise its stock rows
+/// are locked first, in one transaction.
+pub(super) async fn transact(
+    db: &PgPool,
+    jobs: &[&Job],
+    fence: Option<i64>,
+    hold_ttl: Duration,
+) -> sqlx::Result<Applied> {
+    let mut skus: Vec<&str> = jobs.iter().map(|j| j.sku().as_str()).collect();
+    skus.sort_unstable();
+    skus.dedup();
+    let scopes: Vec<&str> = jobs.iter().map(|j| j.scope.as_str()).collect();
+    let keys: Vec<&str> = jobs.iter().map(|j| j.key.as_str()).collect();
+    let mut conn = db.acquire().await?;
+    if fence.is_some() {
+        // The lease keeps every other batch of these SKUs out, and the write re-checks
+        // stock and fence. A purchase limit also counts holds and orders of several SKUs,
+        // which take no lease: batches with a limited SKU lock their rows instead.
+        let rows = db::read(&mut conn, &skus, &scopes, &keys).await?;
+        if !rows.iter().any(|r| r.purchase_limit.is_some()) {
+            return decide(&mut conn, jobs, rows, fence, hold_ttl).await;
+        }
+    }
+    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    stock::lock_for_sale(&mut tx, &skus).await?;
+    let rows = db::read(&mut tx, &skus, &scopes, &keys).await?;
+    let applied = decide(&mut tx, jobs, rows, fence, hold_ttl).await?;
+    if matches!(applied, Applied::Done(_)) {
+        tx.commit().await?;
+    }
+    Ok(applied)
+}
+
+/// Decides every job from `rows` and writes the decisions by one statement.
+async fn decide(
+    conn: &mut sqlx::PgConnection,
+    jobs: &[&Job],
+    rows: Vec<db::Row>,
+    fence: Option<i64>,
+    hold_ttl: Duration,
+) -> sqlx::Result<Applied> {
+    // 1. A row a newer lease wrote refuses the batch. A SKU without an active product
+    //    (gone, or no longer sold) refuses its own orders.
+    if let Some(fence) = fence
+        && let Some(last_fence) = rows.iter().map(|r| r.last_fence).max()
+        && last_fence >= fence
+    {
+        return Ok(Applied::StaleFence { last_fence });
+    }
+    // Holds expire by the database's clock, the one the sweeper and confirmations read;
+    // read before the write, so a hold lives its time or a moment less, never more.
+    let expires_at = rows.first().map(|r| r.now).unwrap_or_else(Utc::now)
+        + chrono::Duration::from_std(hold_ttl).expect("hold times fit");
+    let expires_at = chrono::DateTime::from_timestamp_micros(expires_at.timestamp_micros())
+        .expect("expiry is representable");
+    let recorded: HashSet<usize> = rows
+        .first()
+        .map(|r| r.recorded.iter().map(|i| (*i - 1) as usize).collect())
+        .unwrap_or_default();
+    let mut stocked: HashMap<String, Stocked> = rows
+        .into_iter()
+        .filter(|r| r.active)
+        .map(|r| {
+            let entry = Stocked {
+                left: r.available,
+                taken: 0,
+                held: 0,
+                name: r.name,
+                price_cents: r.price_cents,
+                limit: r.purchase_limit,
+            };
+            (r.sku, entry)
+        })
+        .collect();
+
+    // 2. Keys with a record already drop out (answered from it); the batch decides the
+    //    others, the first of each key if one came twice. Their records are written with
+    //    the orders; a request elsewhere that records one of them first makes the write
+    //    fail, and the batch start again. Then allocate in arrival order.
+    let mut claims: HashSet<(&str, &str)> = jobs
+        .iter()
+        .enumerate()
+        .filter(|(i, j)| stocked.contains_key(j.sku().as_str()) && !recorded.contains(i))
+        .map(|(_, j)| (j.scope.as_str(), j.key.as_str()))
+        .collect();
+
+    // Purchase limits: what each limited order's shopper bought or holds already (the
+    //    rows are locked, so no other sale of these SKUs is in between), plus what the
+    //    batch accepts for them on the way.
+    let limited: Vec<(usize, &Job)> = jobs
+        .iter()
+        .enumerate()
+        .filter(|(_, j)| {
+            stocked
+                .get(j.sku().as_str())
+                .is_some_and(|s| s.limit.is_some())
+        })
+        .map(|(i, j)| (i, *j))
+        .collect();
+    let asks: Vec<(&str, &[String])> = limited
+        .iter()
+        .map(|(_, j)| (j.sku().as_str(), j.request.shopper().identities()))
+        .collect();
+    let counted = if asks.is_empty() {
+        Vec::new()
+    } else {
+        crate::orders::db::bought_by(conn, &asks, None).await?
+    };
+    let mut bought: HashMap<usize, i64> = limited.iter().map(|(i, _)| *i).zip(counted).collect();
+
+    let now = chrono::DateTime::from_timestamp_micros(Utc::now().timestamp_micros())
+        .expect("now is representable");
+    let mut each = Vec::with_capacity(jobs.len());
+    for (i, job) in jobs.iter().enumerate() {
+        let Some(stock) = stocked.get_mut(job.sku().as_str()) else {
+            each.push(BatchAnswer::Failed(OrderError::UnknownSkus(vec![
+                job.sku().to_string(),
+            ])));
+            continue;
+        };
+        // A key twice in the batch: the first holds the claim, the second replays it.
+        if !claims.remove(&(job.scope.as_str(), job.key.as_str())) {
+            each.push(BatchAnswer::DecidedElsewhere);
+            continue;
+        }
+        let q = job.quantity();
+        if let (Some(limit), Some(already)) = (stock.limit, bought.get(&i).copied())
+            && already + i64::from(q) > i64::from(limit)
+        {
+            let refusal = crate::orders::limits::refusal(&stock.name, limit, q, already);
+            each.push(BatchAnswer::Failed(OrderError::OverLimit(refusal)));
+            continue;
+        }
+        if q <= stock.left {
+            stock.left -= q;
+            match job.want {
+                Want::Order => stock.taken += q,
+                Want::Hold => stock.held += q,
+            }
+            // Later orders in this batch by the same shopper count this one.
+            let mine = job.request.shopper().identities();
+            for (j, later) in jobs.iter().enumerate().skip(i + 1) {
+                if later.sku() == job.sku()
+                    && later
+                        .request
+                        .shopper()
+                        .identities()
+                        .iter()
+                        .any(|id| mine.contains(id))
+                    && let Some(count) = bought.get_mut(&j)
+                {
+                    *count += i64::from(q);
+                }
+            }
+            let lines = vec![OrderLine {
+                sku: job.sku().clone(),
+                name: stock.name.clone(),
+                quantity: q,
+                unit_price_cents: stock.price_cents,
+            }];
+            let email = job.request.email().map(str::to_string);
+            let customer_name = job.request.name().map(str::to_string);
+            let total_cents = stock.price_cents * i64::from(q);
+            each.push(match job.want {
+                Want::Order => BatchAnswer::Placed(Order {
+                    id: Uuid::new_v4(),
+                    status: crate::orders::OrderStatus::Placed,
+                    total_cents,
+                    lines,
+                    email,
+                    customer_name,
+                    created_at: now,
+                }),
+                Want::Hold => BatchAnswer::Held(Hold {
+                    id: Uuid::new_v4(),
+                    state: HoldState::Active,
+                    expires_at,
+                    lines,
+                    total_cents,
+                    email,
+                    customer_name,
+                    order_id: None,
+                }),
+            });
+        } else {
+            each.push(BatchAnswer::Short(vec![Shortage {
+                sku: job.sku().to_string(),
+                requested: q,
+                available: stock.left.max(0),
+            }]));
+        }
+    }
+
+    // 3. One statement writes it all; it still refuses to take stock below zero or past a
+    //    newer fence, and then writes nothing.
+    let decided = columns(jobs, &each, &stocked, fence);
+    if !decided.keys.is_empty() {
+        match db::write(conn, &decided).await {
+            Ok(true) => {}
+            Ok(false) => return Ok(Applied::Raced),
+            // A key (or its order) was recorded elsewhere meanwhile: start again.
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+                return Ok(Applied::Raced);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let sold = decided
+        .sold_skus
+        .iter()
+        .filter_map(|sku| Sku::parse(sku).ok())
+        .collect();
+    let sold_out = stocked
+        .iter()
+        .filter(|(_, s)| s.left <= 0)
+        .filter_map(|(sku, _)| Sku::parse(sku).ok())
+        .collect();
+    Ok(Applied::Done(Answers {
+        each,
+        sold,
+        sold_out,
+    }))
+}
+
+/// The batch's decisions as the columns [`db::write`] takes.
+fn columns<'a>(
+    jobs: &[&'a Job],
+    each: &'a [BatchAnswer],
+    stocked: &'a HashMap<String, Stocked>,
+    fence: Option<i64>,
+) -> db::Decided<'a> {
+    let mut d = db::Decided {
+        fence,
+        ..db::Decided::default()
+    };
+    let mut moved: Vec<(&str, i32, i32)> = stocked
+        .iter()
+        .filter(|(_, s)| s.taken > 0 || s.held > 0)
+        .map(|(sku, s)| (sku.as_str(), s.taken, s.held))
+        .collect();
+    // SKU order, as every writer of stock rows locks them.
+    moved.sort_unstable();
+    for (sku, taken, held) in moved {
+        d.sold_skus.push(sku);
+        d.sold_units.push(taken);
+        d.held_units.push(held);
+    }
+    for (job, answer) in jobs.iter().zip(each) {
+        let (status, body) = match answer {
+            BatchAnswer::Placed(order) => {
+                let line = &order.lines[0];
+                d.order_ids.push(order.id);
+                d.names.push(order.customer_name.as_deref());
+                d.emails.push(order.email.as_deref());
+                d.totals.push(order.total_cents);
+                d.order_scopes.push(job.scope.as_str());
+                d.order_keys.push(job.key.as_str());
+                d.created.push(order.created_at);
+                d.shoppers
+                    .push(job.request.shopper().identities().join("\n"));
+                d.skus.push(line.sku.as_str());
+                d.quantities.push(line.quantity);
+                d.prices.push(line.unit_price_cents);
+                d.events
+                    .push(crate::events::Event::order_placed(order).payload);
+                (201, serde_json::to_value(order).expect("orders serialise"))
+            }
+            BatchAnswer::Held(hold) => {
+                let line = &hold.lines[0];
+                let h = &mut d.holds;
+                h.ids.push(hold.id);
+                h.names.push(hold.customer_name.as_deref());
+                h.emails.push(hold.email.as_deref());
+                h.scopes.push(job.scope.as_str());
+                h.keys.push(job.key.as_str());
+                h.expires.push(hold.expires_at);
+                h.shoppers
+                    .push(job.request.shopper().identities().join("\n"));
+                h.skus.push(line.sku.as_str());
+                h.quantities.push(line.quantity);
+                h.prices.push(line.unit_price_cents);
+                h.events
+                    .push(crate::events::Event::hold_placed(hold).payload);
+                (201, serde_json::to_value(hold).expect("holds serialise"))
+            }
+            BatchAnswer::Short(shortages) => (409, serde_json::json!({ "shortages": shortages })),
+            _ => continue,
+        };
+        d.key_scopes.push(job.scope.as_str());
+        d.keys.push(job.key.as_str());
+        d.fingerprints.push(job.fingerprint.as_str());
+        d.statuses.push(status);
+        d.bodies.push(body);
+    }
+    d
+}

@@ -1,0 +1,216 @@
+//! Confirmations, group-committed (under the `batched` strategy): in a drop, every
+//! shopper's "Place order" moves units of the same hot SKU from `reserved` to sold, and
+//! one stock row takes one commit at a time. So concurrent confirmations of one process
+//! queue behind one leader, which confirms a lot of them in one transaction:
+//!
+//! 1. the lot's holds are locked (`for update`, in id order, so two leaders cannot
+//!    deadlock; a confirmation, a release or the sweeper elsewhere waits, or skips them);
+//! 2. a hold that is not live (expired, released, confirmed already), or that holds a
+//!    product with a purchase limit, drops out of the lot and is confirmed on its own by
+//!    [`super::confirm`] — which replays, refuses or counts the limit as always; the
+//!    others are live and reserve their units, so confirming them needs no stock check;
+//! 3. one statement sells them all: `on_hand −= q, reserved −= q` per SKU (each SKU's
+//!    row once), every order, line, ledger row, `order.placed` and `hold.confirmed`
+//!    event, and every hold marked confirmed with its order; then one commit.
+//!
+//! The guarantees of a confirmation on its own hold: each hold changes state once, under
+//! its row lock; its order and everything about it commit together; a lot that fails
+//! writes nothing and its confirmations run on their own. Nothing starts for a request
+//! whose client was answered already (its budget ran out).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use tokio::sync::{mpsc, oneshot};
+use uuid::Uuid;
+
+use super::{Confirmed, HoldError};
+use crate::events::Event;
+use crate::orders::{Order, OrderLine, OrderStatus, limits};
+
+/// One confirmation waiting for its lot.
+struct Pending {
+    hold: Uuid,
+    name: Option<String>,
+    email: Option<String>,
+    answer_by: Instant,
+    answer: oneshot::Sender<Lot>,
+}
+
+/// What the leader tells a waiting confirmation.
+enum Lot {
+    Confirmed(Order),
+    /// Not for a lot (see the module documentation): confirm it on its own.
+    Alone,
+    /// The request's client was answered before the lot began.
+    TooLate,
+}
+
+/// The confirmations of this process: a queue and, while it is not empty, its leader.
+pub struct Confirmer {
+    queue: Mutex<Option<mpsc::UnboundedSender<Pending>>>,
+    db: PgPool,
+    /// Most confirmations per transaction.
+    max: usize,
+}
+
+impl Confirmer {
+    pub fn new(db: PgPool, max: usize) -> Self {
+        Self {
+            queue: Mutex::default(),
+            db,
+            max,
+        }
+    }
+
+    /// Turns hold `id` into an order as [`super::confirm`] does, sharing a transaction
+    /// with the confirmations queued meanwhile.
+    pub async fn confirm(
+        self: &Arc<Self>,
+        id: Uuid,
+        name: Option<&str>,
+        email: Option<&str>,
+        answer_by: Instant,
+    ) -> Result<Confirmed, HoldError> {
+        let (answer, rx) = oneshot::channel();
+        self.enqueue(Pending {
+            hold: id,
+            name: name.map(str::to_string),
+            email: email.map(str::to_string),
+            answer_by,
+            answer,
+        });
+        match rx.await {
+            Ok(Lot::Confirmed(order)) => Ok(Confirmed {
+                order,
+                replayed: false,
+            }),
+            Ok(Lot::TooLate) => Err(HoldError::TimedOut),
+            // A leader that failed or left: the confirmation runs on its own.
+            Ok(Lot::Alone) | Err(_) => super::confirm(&self.db, id, name, email, answer_by).await,
+        }
+    }
+
+    fn enqueue(self: &Arc<Self>, pending: Pending) {
+        let mut queue = self.queue.lock().expect("confirm queue");
+        let sender = queue.get_or_insert_with(|| {
+            let (sender, lots) = mpsc::unbounded_channel();
+            tokio::spawn(Arc::clone(self).lead(lots));
+            sender
+        });
+        // The leader leaves only under this lock, after seeing its queue empty.
+        let _ = sender.send(pending);
+    }
+
+    /// Confirms lot after lot while confirmations keep coming, then leaves.
+    async fn lead(self: Arc<Self>, mut queued: mpsc::UnboundedReceiver<Pending>) {
+        loop {
+            let mut lot = Vec::new();
+            while lot.len() < self.max {
+                match queued.try_recv() {
+                    Ok(p) => lot.push(p),
+                    Err(_) => break,
+                }
+            }
+            if lot.is_empty() {
+                let mut queue = self.queue.lock().expect("confirm queue");
+                if queued.is_empty() {
+                    *queue = None;
+                    return;
+                }
+                continue;
+            }
+            let now = Instant::now();
+            let (late, lot): (Vec<Pending>, Vec<Pending>) = lot
+                .into_iter()
+                .partition(|p| now >= p.answer_by || p.answer.is_closed());
+            for p in late {
+                let _ = p.answer.send(Lot::TooLate);
+            }
+            if lot.is_empty() {
+                continue;
+            }
+            match self.apply(&lot).await {
+                Ok(mut answers) => {
+                    for p in lot {
+                        let answer = answers.remove(&p.hold).map_or(Lot::Alone, Lot::Confirmed);
+                        let _ = p.answer.send(answer);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "a lot of confirmations failed; each runs alone");
+                    for p in lot {
+                        let _ = p.answer.send(Lot::Alone);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Confirms the lot's live holds of unlimited products in one transaction; their
+    /// orders by hold. The rest are left to confirm on their own.
+    async fn apply(&self, lot: &[Pending]) -> sqlx::Result<BTreeMap<Uuid, Order>> {
+        let mut tx = self.db.begin().await?;
+        let mut ids: Vec<Uuid> = lot.iter().map(|p| p.hold).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let holds = super::db::lock_live(&mut tx, &ids).await?;
+        let now = DateTime::from_timestamp_micros(Utc::now().timestamp_micros())
+            .expect("now is representable");
+        let mut w = super::db::Confirmations::default();
+        let mut made = BTreeMap::new();
+        for p in lot {
+            // The first confirmation of a hold sent twice in one lot is the one.
+            if made.contains_key(&p.hold) {
+                continue;
+            }
+            let Some(hold) = holds.iter().find(|h| h.id == p.hold) else {
+                continue;
+            };
+            let email = p.email.as_deref().or(hold.email.as_deref());
+            let order = Order {
+                id: Uuid::new_v4(),
+                status: OrderStatus::Placed,
+                total_cents: hold
+                    .lines
+                    .iter()
+                    .map(|l| l.unit_price_cents * i64::from(l.quantity))
+                    .sum(),
+                lines: hold.lines.clone(),
+                email: email.map(str::to_string),
+                customer_name: p.name.clone().or(hold.customer_name.clone()),
+                created_at: now,
+            };
+            let shopper = limits::with_email(&hold.shopper, email);
+            w.add(hold.id, &order, &shopper);
+            made.insert(hold.id, order);
+        }
+        if made.is_empty() {
+            tx.rollback().await?;
+            return Ok(made);
+        }
+        for order in made.values() {
+            w.events.push(Event::order_placed(order).payload);
+        }
+        if !super::db::confirm_many(&mut tx, &w).await? {
+            // A row no longer reserves the units (which locked, live holds rule out):
+            // nothing was written, and each confirmation runs on its own.
+            tx.rollback().await?;
+            return Ok(BTreeMap::new());
+        }
+        tx.commit().await?;
+        Ok(made)
+    }
+}
+
+/// A live hold of unlimited products, locked for a lot.
+pub(super) struct LiveHold {
+    pub(super) id: Uuid,
+    pub(super) email: Option<String>,
+    pub(super) customer_name: Option<String>,
+    pub(super) shopper: Vec<String>,
+    pub(super) lines: Vec<OrderLine>,
+}
