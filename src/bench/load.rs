@@ -31,6 +31,11 @@ pub enum Work {
         skus: Arc<Vec<String>>,
         quantity: i32,
     },
+    /// POST `/api/v1/holds/{id}/confirm` of the holds in turn (`paths`), from `next`.
+    Confirm {
+        paths: Arc<Vec<String>>,
+        next: Arc<std::sync::atomic::AtomicUsize>,
+    },
     /// GET this path.
     Page { path: String },
 }
@@ -114,6 +119,7 @@ fn histogram() -> Histogram<u64> {
 fn url_for(load: &Load, base: &str) -> reqwest::Url {
     let path = match &load.work {
         Work::Order { path, .. } => *path,
+        Work::Confirm { .. } => "/",
         Work::Page { path } => path.as_str(),
     };
     reqwest::Url::parse(&format!("{base}{path}")).expect("bench targets are valid URLs")
@@ -187,6 +193,17 @@ impl Connection {
                     None => builder,
                 };
                 builder.body(Full::new(Bytes::from(body)))
+            }
+            Work::Confirm { paths, next } => {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let builder = builder
+                    .uri(paths[i % paths.len()].as_str())
+                    .method(Method::POST);
+                let builder = match &self.bearer {
+                    Some(bearer) => builder.header(header::AUTHORIZATION, bearer.clone()),
+                    None => builder,
+                };
+                builder.body(Full::default())
             }
             Work::Page { .. } => builder.method(Method::GET).body(Full::default()),
         };

@@ -45,6 +45,9 @@ pub enum Workload {
     /// Holds of one unit of that SKU (what the storefront's "Checkout" button places),
     /// through `POST /api/v1/holds`.
     HoldHot,
+    /// Confirmations of holds of that SKU placed beforehand ("Place order"), each once,
+    /// through `POST /api/v1/holds/{id}/confirm`.
+    Confirm,
     /// Orders of one unit of a SKU picked uniformly from `--skus`.
     Uniform,
     /// Orders for a SKU with no stock: every answer is 409.
@@ -61,6 +64,7 @@ impl Workload {
         match self {
             Self::HotSku => "hot-sku",
             Self::HoldHot => "hold-hot",
+            Self::Confirm => "confirm",
             Self::Uniform => "uniform",
             Self::SoldOut => "sold-out",
             Self::ProductPage => "product-page",
@@ -72,19 +76,27 @@ impl Workload {
     pub fn orders(self) -> bool {
         matches!(
             self,
-            Self::HotSku | Self::HoldHot | Self::Uniform | Self::SoldOut
+            Self::HotSku | Self::HoldHot | Self::Confirm | Self::Uniform | Self::SoldOut
         )
     }
 
     /// The status every answer should have.
     pub fn expected_status(self) -> u16 {
         match self {
-            Self::HotSku | Self::HoldHot | Self::Uniform => 201,
+            Self::HotSku | Self::HoldHot | Self::Confirm | Self::Uniform => 201,
             Self::SoldOut => 409,
             Self::ProductPage => 200,
             Self::Refused => 422,
         }
     }
+}
+
+/// Holds the `confirm` workload's database starts with: more than a run confirms.
+pub const CONFIRM_HOLDS: i64 = 300_000;
+
+/// The id of the `n`th hold seeded for `confirm` (1-based), as the seed's SQL makes it.
+pub fn bench_hold(n: i64) -> uuid::Uuid {
+    uuid::Uuid::from_u128(n as u128)
 }
 
 /// Where orders are posted.
@@ -454,7 +466,14 @@ impl Bench<'_> {
         seed(&db, workload, self.plan.skus).await?;
         let api_key =
             match crate::clients::create(&db, "bench", crate::clients::Limit::Unlimited).await {
-                Ok((_, key)) => Some(key),
+                Ok((client, key)) => {
+                    // The seeded holds are the client's, as if it had placed them.
+                    sqlx::query("update holds set idempotency_key = $1 || ':' || idempotency_key")
+                        .bind(client.id.to_string())
+                        .execute(&db)
+                        .await?;
+                    Some(key)
+                }
                 // An older build (--server-exe) migrated no api_clients table, and takes
                 // orders without a key.
                 Err(crate::clients::ClientError::Database(sqlx::Error::Database(e)))
@@ -513,6 +532,14 @@ impl Bench<'_> {
                     path: "/api/v1/holds",
                     skus: Arc::new(vec![HOT_SKU.to_string()]),
                     quantity: 1,
+                },
+                Workload::Confirm => Work::Confirm {
+                    paths: Arc::new(
+                        (1..=CONFIRM_HOLDS)
+                            .map(|n| format!("/api/v1/holds/{}/confirm", bench_hold(n)))
+                            .collect(),
+                    ),
+                    next: Arc::default(),
                 },
                 Workload::Uniform => Work::Order {
                     path: ORDERS,
@@ -752,9 +779,11 @@ async fn stop_all(servers: Vec<ServerProcess>) {
 /// `inventory::db::create_stock` writes it), set-based so 10,000 SKUs take one commit.
 async fn seed(db: &PgPool, workload: Workload, skus: usize) -> anyhow::Result<()> {
     let (names, units): (Vec<String>, i32) = match workload {
-        Workload::HotSku | Workload::HoldHot | Workload::ProductPage | Workload::Refused => {
-            (vec![HOT_SKU.into()], HOT_STOCK)
-        }
+        Workload::HotSku
+        | Workload::HoldHot
+        | Workload::Confirm
+        | Workload::ProductPage
+        | Workload::Refused => (vec![HOT_SKU.into()], HOT_STOCK),
         Workload::Uniform => ((1..=skus).map(uniform_sku).collect(), UNIFORM_STOCK),
         Workload::SoldOut => (vec![SOLD_OUT_SKU.into()], 0),
     };
@@ -782,7 +811,56 @@ async fn seed(db: &PgPool, workload: Workload, skus: usize) -> anyhow::Result<()
     )
     .execute(&mut *tx)
     .await?;
+    if workload == Workload::Confirm {
+        seed_holds(&mut tx).await?;
+    }
     tx.commit().await?;
+    Ok(())
+}
+
+/// [`CONFIRM_HOLDS`] active holds of one unit of the hot SKU ([`bench_hold`] names them),
+/// with their lines, their stock reserved and a ledger row each, as placing them writes.
+async fn seed_holds(tx: &mut sqlx::PgConnection) -> anyhow::Result<()> {
+    let (n, sku, price) = (CONFIRM_HOLDS, HOT_SKU, pgbench::PRICE_CENTS);
+    sqlx::query!(
+        r#"insert into holds (id, state, expires_at, idempotency_scope, idempotency_key)
+           select lpad(to_hex(n), 32, '0')::uuid, 'active', now() + interval '1 day',
+                  'api-hold', 'bench-hold-' || n
+             from generate_series(1, $1::bigint) as n"#,
+        n,
+    )
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query!(
+        r#"insert into hold_lines (hold_id, sku, quantity, unit_price_cents)
+           select lpad(to_hex(n), 32, '0')::uuid, $2, 1, $3
+             from generate_series(1, $1::bigint) as n"#,
+        n,
+        sku,
+        price,
+    )
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query!(
+        r#"insert into stock_movements (sku, delta, reserved_delta, reason, reference, actor)
+           select $2, 0, 1, 'hold', lpad(to_hex(n), 32, '0')::uuid::text, 'api-hold'
+             from generate_series(1, $1::bigint) as n"#,
+        n,
+        sku,
+    )
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query!(
+        "update stock set reserved = reserved + $1::bigint::int where sku = $2",
+        n,
+        sku,
+    )
+    .execute(&mut *tx)
+    .await?;
+    // pgbench's script confirms the holds in turn.
+    sqlx::query!("create sequence pgbench_confirm")
+        .execute(&mut *tx)
+        .await?;
     Ok(())
 }
 
@@ -941,6 +1019,16 @@ fn derived_lines(rows: &[Row], pgbench: &[pgbench::PgbenchResult]) -> Vec<Derive
                 &format!("hold-hot ÷ hot SKU ({strategy})"),
                 value,
                 "holds/s (the checkout button) over orders/s of the same SKU",
+            ));
+        }
+        if let Some(value) = ratio(
+            rate(Workload::Confirm, strategy),
+            rate(Workload::HotSku, strategy),
+        ) {
+            lines.push(Derived::ratio(
+                &format!("confirm ÷ hot SKU ({strategy})"),
+                value,
+                "confirmations/s (\"Place order\") over orders/s of the same SKU",
             ));
         }
         if let Some(value) = ratio(

@@ -114,6 +114,25 @@ update idempotency_keys
 commit;
 "#;
 
+/// A confirmation: the next seeded hold locked, its reserved unit sold, the order, its
+/// line, its ledger row, the hold marked confirmed; one commit.
+const CONFIRM: &str = r#"-- One hold confirmed, written as the app writes it, in one transaction.
+select nextval('pgbench_confirm') as n \gset
+begin;
+select state from holds where id = lpad(to_hex(:n), 32, '0')::uuid for update;
+update stock set on_hand = on_hand - 1, reserved = reserved - 1, updated_at = now()
+ where sku = {sku} and reserved >= 1;
+insert into orders (id, total_cents, idempotency_scope, idempotency_key)
+     values (md5('pgbench-confirm-' || :n::text)::uuid, {price}, 'hold', lpad(to_hex(:n), 32, '0')::uuid::text);
+insert into order_lines (order_id, sku, quantity, unit_price_cents)
+     values (md5('pgbench-confirm-' || :n::text)::uuid, {sku}, 1, {price});
+insert into stock_movements (sku, delta, reserved_delta, reason, reference, actor)
+     values ({sku}, -1, -1, 'order', md5('pgbench-confirm-' || :n::text)::uuid::text, 'pgbench');
+update holds set state = 'confirmed', order_id = md5('pgbench-confirm-' || :n::text)::uuid, updated_at = now()
+ where id = lpad(to_hex(:n), 32, '0')::uuid;
+commit;
+"#;
+
 /// A sold-out answer: the plain read that finds no stock, and the 409 stored under the key.
 const SOLD_OUT: &str = r#"-- A sold-out answer: read availability, store the 409 under the key (one commit).
 \set k random(1, 9000000000000000000)
@@ -149,6 +168,7 @@ pub fn script(workload: Workload, skus: usize) -> Option<(String, String)> {
             "hold-hot-sku",
             HOLD.replace("{sku}", &quoted(super::HOT_SKU)),
         ),
+        Workload::Confirm => ("confirm", CONFIRM.replace("{sku}", &quoted(super::HOT_SKU))),
         Workload::Uniform => (
             "order-uniform",
             ORDER

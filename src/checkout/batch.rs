@@ -44,8 +44,10 @@
 //! statement, as `reserved += q` with its hold row, line, ledger row and `hold.placed`
 //! event; it expires `STOCKADE_HOLD_TTL` after the database's clock as the batch's read
 //! saw it (so never later than a hold placed on its own would). Orders and holds of
-//! several SKUs, and confirmations, take the per-request path: their SKU sets rarely
-//! coincide, and a batch that mixed them would hold many leases for the sake of one order.
+//! several SKUs take the per-request path: their SKU sets rarely coincide, and a batch
+//! that mixed them would hold many leases for the sake of one order. Confirmations of
+//! holds are group-committed apart, by [`crate::holds::Confirmer`]: they take no stock
+//! that is not theirs already, so they need no lease.
 
 pub mod db;
 mod decide;

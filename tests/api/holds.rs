@@ -455,3 +455,81 @@ async fn sweeping_ten_thousand_expired_holds_while_shoppers_keep_buying() {
     );
     app.assert_invariants().await;
 }
+
+#[tokio::test]
+async fn confirmations_and_releases_racing_across_two_processes_settle_each_hold_once() {
+    let app = spawn_app().await;
+    app.add_product("RACE-60", "Sixty of them", 2_500, 60).await;
+    let extra = [("STOCKADE_REQUEST_BUDGET_MS", "30000".to_string())];
+    let servers = [
+        serve_app(&app, &extra, &[]).await,
+        serve_app(&app, &extra, &[]).await,
+    ];
+    stockade::install_tls_provider();
+    let client = reqwest::Client::new();
+    let mut holds = Vec::new();
+    for i in 0..60 {
+        let res = post_hold(
+            &client,
+            &servers[0].address,
+            &format!("r-{i}"),
+            &[("RACE-60", 1)],
+        )
+        .await;
+        assert_eq!(res.status().as_u16(), 201);
+        let hold: serde_json::Value = res.json().await.unwrap();
+        holds.push(hold["id"].as_str().unwrap().to_string());
+    }
+    // Holds 0–39 are confirmed, 20–59 released, all at once, each through either process:
+    // 20–39 race a confirmation against a release.
+    let confirms = join_all(holds[..40].iter().enumerate().map(|(i, hold)| {
+        let (client, base) = (client.clone(), servers[i % 2].address.clone());
+        async move { confirm(&client, &base, hold).await.status().as_u16() }
+    }));
+    let releases = join_all(holds[20..].iter().enumerate().map(|(i, hold)| {
+        let (client, base) = (client.clone(), servers[(i + 1) % 2].address.clone());
+        async move {
+            let url = format!("{base}/api/v1/holds/{hold}");
+            client.delete(url).send().await.unwrap().status().as_u16()
+        }
+    }));
+    let (confirmed, released) = tokio::join!(confirms, releases);
+    assert!(
+        confirmed.iter().all(|s| [201, 409].contains(s)),
+        "{confirmed:?}"
+    );
+    assert!(
+        released.iter().all(|s| [204, 409].contains(s)),
+        "{released:?}"
+    );
+    assert!(confirmed[..20].iter().all(|s| *s == 201), "{confirmed:?}");
+    assert!(released[20..].iter().all(|s| *s == 204), "{released:?}");
+    // The racing twenty: each one way, never both.
+    for i in 20..40 {
+        let (c, r) = (confirmed[i], released[i - 20]);
+        assert!(
+            (c == 201) != (r == 204),
+            "hold {i}: confirm {c}, release {r}"
+        );
+    }
+    let placed = confirmed.iter().filter(|s| **s == 201).count() as i64;
+    assert_eq!(app.count("select count(*) from orders").await, placed);
+    assert_eq!(
+        app.count("select count(*) from holds where state = 'confirmed' and order_id is not null")
+            .await,
+        placed
+    );
+    assert_eq!(
+        app.count("select count(*) from holds where state = 'released'")
+            .await,
+        60 - placed
+    );
+    assert_eq!(
+        app.count("select count(*) from events where type = 'hold.confirmed'")
+            .await,
+        placed
+    );
+    assert_eq!(app.stock("RACE-60").await, (60 - placed as i32, 0));
+    app.assert_invariants().await;
+    assert_quiet(&app).await;
+}
