@@ -33,9 +33,16 @@ impl Listener {
             while let Ok((mut stream, _)) = listener.accept().await {
                 counter.fetch_add(1, Ordering::SeqCst);
                 tokio::spawn(async move {
-                    // Enough of the request to answer it; the body is not looked at.
-                    let mut buf = vec![0; 65_536];
-                    stream.read(&mut buf).await.ok();
+                    // The whole request (headers, then content-length bytes) before the
+                    // answer, so the sender never sees its request cut off.
+                    let mut got = Vec::new();
+                    let mut buf = [0; 4096];
+                    while !whole_request(&got) {
+                        match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => got.extend_from_slice(&buf[..n]),
+                        }
+                    }
                     let answer = format!(
                         "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
                         body.len()
@@ -55,6 +62,20 @@ impl Listener {
     fn accepted(&self) -> usize {
         self.accepted.load(Ordering::SeqCst)
     }
+}
+
+/// Whether `got` holds a request's headers and all of its body.
+fn whole_request(got: &[u8]) -> bool {
+    let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return false;
+    };
+    let headers = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+    let length: usize = headers
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    got.len() >= end + 4 + length
 }
 
 impl Drop for Listener {
@@ -101,7 +122,7 @@ async fn a_name_that_flips_to_loopback_between_check_and_connect_never_reaches_i
     let counter = lookups.clone();
     let lookup: Lookup = Arc::new(move |_host: String| {
         let n = counter.fetch_add(1, Ordering::SeqCst);
-        let ip: IpAddr = if n % 2 == 0 {
+        let ip: IpAddr = if n.is_multiple_of(2) {
             "93.184.215.14".parse().unwrap()
         } else {
             "127.0.0.1".parse().unwrap()
