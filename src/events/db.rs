@@ -269,7 +269,7 @@ pub struct Endpoint {
 
 #[tracing::instrument(skip_all)]
 pub async fn insert_endpoint(
-    pool: &PgPool,
+    conn: impl sqlx::PgExecutor<'_>,
     url: &str,
     types: &[EventType],
     description: &str,
@@ -287,7 +287,7 @@ pub async fn insert_endpoint(
         description,
         secret,
     )
-    .fetch_one(pool)
+    .fetch_one(conn)
     .await
 }
 

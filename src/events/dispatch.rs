@@ -17,6 +17,7 @@ use tokio::sync::Semaphore;
 
 use super::db::{self, Attempt, Claimed};
 use super::mail::{MailError, Mailer};
+use super::target::{self, Lookup, Refused, Resolver};
 use crate::config::Settings;
 use crate::metrics::Metrics;
 
@@ -28,6 +29,9 @@ const SENDS_AT_ONCE: usize = 64;
 const MAX_BACKOFF: Duration = Duration::from_secs(3_600);
 /// How much of a receiver's answer is kept.
 const RESPONSE_EXCERPT: usize = 300;
+/// Kept instead of the answer of a receiver on a private address.
+pub const PRIVATE_ANSWER: &str =
+    "(not kept: the receiver is on a private address, whose answers are not shown)";
 
 /// What a dispatcher needs; cheap to clone into each send.
 #[derive(Clone)]
@@ -46,20 +50,22 @@ impl Dispatcher {
         metrics: Arc<Metrics>,
         mailer: Option<Arc<Mailer>>,
     ) -> anyhow::Result<Self> {
-        crate::install_tls_provider();
-        let http = reqwest::Client::builder()
-            .timeout(settings.webhook_timeout)
-            // A redirect could lead past the address check; receivers answer, not forward.
-            .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!("Stockade-Webhooks/", env!("CARGO_PKG_VERSION")))
-            .build()?;
+        let resolver = Resolver::system(settings.webhook_allow_private);
         Ok(Self {
             db,
-            http,
+            http: resolver.client(settings.webhook_timeout)?,
             mailer,
             settings,
             metrics,
         })
+    }
+
+    /// This dispatcher with webhook hosts looked up by `lookup` (and checked as ever); a
+    /// test plays a name server with it.
+    pub fn looking_up_with(mut self, lookup: Lookup) -> anyhow::Result<Self> {
+        let resolver = Resolver::with_lookup(lookup, self.settings.webhook_allow_private);
+        self.http = resolver.client(self.settings.webhook_timeout)?;
+        Ok(self)
     }
 
     /// Runs rounds for the life of the process.
@@ -179,14 +185,19 @@ impl Dispatcher {
         let (Some(url), Some(secret)) = (&claimed.url, &claimed.secret) else {
             return failed("the endpoint is gone".into(), false);
         };
-        // Checked again now: the name may resolve elsewhere than when it was added.
-        let url = match super::target::check(url, self.settings.webhook_allow_private).await {
-            Ok(url) => url,
-            Err(e @ super::target::Refused::Unresolved { .. }) => {
-                return failed(e.to_string(), true);
-            }
-            Err(e) => return failed(e.to_string(), false),
+        // A host written as an address is connected to as written; a name is looked up and
+        // checked by the client's resolver as it connects (no lookup in between).
+        let refused = |e: Refused| {
+            let retry = matches!(e, Refused::Unresolved { .. });
+            failed(e.to_string(), retry)
         };
+        let url = match target::parse(url) {
+            Ok(url) => url,
+            Err(e) => return refused(e),
+        };
+        if let Err(e) = target::check_literal(&url, self.settings.webhook_allow_private) {
+            return refused(e);
+        }
         let body = super::body(
             claimed.event_id,
             &claimed.event_type,
@@ -213,11 +224,24 @@ impl Dispatcher {
             .await;
         let response = match sent {
             Ok(r) => r,
-            Err(e) => return failed(without_url(e), true),
+            Err(e) => match target::refusal(&e) {
+                Some(e) => return refused(e.clone()),
+                None => return failed(without_url(e), true),
+            },
         };
         let status = response.status();
-        let text = response.text().await.unwrap_or_default();
-        let excerpt: String = text.chars().take(RESPONSE_EXCERPT).collect();
+        // What a receiver on the shop's own network says is not shown to the admin (only
+        // allowed by STOCKADE_WEBHOOK_ALLOW_PRIVATE): the deliveries list would read
+        // internal services' answers out.
+        let private = response
+            .remote_addr()
+            .is_none_or(|a| !target::is_public(a.ip()));
+        let excerpt = if private {
+            PRIVATE_ANSWER.to_string()
+        } else {
+            let text = response.text().await.unwrap_or_default();
+            text.chars().take(RESPONSE_EXCERPT).collect()
+        };
         tracing::debug!(
             delivery = claimed.id,
             status = status.as_u16(),

@@ -822,11 +822,13 @@ async fn admins_make_list_and_delete_endpoints_and_see_the_secret_once() {
     let csrf = app.login_admin().await;
     let receiver = Receiver::start().await;
     let url = receiver.url();
+    let key = crate::webhooks::form_key(&app).await;
     let res = app
         .admin_post(
             "/admin/webhooks",
             &[
                 ("csrf", &csrf),
+                ("key", &key),
                 ("url", &url),
                 ("event_types", "order.placed"),
                 ("event_types", "stock.sold_out"),
@@ -834,8 +836,10 @@ async fn admins_make_list_and_delete_endpoints_and_see_the_secret_once() {
             ],
         )
         .await;
-    assert_eq!(res.status().as_u16(), 201);
-    let html = res.text().await.unwrap();
+    assert_eq!(res.status().as_u16(), 303);
+    let (_, html) = app
+        .get_text(res.headers()["location"].to_str().unwrap())
+        .await;
     let marker = r#"<code id="new-secret">"#;
     let start = html.find(marker).expect("secret shown") + marker.len();
     let secret = &html[start..start + html[start..].find('<').unwrap()];
@@ -849,6 +853,7 @@ async fn admins_make_list_and_delete_endpoints_and_see_the_secret_once() {
             "/admin/webhooks",
             &[
                 ("csrf", &csrf),
+                ("key", &crate::webhooks::form_key(&app).await),
                 ("url", "gopher://x"),
                 ("event_types", "order.placed"),
             ],

@@ -22,3 +22,4 @@ mod plans;
 mod process;
 mod security;
 mod shop;
+mod webhooks;

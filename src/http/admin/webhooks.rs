@@ -1,15 +1,20 @@
-//! The admin's webhooks: endpoints (made with a URL and event types; the signing secret
-//! shown once, in the answer to the form), deliveries with their last answer and a
+//! The admin's webhooks: endpoints (made with a URL and event types, once per form, as the
+//! stock forms are; the signing secret shown once, on the page the form redirects to),
+//! deliveries with their last answer and a
 //! "resend" button, and the latest receipts written to the mail folder. Their JSON twins,
 //! under `/api/v1/admin/webhooks`, are in [`super::api`]. Listed in [`super::routes`], so every
 //! route here is behind the admin guard; every form carries the session's CSRF token.
+
+use std::time::Duration;
 
 use actix_web::http::{StatusCode, header};
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
 use serde::Deserialize;
+use sqlx::PgConnection;
 use uuid::Uuid;
 
+use super::once::{FormOutcome, apply_form, done_notice, form_key, new_form_key};
 use super::page_chrome;
 use crate::admin::Admin;
 use crate::error::AppError;
@@ -18,9 +23,13 @@ use crate::events::mail::{self, Written};
 use crate::events::{EventType, sign, target};
 use crate::http::csrf::TokenForm;
 use crate::http::{AppState, Chrome, csrf, html, see_other};
+use crate::idempotency::StoredResponse;
 
 /// Deliveries listed per page.
 pub(super) const DELIVERIES_SHOWN: i64 = 100;
+
+/// How long a new endpoint's secret waits in Redis for the page that shows it.
+const SECRET_SHOWN_WITHIN: Duration = Duration::from_secs(600);
 
 #[derive(Template)]
 #[template(path = "admin/webhooks.html")]
@@ -35,6 +44,8 @@ struct WebhooksPage {
     notice: Option<(String, bool)>,
     /// The secret just made, shown this once.
     new_secret: Option<String>,
+    /// The idempotency key of the new-endpoint form.
+    form_key: String,
 }
 
 async fn page(
@@ -71,30 +82,74 @@ async fn page(
         mail,
         notice,
         new_secret,
+        form_key: new_form_key(),
     })
 }
 
 #[derive(Deserialize)]
 pub struct WebhooksQuery {
     deleted: Option<String>,
+    /// The key of the new-endpoint form that redirected here.
+    done: Option<String>,
 }
 
+/// Where a new endpoint's secret waits for its page: this admin's, this form's.
+fn secret_slot(state: &AppState, admin: &Admin, key: &str) -> String {
+    state
+        .redis
+        .key(&format!("webhook-secret:{}:{key}", admin.id))
+}
+
+/// The endpoints; after the new-endpoint form, `?done=<key>` says what it made and, the
+/// first time only, shows the secret (read and deleted at once, so a reload, the
+/// browser's history or a second tab never show it again).
 pub async fn get_webhooks(
     req: HttpRequest,
     admin: Admin,
     state: web::Data<AppState>,
     query: web::Query<WebhooksQuery>,
 ) -> Result<HttpResponse, AppError> {
-    let notice = query.deleted.as_ref().map(|_| {
-        (
-            "The endpoint is deleted; it gets no more events.".to_string(),
-            false,
-        )
-    });
-    html(
+    let made = done_notice(&state, &admin, "/admin/webhooks", query.done.as_deref()).await?;
+    let mut secret = None;
+    let notice = if let (Some(made), Some(key)) = (made, query.done.as_deref()) {
+        let slot = secret_slot(&state, &admin, key);
+        let taken: redis::RedisResult<(Option<String>, i64)> = redis::pipe()
+            .atomic()
+            .get(&slot)
+            .del(&slot)
+            .query_async(&mut state.redis.conn())
+            .await;
+        secret = taken.ok().and_then(|(secret, _)| secret);
+        if secret.is_none() {
+            Some((
+                format!(
+                    "{made} Its signing secret was shown once, on the first visit to this page;                      if it is lost, delete the endpoint and make a new one."
+                ),
+                false,
+            ))
+        } else {
+            Some((made, false))
+        }
+    } else {
+        query.deleted.as_ref().map(|_| {
+            (
+                "The endpoint is deleted; it gets no more events.".to_string(),
+                false,
+            )
+        })
+    };
+    let shown = secret.is_some();
+    let mut res = html(
         StatusCode::OK,
-        &page(&req, &admin, &state, notice, None).await?,
-    )
+        &page(&req, &admin, &state, notice, secret).await?,
+    )?;
+    if shown {
+        res.headers_mut().insert(
+            header::CACHE_CONTROL,
+            header::HeaderValue::from_static("no-store"),
+        );
+    }
+    Ok(res)
 }
 
 /// What a new endpoint needs, from the form or the API.
@@ -146,8 +201,10 @@ pub(super) async fn check_new(
     })
 }
 
-/// Makes an endpoint and shows its secret, this once (answered directly, not redirected,
-/// so the secret is never in a URL).
+/// Makes an endpoint, once per form: post/redirect/get, as the stock forms do, so a
+/// reload or a second press replays the redirect instead of making another endpoint with
+/// another secret. The secret waits in Redis, under this admin and form, for the page the
+/// form redirects to (never in a URL); without Redis nothing is made.
 pub async fn post_webhooks(
     req: HttpRequest,
     admin: Admin,
@@ -161,6 +218,7 @@ pub async fn post_webhooks(
             .unwrap_or_default()
     };
     csrf::check_admin(&admin, field("csrf"))?;
+    let key = form_key(field("key"))?;
     let types: Vec<String> = form
         .iter()
         .filter(|(k, _)| k == "event_types")
@@ -173,18 +231,51 @@ pub async fn post_webhooks(
             return html(StatusCode::UNPROCESSABLE_ENTITY, &page);
         }
     };
-    let secret = sign::new_secret();
-    let endpoint =
-        db::insert_endpoint(&state.db, &new.url, &new.types, &new.description, &secret).await?;
-    tracing::info!(admin = %admin.username, endpoint = %endpoint.id, "webhook endpoint created");
-    let notice = format!("Endpoint {} is ready.", endpoint.url);
-    let page = page(&req, &admin, &state, Some((notice, false)), Some(secret)).await?;
-    let mut res = html(StatusCode::CREATED, &page)?;
-    res.headers_mut().insert(
-        header::CACHE_CONTROL,
-        header::HeaderValue::from_static("no-store"),
+    let fingerprint = (
+        "webhook",
+        new.url.clone(),
+        types.clone(),
+        new.description.clone(),
     );
-    Ok(res)
+    let shared = state.clone().into_inner();
+    let slot = secret_slot(&state, &admin, key.as_str());
+    let actor = admin.username.clone();
+    apply_form(
+        &state,
+        &admin,
+        &key,
+        &fingerprint,
+        async move |conn: &mut PgConnection| -> Result<StoredResponse, AppError> {
+            let secret = sign::new_secret();
+            let endpoint =
+                db::insert_endpoint(&mut *conn, &new.url, &new.types, &new.description, &secret)
+                    .await?;
+            // Kept before the endpoint commits: if this fails, nothing is made. If the
+            // commit fails instead, the secret expires unshown (no page finds the key).
+            let kept: redis::RedisResult<()> = redis::cmd("SET")
+                .arg(&slot)
+                .arg(&secret)
+                .arg("EX")
+                .arg(SECRET_SHOWN_WITHIN.as_secs())
+                .query_async(&mut shared.redis.conn())
+                .await;
+            if let Err(e) = kept {
+                tracing::warn!(error = %e, "keeping a new webhook secret in Redis failed");
+                return Err(AppError::Unavailable {
+                    message: "The endpoint was not made: its signing secret could not be kept                               to show it to you. Please try again in a moment."
+                        .into(),
+                    retry_after: 1,
+                });
+            }
+            tracing::info!(admin = %actor, endpoint = %endpoint.id, "webhook endpoint created");
+            let outcome = FormOutcome {
+                page: "/admin/webhooks".into(),
+                notice: format!("Endpoint {} is ready.", endpoint.url),
+            };
+            Ok(outcome.stored())
+        },
+    )
+    .await?
 }
 
 pub(super) fn endpoint_id(raw: &str) -> Result<Uuid, AppError> {
