@@ -8,14 +8,21 @@
 //! request; the invariant checker. Then `pgbench` runs the minimal SQL of the same work on
 //! the same server ([`pgbench`]), and every app rate is shown as a share of pgbench's.
 //!
-//! Workloads: `hot-sku` (every order for one SKU), `uniform` (orders spread over many
-//! SKUs), `sold-out` (every answer is 409), `product-page` (GET /products/{sku}) and
+//! Workloads (`workload.rs`): `hot-sku` (every order for one SKU), `hold-hot` (every hold
+//! for it: the checkout button), `confirm` (confirmations of holds placed beforehand:
+//! "Place order"), `uniform` (orders spread over many SKUs), `sold-out` (every answer is 409), `product-page` (GET /products/{sku}) and
 //! `refused` (orders refused before any database or Redis work: the app's own ceiling for
 //! an order request, the limit no strategy can pass on this machine).
 
+mod args;
+mod db;
 pub mod load;
 pub mod pgbench;
 pub mod report;
+mod workload;
+
+pub use args::{BenchArgs, Plan};
+pub use workload::*;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -23,11 +30,14 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use clap::{Args, ValueEnum};
 use sqlx::PgPool;
 
 use self::load::{Connections, Live, Load, Measured, Schedule, Work};
-use self::report::{BenchReport, Derived, PostgresInfo, Row};
+use self::db::{
+    commit_count, drop_database, per_request, postgres_info, statement_count, wait_for_no_sessions,
+    wal_position, wal_since,
+};
+use self::report::{BenchReport, Row, derived_lines};
 use crate::loadtest::check::{self, RedisTarget};
 use crate::loadtest::servers::ServerProcess;
 use crate::local::{LocalOptions, LocalServices};
@@ -35,227 +45,6 @@ use crate::local::{LocalOptions, LocalServices};
 /// Connections of the open loop (over all servers): at the rates it runs, each is due
 /// again some 150–250 ms after its last request, longer than most answers take.
 const OPEN_LOOP_CONNECTIONS: usize = 512;
-
-/// What the requests do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Workload {
-    /// Orders of one unit of one SKU whose stock never runs out.
-    HotSku,
-    /// Holds of one unit of that SKU (what the storefront's "Checkout" button places),
-    /// through `POST /api/v1/holds`.
-    HoldHot,
-    /// Confirmations of holds of that SKU placed beforehand ("Place order"), each once,
-    /// through `POST /api/v1/holds/{id}/confirm`.
-    Confirm,
-    /// Orders of one unit of a SKU picked uniformly from `--skus`.
-    Uniform,
-    /// Orders for a SKU with no stock: every answer is 409.
-    SoldOut,
-    /// GET /products/{sku}, the HTML page.
-    ProductPage,
-    /// Orders of quantity 0, refused (422) before any database or Redis work: HTTP, the API
-    /// key, JSON and validation alone.
-    Refused,
-}
-
-impl Workload {
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::HotSku => "hot-sku",
-            Self::HoldHot => "hold-hot",
-            Self::Confirm => "confirm",
-            Self::Uniform => "uniform",
-            Self::SoldOut => "sold-out",
-            Self::ProductPage => "product-page",
-            Self::Refused => "refused",
-        }
-    }
-
-    /// Whether requests place orders (and so depend on the strategy and get checked).
-    pub fn orders(self) -> bool {
-        matches!(
-            self,
-            Self::HotSku | Self::HoldHot | Self::Confirm | Self::Uniform | Self::SoldOut
-        )
-    }
-
-    /// The status every answer should have.
-    pub fn expected_status(self) -> u16 {
-        match self {
-            Self::HotSku | Self::HoldHot | Self::Confirm | Self::Uniform => 201,
-            Self::SoldOut => 409,
-            Self::ProductPage => 200,
-            Self::Refused => 422,
-        }
-    }
-}
-
-/// Holds the `confirm` workload's database starts with: more than a run confirms.
-pub const CONFIRM_HOLDS: i64 = 300_000;
-
-/// The id of the `n`th hold seeded for `confirm` (1-based), as the seed's SQL makes it.
-pub fn bench_hold(n: i64) -> uuid::Uuid {
-    uuid::Uuid::from_u128(n as u128)
-}
-
-/// Where orders are posted.
-const ORDERS: &str = "/api/v1/orders";
-
-/// The hot SKU (also the product page's and the holds').
-pub const HOT_SKU: &str = "BENCH-HOT";
-/// The SKU with no stock.
-pub const SOLD_OUT_SKU: &str = "BENCH-SOLD";
-/// Units of the hot SKU: more than any run can sell.
-pub const HOT_STOCK: i32 = 10_000_000;
-/// Units of each uniform SKU.
-pub const UNIFORM_STOCK: i32 = 1_000_000;
-/// The uniform SKUs' names in SQL, from pgbench's `:n` (see [`uniform_sku`]).
-pub const UNIFORM_SKU_SQL: &str = "('BENCH-' || lpad(:n::text, 5, '0'))";
-
-/// The `n`th uniform SKU (1-based).
-pub fn uniform_sku(n: usize) -> String {
-    format!("BENCH-{n:05}")
-}
-
-/// `stockade bench` options.
-#[derive(Debug, Clone, Args)]
-pub struct BenchArgs {
-    /// Workloads to run, in order.
-    #[arg(
-        long,
-        value_enum,
-        value_delimiter = ',',
-        default_value = "hot-sku,uniform,sold-out,product-page,refused"
-    )]
-    pub workloads: Vec<Workload>,
-    /// Order strategies to compare (the product page runs once, under the first).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "redis-lock,pg-atomic,batched",
-        value_parser = clap::builder::PossibleValuesParser::new(["redis-lock", "pg-atomic", "batched"])
-    )]
-    pub strategies: Vec<String>,
-    /// Concurrent request loops (closed loop) [default: 64; --quick: 16].
-    #[arg(long)]
-    pub connections: Option<usize>,
-    /// Seconds of measured load per workload and strategy [default: 15; --quick: 3].
-    #[arg(long)]
-    pub duration: Option<u64>,
-    /// Seconds of unmeasured load before each measurement [default: 2; --quick: 0.5].
-    #[arg(long)]
-    pub warmup: Option<f64>,
-    /// SKUs of the uniform workload [default: 10000; --quick: 1000].
-    #[arg(long)]
-    pub skus: Option<usize>,
-    /// CI-sized: a few seconds per workload, fewer connections and SKUs.
-    #[arg(long)]
-    pub quick: bool,
-    /// Open-loop rate (requests/s) of the extra hot-sku `batched` line [default: 80 % of
-    /// the closed-loop rate measured for it].
-    #[arg(long)]
-    pub rate: Option<f64>,
-    /// `stockade serve` processes per strategy (connections are spread over them).
-    #[arg(long, default_value_t = 1)]
-    pub servers: usize,
-    /// pgbench clients (`-c`).
-    #[arg(long, default_value_t = 16)]
-    pub pgbench_clients: usize,
-    /// Folder for bench.json, bench.html and the pgbench scripts.
-    #[arg(long, default_value = "bench-report")]
-    pub out: PathBuf,
-    /// No progress bars.
-    #[arg(long)]
-    pub quiet: bool,
-    /// PostgreSQL to use instead of starting one (databases are created beside it).
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: Option<String>,
-    /// Redis to use instead of starting one.
-    #[arg(long, env = "REDIS_URL", hide_env_values = true)]
-    pub redis_url: Option<String>,
-    /// Serve with this `stockade` executable instead of this one (to measure another
-    /// build, e.g. the previous release, on the same footing).
-    #[arg(long)]
-    pub server_exe: Option<PathBuf>,
-    /// A setting for the served app, `NAME=value` (repeatable), e.g.
-    /// `--set STOCKADE_BATCH_WAIT_US=500`.
-    #[arg(long = "set", value_parser = setting)]
-    pub settings: Vec<(String, String)>,
-}
-
-fn setting(raw: &str) -> Result<(String, String), String> {
-    match raw.split_once('=') {
-        Some((name, value)) if name.starts_with("STOCKADE_") => {
-            Ok((name.to_string(), value.to_string()))
-        }
-        _ => Err("expected STOCKADE_NAME=value".into()),
-    }
-}
-
-/// The options with `--quick` and the defaults applied.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Plan {
-    pub workloads: Vec<Workload>,
-    pub strategies: Vec<String>,
-    pub connections: usize,
-    pub duration_s: u64,
-    pub warmup_s: f64,
-    pub skus: usize,
-    pub open_loop_rate: Option<f64>,
-    pub servers: usize,
-    pub pgbench_clients: usize,
-    pub quick: bool,
-    /// The executable serving the app.
-    pub server_exe: PathBuf,
-    /// Extra settings for the served app.
-    pub settings: Vec<(String, String)>,
-    #[serde(skip)]
-    pub quiet: bool,
-}
-
-impl BenchArgs {
-    fn plan(&self) -> anyhow::Result<Plan> {
-        let quick = self.quick;
-        let plan = Plan {
-            workloads: self.workloads.clone(),
-            strategies: self.strategies.clone(),
-            connections: self.connections.unwrap_or(if quick { 16 } else { 64 }),
-            duration_s: self.duration.unwrap_or(if quick { 3 } else { 15 }),
-            warmup_s: self.warmup.unwrap_or(if quick { 0.5 } else { 2.0 }),
-            skus: self.skus.unwrap_or(if quick { 1_000 } else { 10_000 }),
-            open_loop_rate: self.rate,
-            servers: self.servers.max(1),
-            pgbench_clients: self.pgbench_clients.max(1),
-            quick,
-            server_exe: match &self.server_exe {
-                Some(exe) => exe.clone(),
-                None => std::env::current_exe().context("cannot find the stockade executable")?,
-            },
-            settings: self.settings.clone(),
-            quiet: self.quiet,
-        };
-        if plan.workloads.is_empty() || plan.strategies.is_empty() {
-            bail!("--workloads and --strategies must name at least one each");
-        }
-        if plan.connections == 0 || plan.duration_s == 0 {
-            bail!("--connections and --duration must be positive");
-        }
-        if !(1..=99_999).contains(&plan.skus) {
-            bail!("--skus must be between 1 and 99999");
-        }
-        if !(plan.warmup_s >= 0.0 && plan.warmup_s.is_finite()) {
-            bail!("--warmup must be a number of seconds");
-        }
-        if plan
-            .open_loop_rate
-            .is_some_and(|r| !(r > 0.0 && r.is_finite()))
-        {
-            bail!("--rate must be a positive number of requests per second");
-        }
-        Ok(plan)
-    }
-}
 
 /// Runs `stockade bench`; returns whether every invariant held.
 pub async fn bench(args: BenchArgs) -> anyhow::Result<bool> {
@@ -711,6 +500,37 @@ impl Bench<'_> {
     }
 }
 
+async fn stop_all(servers: Vec<ServerProcess>) {
+    let _ = tokio::task::spawn_blocking(move || {
+        for mut server in servers {
+            server.stop();
+        }
+    })
+    .await;
+}
+
+/// A load's warm-up and its measured phase, with the bytes of WAL written during the latter.
+struct Phases {
+    warm: Measured,
+    measured: Measured,
+    wal: Option<i64>,
+}
+
+impl Phases {
+    /// Requests sent in both phases.
+    fn requests(&self) -> u64 {
+        self.warm.requests() + self.measured.requests()
+    }
+
+    /// The measured phase's row (`rate`: the open loop's schedule, `None` for closed).
+    fn row(&self, workload: Workload, strategy: &str, rate: Option<f64>) -> Row {
+        let kind = if rate.is_some() { "open" } else { "closed" };
+        let mut row = Row::of(workload, strategy, kind, rate, &self.measured);
+        row.wal_per_request = per_request(self.wal, self.measured.requests());
+        row
+    }
+}
+
 /// A progress bar over a phase's duration, showing answers and their rate.
 struct Progress {
     bar: Option<indicatif::ProgressBar>,
@@ -763,435 +583,5 @@ impl Progress {
         if let Some(bar) = self.bar {
             bar.finish_and_clear();
         }
-    }
-}
-
-async fn stop_all(servers: Vec<ServerProcess>) {
-    let _ = tokio::task::spawn_blocking(move || {
-        for mut server in servers {
-            server.stop();
-        }
-    })
-    .await;
-}
-
-/// Products and stock for `workload`, each with its `initial` ledger row (as
-/// `inventory::db::create_stock` writes it), set-based so 10,000 SKUs take one commit.
-async fn seed(db: &PgPool, workload: Workload, skus: usize) -> anyhow::Result<()> {
-    let (names, units): (Vec<String>, i32) = match workload {
-        Workload::HotSku
-        | Workload::HoldHot
-        | Workload::Confirm
-        | Workload::ProductPage
-        | Workload::Refused => (vec![HOT_SKU.into()], HOT_STOCK),
-        Workload::Uniform => ((1..=skus).map(uniform_sku).collect(), UNIFORM_STOCK),
-        Workload::SoldOut => (vec![SOLD_OUT_SKU.into()], 0),
-    };
-    let mut tx = db.begin().await?;
-    sqlx::query!(
-        r#"insert into products (sku, name, price_cents)
-           select sku, 'Bench item ' || sku, $2 from unnest($1::text[]) sku"#,
-        &names,
-        pgbench::PRICE_CENTS,
-    )
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query!(
-        "insert into stock (sku, on_hand) select sku, $2 from unnest($1::text[]) sku",
-        &names,
-        units,
-    )
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query!(
-        r#"insert into stock_movements (sku, delta, reason, actor)
-           select sku, $2, 'initial', 'bench' from unnest($1::text[]) sku"#,
-        &names,
-        units,
-    )
-    .execute(&mut *tx)
-    .await?;
-    if workload == Workload::Confirm {
-        seed_holds(&mut tx).await?;
-    }
-    tx.commit().await?;
-    Ok(())
-}
-
-/// [`CONFIRM_HOLDS`] active holds of one unit of the hot SKU ([`bench_hold`] names them),
-/// with their lines, their stock reserved and a ledger row each, as placing them writes.
-async fn seed_holds(tx: &mut sqlx::PgConnection) -> anyhow::Result<()> {
-    let (n, sku, price) = (CONFIRM_HOLDS, HOT_SKU, pgbench::PRICE_CENTS);
-    sqlx::query!(
-        r#"insert into holds (id, state, expires_at, idempotency_scope, idempotency_key)
-           select lpad(to_hex(n), 32, '0')::uuid, 'active', now() + interval '1 day',
-                  'api-hold', 'bench-hold-' || n
-             from generate_series(1, $1::bigint) as n"#,
-        n,
-    )
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query!(
-        r#"insert into hold_lines (hold_id, sku, quantity, unit_price_cents)
-           select lpad(to_hex(n), 32, '0')::uuid, $2, 1, $3
-             from generate_series(1, $1::bigint) as n"#,
-        n,
-        sku,
-        price,
-    )
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query!(
-        r#"insert into stock_movements (sku, delta, reserved_delta, reason, reference, actor)
-           select $2, 0, 1, 'hold', lpad(to_hex(n), 32, '0')::uuid::text, 'api-hold'
-             from generate_series(1, $1::bigint) as n"#,
-        n,
-        sku,
-    )
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query!(
-        "update stock set reserved = reserved + $1::bigint::int where sku = $2",
-        n,
-        sku,
-    )
-    .execute(&mut *tx)
-    .await?;
-    // pgbench's script confirms the holds in turn.
-    sqlx::query!("create sequence pgbench_confirm")
-        .execute(&mut *tx)
-        .await?;
-    Ok(())
-}
-
-/// Transactions committed in database `name` so far.
-async fn commit_count(admin: &PgPool, name: &str) -> anyhow::Result<i64> {
-    Ok(sqlx::query_scalar!(
-        r#"select coalesce(xact_commit, 0)::bigint as "commits!"
-             from pg_stat_database where datname = $1"#,
-        name,
-    )
-    .fetch_optional(admin)
-    .await?
-    .unwrap_or(0))
-}
-
-/// A load's warm-up and its measured phase, with the bytes of WAL written during the latter.
-struct Phases {
-    warm: Measured,
-    measured: Measured,
-    wal: Option<i64>,
-}
-
-impl Phases {
-    /// Requests sent in both phases.
-    fn requests(&self) -> u64 {
-        self.warm.requests() + self.measured.requests()
-    }
-
-    /// The measured phase's row (`rate`: the open loop's schedule, `None` for closed).
-    fn row(&self, workload: Workload, strategy: &str, rate: Option<f64>) -> Row {
-        let kind = if rate.is_some() { "open" } else { "closed" };
-        let mut row = Row::of(workload, strategy, kind, rate, &self.measured);
-        row.wal_per_request = per_request(self.wal, self.measured.requests());
-        row
-    }
-}
-
-/// The cluster's WAL insert position in bytes (`None` if it cannot be read). WAL is the
-/// cluster's, not one database's: on the bench's own cluster only the phase being measured
-/// writes; on a shared server, whatever else runs there counts too.
-async fn wal_position(admin: &PgPool) -> Option<i64> {
-    sqlx::query_scalar!(
-        r#"select (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint as "bytes!""#
-    )
-    .fetch_one(admin)
-    .await
-    .ok()
-}
-
-/// Bytes of WAL written since `before`.
-async fn wal_since(admin: &PgPool, before: Option<i64>) -> Option<i64> {
-    Some(wal_position(admin).await? - before?)
-}
-
-/// `total` over `requests`, when there were any.
-fn per_request(total: Option<i64>, requests: u64) -> Option<f64> {
-    total
-        .filter(|_| requests > 0)
-        .map(|t| t as f64 / requests as f64)
-}
-
-/// Statements executed in database `name` so far, when `pg_stat_statements` is there.
-async fn statement_count(admin: &PgPool, name: &str) -> Option<i64> {
-    // Runtime, not `query_scalar!`: the view exists only where the extension is installed,
-    // which the database the macros are checked against need not have.
-    sqlx::query_scalar(
-        r#"select coalesce(sum(s.calls), 0)::bigint
-             from pg_stat_statements s join pg_database d on d.oid = s.dbid
-            where d.datname = $1"#,
-    )
-    .bind(name)
-    .fetch_one(admin)
-    .await
-    .ok()
-}
-
-/// Waits (up to 10 s) until no session is connected to database `name`.
-async fn wait_for_no_sessions(admin: &PgPool, name: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        let sessions = sqlx::query_scalar!(
-            r#"select count(*) as "sessions!" from pg_stat_activity where datname = $1"#,
-            name,
-        )
-        .fetch_one(admin)
-        .await;
-        if sessions.is_ok_and(|n| n == 0) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// Drops a bench database; a failure only leaves it behind.
-async fn drop_database(admin: &PgPool, name: &str) {
-    // Identifiers cannot be bound; `name` is generated above.
-    let sql = format!(r#"drop database if exists "{name}" with (force)"#);
-    if let Err(e) = sqlx::query(sqlx::AssertSqlSafe(sql)).execute(admin).await {
-        eprintln!("could not drop database {name}: {e}");
-    }
-}
-
-async fn postgres_info(admin: &PgPool) -> anyhow::Result<PostgresInfo> {
-    let show = |setting: &'static str| async move {
-        sqlx::query_scalar!(r#"select current_setting($1) as "setting!""#, setting)
-            .fetch_one(admin)
-            .await
-    };
-    Ok(PostgresInfo {
-        version: show("server_version").await?,
-        fsync: show("fsync").await?,
-        synchronous_commit: show("synchronous_commit").await?,
-    })
-}
-
-/// The comparisons the table does not show at a glance.
-fn derived_lines(rows: &[Row], pgbench: &[pgbench::PgbenchResult]) -> Vec<Derived> {
-    let rate = |workload: Workload, strategy: &str| {
-        rows.iter()
-            .find(|r| r.workload == workload && r.strategy == strategy && r.mode == "closed")
-            .map(|r| r.rate)
-    };
-    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
-        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
-        _ => None,
-    };
-    // The refused workload runs once, under the first strategy: its rate is the ceiling of
-    // every strategy's order requests.
-    let ceiling = rows
-        .iter()
-        .find(|r| r.workload == Workload::Refused && r.mode == "closed")
-        .map(|r| r.rate);
-    let mut lines = Vec::new();
-    if let Some(value) = ratio(
-        rate(Workload::HotSku, "batched"),
-        rate(Workload::HotSku, "redis-lock"),
-    ) {
-        lines.push(Derived::ratio(
-            "hot SKU: batched ÷ redis-lock",
-            value,
-            "orders/s with group commit over orders/s with a lease per order",
-        ));
-    }
-    let mut strategies: Vec<&str> = Vec::new();
-    for row in rows {
-        if !strategies.contains(&row.strategy.as_str()) {
-            strategies.push(&row.strategy);
-        }
-    }
-    for strategy in strategies {
-        if let Some(value) = ratio(
-            rate(Workload::HoldHot, strategy),
-            rate(Workload::HotSku, strategy),
-        ) {
-            lines.push(Derived::ratio(
-                &format!("hold-hot ÷ hot SKU ({strategy})"),
-                value,
-                "holds/s (the checkout button) over orders/s of the same SKU",
-            ));
-        }
-        if let Some(value) = ratio(
-            rate(Workload::Confirm, strategy),
-            rate(Workload::HotSku, strategy),
-        ) {
-            lines.push(Derived::ratio(
-                &format!("confirm ÷ hot SKU ({strategy})"),
-                value,
-                "confirmations/s (\"Place order\") over orders/s of the same SKU",
-            ));
-        }
-        if let Some(value) = ratio(
-            rate(Workload::SoldOut, strategy),
-            rate(Workload::HotSku, strategy),
-        ) {
-            lines.push(Derived::ratio(
-                &format!("sold-out ÷ hot SKU ({strategy})"),
-                value,
-                "409 answers/s over orders/s: what refusing costs next to selling",
-            ));
-        }
-        if let Some(value) = ratio(rate(Workload::SoldOut, strategy), ceiling) {
-            lines.push(Derived::ratio(
-                &format!("sold-out ÷ refused ({strategy})"),
-                value,
-                "409 answers/s over requests refused before any database or Redis work \
-                 (the app's ceiling for an order request on this machine)",
-            ));
-        }
-        if let Some(value) = ratio(ceiling, rate(Workload::HotSku, strategy)) {
-            lines.push(Derived::ratio(
-                &format!("refused ÷ hot SKU ({strategy})"),
-                value,
-                "the most any sold-out ÷ hot SKU ratio can reach here: a sold-out answer \
-                 cannot be cheaper than a request refused with no work at all",
-            ));
-        }
-    }
-    if let Some(row) = rows
-        .iter()
-        .find(|r| r.workload == Workload::ProductPage && r.ratio_to_pgbench.is_some())
-    {
-        lines.push(Derived::ratio(
-            "product page ÷ pgbench select",
-            row.ratio_to_pgbench.unwrap_or_default(),
-            "HTML pages/s over the page's query alone",
-        ));
-    }
-    for row in rows.iter().filter(|r| r.mode == "open") {
-        lines.push(Derived {
-            name: format!(
-                "open loop: hot SKU, {} at {:.0}/s",
-                row.strategy,
-                row.offered_rate.unwrap_or_default()
-            ),
-            value: row.p99_ms,
-            shown: format!("p99 {:.1} ms", row.p99_ms),
-            detail: "latency from each request's scheduled start, at 80 % of the closed-loop \
-                     rate unless --rate says otherwise"
-                .into(),
-        });
-        let own = pgbench
-            .iter()
-            .find(|p| p.script == "order-hot-sku" && p.offered_rate.is_some());
-        if let Some((pg, pg_p99)) = own.and_then(|p| Some((p, p.p99_ms?)))
-            && pg_p99 > 0.0
-        {
-            lines.push(Derived {
-                name: format!("open loop p99: hot SKU, {} ÷ pgbench", row.strategy),
-                value: row.p99_ms / pg_p99,
-                shown: format!("{:.2}×", row.p99_ms / pg_p99),
-                detail: format!(
-                    "each at the same share of its own closed-loop peak: the app {:.1} ms at \
-                     {:.0}/s, pgbench {pg_p99:.1} ms at {:.0}/s on the same server and disk",
-                    row.p99_ms,
-                    row.offered_rate.unwrap_or_default(),
-                    pg.offered_rate.unwrap_or_default()
-                ),
-            });
-        }
-    }
-    lines
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: BenchArgs,
-    }
-
-    #[test]
-    fn quick_shortens_what_was_not_given_and_keeps_what_was() {
-        let plan = Cli::parse_from(["bench", "--quick", "--connections", "8"])
-            .args
-            .plan()
-            .unwrap();
-        assert_eq!(
-            (plan.duration_s, plan.connections, plan.skus),
-            (3, 8, 1_000)
-        );
-        let plan = Cli::parse_from(["bench"]).args.plan().unwrap();
-        assert_eq!(
-            (plan.duration_s, plan.connections, plan.skus),
-            (15, 64, 10_000)
-        );
-        assert_eq!(plan.workloads.len(), 5);
-        assert_eq!(plan.strategies, ["redis-lock", "pg-atomic", "batched"]);
-    }
-
-    #[test]
-    fn each_strategy_gets_its_sold_out_lines_against_orders_and_the_ceiling() {
-        let measured = |status: u16| load::Measured {
-            seconds: 1.0,
-            statuses: [(status, 10)].into(),
-            latency: hdrhistogram::Histogram::new(3).unwrap(),
-        };
-        let mut rows = Vec::new();
-        for workload in [Workload::HotSku, Workload::SoldOut] {
-            for strategy in ["redis-lock", "batched"] {
-                let m = measured(workload.expected_status());
-                rows.push(Row::of(workload, strategy, "closed", None, &m));
-            }
-        }
-        let names: Vec<String> = derived_lines(&rows, &[])
-            .into_iter()
-            .map(|d| d.name)
-            .collect();
-        assert_eq!(
-            names,
-            [
-                "hot SKU: batched ÷ redis-lock",
-                "sold-out ÷ hot SKU (redis-lock)",
-                "sold-out ÷ hot SKU (batched)"
-            ]
-        );
-
-        // The refused workload runs under the first strategy and serves every strategy.
-        let refused = measured(Workload::Refused.expected_status());
-        rows.push(Row::of(
-            Workload::Refused,
-            "redis-lock",
-            "closed",
-            None,
-            &refused,
-        ));
-        let names: Vec<String> = derived_lines(&rows, &[])
-            .into_iter()
-            .map(|d| d.name)
-            .collect();
-        assert_eq!(
-            names,
-            [
-                "hot SKU: batched ÷ redis-lock",
-                "sold-out ÷ hot SKU (redis-lock)",
-                "sold-out ÷ refused (redis-lock)",
-                "refused ÷ hot SKU (redis-lock)",
-                "sold-out ÷ hot SKU (batched)",
-                "sold-out ÷ refused (batched)",
-                "refused ÷ hot SKU (batched)"
-            ]
-        );
-    }
-
-    #[test]
-    fn uniform_skus_in_rust_and_in_pgbench_sql_agree() {
-        assert_eq!(uniform_sku(7), "BENCH-00007");
-        assert!(UNIFORM_SKU_SQL.contains("lpad(:n::text, 5, '0')"));
-        assert!(crate::catalog::Sku::parse(&uniform_sku(99_999)).is_ok());
     }
 }

@@ -9,7 +9,7 @@ use askama::Template;
 use serde::Serialize;
 
 use super::load::Measured;
-use super::pgbench::PgbenchResult;
+use super::pgbench::{self, PgbenchResult};
 use super::{Plan, Workload};
 use crate::loadtest::check::Verdict;
 
@@ -285,4 +285,192 @@ pub fn html(report: &BenchReport) -> anyhow::Result<String> {
         failures,
     };
     Ok(page.render()?)
+}
+
+/// The comparisons the table does not show at a glance.
+pub(super) fn derived_lines(rows: &[Row], pgbench: &[pgbench::PgbenchResult]) -> Vec<Derived> {
+    let rate = |workload: Workload, strategy: &str| {
+        rows.iter()
+            .find(|r| r.workload == workload && r.strategy == strategy && r.mode == "closed")
+            .map(|r| r.rate)
+    };
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    };
+    // The refused workload runs once, under the first strategy: its rate is the ceiling of
+    // every strategy's order requests.
+    let ceiling = rows
+        .iter()
+        .find(|r| r.workload == Workload::Refused && r.mode == "closed")
+        .map(|r| r.rate);
+    let mut lines = Vec::new();
+    if let Some(value) = ratio(
+        rate(Workload::HotSku, "batched"),
+        rate(Workload::HotSku, "redis-lock"),
+    ) {
+        lines.push(Derived::ratio(
+            "hot SKU: batched ÷ redis-lock",
+            value,
+            "orders/s with group commit over orders/s with a lease per order",
+        ));
+    }
+    let mut strategies: Vec<&str> = Vec::new();
+    for row in rows {
+        if !strategies.contains(&row.strategy.as_str()) {
+            strategies.push(&row.strategy);
+        }
+    }
+    for strategy in strategies {
+        if let Some(value) = ratio(
+            rate(Workload::HoldHot, strategy),
+            rate(Workload::HotSku, strategy),
+        ) {
+            lines.push(Derived::ratio(
+                &format!("hold-hot ÷ hot SKU ({strategy})"),
+                value,
+                "holds/s (the checkout button) over orders/s of the same SKU",
+            ));
+        }
+        if let Some(value) = ratio(
+            rate(Workload::Confirm, strategy),
+            rate(Workload::HotSku, strategy),
+        ) {
+            lines.push(Derived::ratio(
+                &format!("confirm ÷ hot SKU ({strategy})"),
+                value,
+                "confirmations/s (\"Place order\") over orders/s of the same SKU",
+            ));
+        }
+        if let Some(value) = ratio(
+            rate(Workload::SoldOut, strategy),
+            rate(Workload::HotSku, strategy),
+        ) {
+            lines.push(Derived::ratio(
+                &format!("sold-out ÷ hot SKU ({strategy})"),
+                value,
+                "409 answers/s over orders/s: what refusing costs next to selling",
+            ));
+        }
+        if let Some(value) = ratio(rate(Workload::SoldOut, strategy), ceiling) {
+            lines.push(Derived::ratio(
+                &format!("sold-out ÷ refused ({strategy})"),
+                value,
+                "409 answers/s over requests refused before any database or Redis work \
+                 (the app's ceiling for an order request on this machine)",
+            ));
+        }
+        if let Some(value) = ratio(ceiling, rate(Workload::HotSku, strategy)) {
+            lines.push(Derived::ratio(
+                &format!("refused ÷ hot SKU ({strategy})"),
+                value,
+                "the most any sold-out ÷ hot SKU ratio can reach here: a sold-out answer \
+                 cannot be cheaper than a request refused with no work at all",
+            ));
+        }
+    }
+    if let Some(row) = rows
+        .iter()
+        .find(|r| r.workload == Workload::ProductPage && r.ratio_to_pgbench.is_some())
+    {
+        lines.push(Derived::ratio(
+            "product page ÷ pgbench select",
+            row.ratio_to_pgbench.unwrap_or_default(),
+            "HTML pages/s over the page's query alone",
+        ));
+    }
+    for row in rows.iter().filter(|r| r.mode == "open") {
+        lines.push(Derived {
+            name: format!(
+                "open loop: hot SKU, {} at {:.0}/s",
+                row.strategy,
+                row.offered_rate.unwrap_or_default()
+            ),
+            value: row.p99_ms,
+            shown: format!("p99 {:.1} ms", row.p99_ms),
+            detail: "latency from each request's scheduled start, at 80 % of the closed-loop \
+                     rate unless --rate says otherwise"
+                .into(),
+        });
+        let own = pgbench
+            .iter()
+            .find(|p| p.script == "order-hot-sku" && p.offered_rate.is_some());
+        if let Some((pg, pg_p99)) = own.and_then(|p| Some((p, p.p99_ms?)))
+            && pg_p99 > 0.0
+        {
+            lines.push(Derived {
+                name: format!("open loop p99: hot SKU, {} ÷ pgbench", row.strategy),
+                value: row.p99_ms / pg_p99,
+                shown: format!("{:.2}×", row.p99_ms / pg_p99),
+                detail: format!(
+                    "each at the same share of its own closed-loop peak: the app {:.1} ms at \
+                     {:.0}/s, pgbench {pg_p99:.1} ms at {:.0}/s on the same server and disk",
+                    row.p99_ms,
+                    row.offered_rate.unwrap_or_default(),
+                    pg.offered_rate.unwrap_or_default()
+                ),
+            });
+        }
+    }
+    lines
+}
+
+#[cfg(test)]
+mod derived_tests {
+    use super::*;
+    use crate::bench::{Workload, load};
+
+    #[test]
+    fn each_strategy_gets_its_sold_out_lines_against_orders_and_the_ceiling() {
+        let measured = |status: u16| load::Measured {
+            seconds: 1.0,
+            statuses: [(status, 10)].into(),
+            latency: hdrhistogram::Histogram::new(3).unwrap(),
+        };
+        let mut rows = Vec::new();
+        for workload in [Workload::HotSku, Workload::SoldOut] {
+            for strategy in ["redis-lock", "batched"] {
+                let m = measured(workload.expected_status());
+                rows.push(Row::of(workload, strategy, "closed", None, &m));
+            }
+        }
+        let names: Vec<String> = derived_lines(&rows, &[])
+            .into_iter()
+            .map(|d| d.name)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "hot SKU: batched ÷ redis-lock",
+                "sold-out ÷ hot SKU (redis-lock)",
+                "sold-out ÷ hot SKU (batched)"
+            ]
+        );
+
+        // The refused workload runs under the first strategy and serves every strategy.
+        let refused = measured(Workload::Refused.expected_status());
+        rows.push(Row::of(
+            Workload::Refused,
+            "redis-lock",
+            "closed",
+            None,
+            &refused,
+        ));
+        let names: Vec<String> = derived_lines(&rows, &[])
+            .into_iter()
+            .map(|d| d.name)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "hot SKU: batched ÷ redis-lock",
+                "sold-out ÷ hot SKU (redis-lock)",
+                "sold-out ÷ refused (redis-lock)",
+                "refused ÷ hot SKU (redis-lock)",
+                "sold-out ÷ hot SKU (batched)",
+                "sold-out ÷ refused (batched)",
+                "refused ÷ hot SKU (batched)"
+            ]
+        );
+    }
 }

@@ -1,0 +1,178 @@
+//! `stockade bench`'s options and the plan they make.
+
+use std::path::PathBuf;
+
+use anyhow::bail;
+use clap::Args;
+
+use super::Workload;
+
+/// `stockade bench` options.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// Workloads to run, in order.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "hot-sku,uniform,sold-out,product-page,refused"
+    )]
+    pub workloads: Vec<Workload>,
+    /// Order strategies to compare (the product page runs once, under the first).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "redis-lock,pg-atomic,batched",
+        value_parser = clap::builder::PossibleValuesParser::new(["redis-lock", "pg-atomic", "batched"])
+    )]
+    pub strategies: Vec<String>,
+    /// Concurrent request loops (closed loop) [default: 64; --quick: 16].
+    #[arg(long)]
+    pub connections: Option<usize>,
+    /// Seconds of measured load per workload and strategy [default: 15; --quick: 3].
+    #[arg(long)]
+    pub duration: Option<u64>,
+    /// Seconds of unmeasured load before each measurement [default: 2; --quick: 0.5].
+    #[arg(long)]
+    pub warmup: Option<f64>,
+    /// SKUs of the uniform workload [default: 10000; --quick: 1000].
+    #[arg(long)]
+    pub skus: Option<usize>,
+    /// CI-sized: a few seconds per workload, fewer connections and SKUs.
+    #[arg(long)]
+    pub quick: bool,
+    /// Open-loop rate (requests/s) of the extra hot-sku `batched` line [default: 80 % of
+    /// the closed-loop rate measured for it].
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// `stockade serve` processes per strategy (connections are spread over them).
+    #[arg(long, default_value_t = 1)]
+    pub servers: usize,
+    /// pgbench clients (`-c`).
+    #[arg(long, default_value_t = 16)]
+    pub pgbench_clients: usize,
+    /// Folder for bench.json, bench.html and the pgbench scripts.
+    #[arg(long, default_value = "bench-report")]
+    pub out: PathBuf,
+    /// No progress bars.
+    #[arg(long)]
+    pub quiet: bool,
+    /// PostgreSQL to use instead of starting one (databases are created beside it).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// Redis to use instead of starting one.
+    #[arg(long, env = "REDIS_URL", hide_env_values = true)]
+    pub redis_url: Option<String>,
+    /// Serve with this `stockade` executable instead of this one (to measure another
+    /// build, e.g. the previous release, on the same footing).
+    #[arg(long)]
+    pub server_exe: Option<PathBuf>,
+    /// A setting for the served app, `NAME=value` (repeatable), e.g.
+    /// `--set STOCKADE_BATCH_WAIT_US=500`.
+    #[arg(long = "set", value_parser = setting)]
+    pub settings: Vec<(String, String)>,
+}
+
+fn setting(raw: &str) -> Result<(String, String), String> {
+    match raw.split_once('=') {
+        Some((name, value)) if name.starts_with("STOCKADE_") => {
+            Ok((name.to_string(), value.to_string()))
+        }
+        _ => Err("expected STOCKADE_NAME=value".into()),
+    }
+}
+
+/// The options with `--quick` and the defaults applied.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Plan {
+    pub workloads: Vec<Workload>,
+    pub strategies: Vec<String>,
+    pub connections: usize,
+    pub duration_s: u64,
+    pub warmup_s: f64,
+    pub skus: usize,
+    pub open_loop_rate: Option<f64>,
+    pub servers: usize,
+    pub pgbench_clients: usize,
+    pub quick: bool,
+    /// The executable serving the app.
+    pub server_exe: PathBuf,
+    /// Extra settings for the served app.
+    pub settings: Vec<(String, String)>,
+    #[serde(skip)]
+    pub quiet: bool,
+}
+
+impl BenchArgs {
+    fn plan(&self) -> anyhow::Result<Plan> {
+        let quick = self.quick;
+        let plan = Plan {
+            workloads: self.workloads.clone(),
+            strategies: self.strategies.clone(),
+            connections: self.connections.unwrap_or(if quick { 16 } else { 64 }),
+            duration_s: self.duration.unwrap_or(if quick { 3 } else { 15 }),
+            warmup_s: self.warmup.unwrap_or(if quick { 0.5 } else { 2.0 }),
+            skus: self.skus.unwrap_or(if quick { 1_000 } else { 10_000 }),
+            open_loop_rate: self.rate,
+            servers: self.servers.max(1),
+            pgbench_clients: self.pgbench_clients.max(1),
+            quick,
+            server_exe: match &self.server_exe {
+                Some(exe) => exe.clone(),
+                None => std::env::current_exe().context("cannot find the stockade executable")?,
+            },
+            settings: self.settings.clone(),
+            quiet: self.quiet,
+        };
+        if plan.workloads.is_empty() || plan.strategies.is_empty() {
+            bail!("--workloads and --strategies must name at least one each");
+        }
+        if plan.connections == 0 || plan.duration_s == 0 {
+            bail!("--connections and --duration must be positive");
+        }
+        if !(1..=99_999).contains(&plan.skus) {
+            bail!("--skus must be between 1 and 99999");
+        }
+        if !(plan.warmup_s >= 0.0 && plan.warmup_s.is_finite()) {
+            bail!("--warmup must be a number of seconds");
+        }
+        if plan
+            .open_loop_rate
+            .is_some_and(|r| !(r > 0.0 && r.is_finite()))
+        {
+            bail!("--rate must be a positive number of requests per second");
+        }
+        Ok(plan)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: BenchArgs,
+    }
+
+    #[test]
+    fn quick_shortens_what_was_not_given_and_keeps_what_was() {
+        let plan = Cli::parse_from(["bench", "--quick", "--connections", "8"])
+            .args
+            .plan()
+            .unwrap();
+        assert_eq!(
+            (plan.duration_s, plan.connections, plan.skus),
+            (3, 8, 1_000)
+        );
+        let plan = Cli::parse_from(["bench"]).args.plan().unwrap();
+        assert_eq!(
+            (plan.duration_s, plan.connections, plan.skus),
+            (15, 64, 10_000)
+        );
+        assert_eq!(plan.workloads.len(), 5);
+        assert_eq!(plan.strategies, ["redis-lock", "pg-atomic", "batched"]);
+    }
+}

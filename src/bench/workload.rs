@@ -1,0 +1,194 @@
+//! The workloads: what their requests do, what each expects, and the products, stock
+//! and holds each starts with.
+
+use std::sync::Arc;
+
+use clap::ValueEnum;
+use sqlx::PgPool;
+
+use super::load::Work;
+use super::pgbench;
+
+/// What the requests do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Workload {
+    /// Orders of one unit of one SKU whose stock never runs out.
+    HotSku,
+    /// Holds of one unit of that SKU (what the storefront's "Checkout" button places),
+    /// through `POST /api/v1/holds`.
+    HoldHot,
+    /// Confirmations of holds of that SKU placed beforehand ("Place order"), each once,
+    /// through `POST /api/v1/holds/{id}/confirm`.
+    Confirm,
+    /// Orders of one unit of a SKU picked uniformly from `--skus`.
+    Uniform,
+    /// Orders for a SKU with no stock: every answer is 409.
+    SoldOut,
+    /// GET /products/{sku}, the HTML page.
+    ProductPage,
+    /// Orders of quantity 0, refused (422) before any database or Redis work: HTTP, the API
+    /// key, JSON and validation alone.
+    Refused,
+}
+
+impl Workload {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::HotSku => "hot-sku",
+            Self::HoldHot => "hold-hot",
+            Self::Confirm => "confirm",
+            Self::Uniform => "uniform",
+            Self::SoldOut => "sold-out",
+            Self::ProductPage => "product-page",
+            Self::Refused => "refused",
+        }
+    }
+
+    /// Whether requests place orders (and so depend on the strategy and get checked).
+    pub fn orders(self) -> bool {
+        matches!(
+            self,
+            Self::HotSku | Self::HoldHot | Self::Confirm | Self::Uniform | Self::SoldOut
+        )
+    }
+
+    /// The status every answer should have.
+    pub fn expected_status(self) -> u16 {
+        match self {
+            Self::HotSku | Self::HoldHot | Self::Confirm | Self::Uniform => 201,
+            Self::SoldOut => 409,
+            Self::ProductPage => 200,
+            Self::Refused => 422,
+        }
+    }
+}
+
+/// Holds the `confirm` workload's database starts with: more than a run confirms.
+pub const CONFIRM_HOLDS: i64 = 300_000;
+
+/// The id of the `n`th hold seeded for `confirm` (1-based), as the seed's SQL makes it.
+pub fn bench_hold(n: i64) -> uuid::Uuid {
+    uuid::Uuid::from_u128(n as u128)
+}
+
+/// Where orders are posted.
+const ORDERS: &str = "/api/v1/orders";
+
+/// The hot SKU (also the product page's and the holds').
+pub const HOT_SKU: &str = "BENCH-HOT";
+/// The SKU with no stock.
+pub const SOLD_OUT_SKU: &str = "BENCH-SOLD";
+/// Units of the hot SKU: more than any run can sell.
+pub const HOT_STOCK: i32 = 10_000_000;
+/// Units of each uniform SKU.
+pub const UNIFORM_STOCK: i32 = 1_000_000;
+/// The uniform SKUs' names in SQL, from pgbench's `:n` (see [`uniform_sku`]).
+pub const UNIFORM_SKU_SQL: &str = "('BENCH-' || lpad(:n::text, 5, '0'))";
+
+/// The `n`th uniform SKU (1-based).
+pub fn uniform_sku(n: usize) -> String {
+    format!("BENCH-{n:05}")
+}
+
+
+/// Products and stock for `workload`, each with its `initial` ledger row (as
+/// `inventory::db::create_stock` writes it), set-based so 10,000 SKUs take one commit.
+pub(super) async fn seed(db: &PgPool, workload: Workload, skus: usize) -> anyhow::Result<()> {
+    let (names, units): (Vec<String>, i32) = match workload {
+        Workload::HotSku
+        | Workload::HoldHot
+        | Workload::Confirm
+        | Workload::ProductPage
+        | Workload::Refused => (vec![HOT_SKU.into()], HOT_STOCK),
+        Workload::Uniform => ((1..=skus).map(uniform_sku).collect(), UNIFORM_STOCK),
+        Workload::SoldOut => (vec![SOLD_OUT_SKU.into()], 0),
+    };
+    let mut tx = db.begin().await?;
+    sqlx::query!(
+        r#"insert into products (sku, name, price_cents)
+           select sku, 'Bench item ' || sku, $2 from unnest($1::text[]) sku"#,
+        &names,
+        pgbench::PRICE_CENTS,
+    )
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query!(
+        "insert into stock (sku, on_hand) select sku, $2 from unnest($1::text[]) sku",
+        &names,
+        units,
+    )
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query!(
+        r#"insert into stock_movements (sku, delta, reason, actor)
+           select sku, $2, 'initial', 'bench' from unnest($1::text[]) sku"#,
+        &names,
+        units,
+    )
+    .execute(&mut *tx)
+    .await?;
+    if workload == Workload::Confirm {
+        seed_holds(&mut tx).await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// [`CONFIRM_HOLDS`] active holds of one unit of the hot SKU ([`bench_hold`] names them),
+/// with their lines, their stock reserved and a ledger row each, as placing them writes.
+async fn seed_holds(tx: &mut sqlx::PgConnection) -> anyhow::Result<()> {
+    let (n, sku, price) = (CONFIRM_HOLDS, HOT_SKU, pgbench::PRICE_CENTS);
+    sqlx::query!(
+        r#"insert into holds (id, state, expires_at, idempotency_scope, idempotency_key)
+           select lpad(to_hex(n), 32, '0')::uuid, 'active', now() + interval '1 day',
+                  'api-hold', 'bench-hold-' || n
+             from generate_series(1, $1::bigint) as n"#,
+        n,
+    )
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query!(
+        r#"insert into hold_lines (hold_id, sku, quantity, unit_price_cents)
+           select lpad(to_hex(n), 32, '0')::uuid, $2, 1, $3
+             from generate_series(1, $1::bigint) as n"#,
+        n,
+        sku,
+        price,
+    )
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query!(
+        r#"insert into stock_movements (sku, delta, reserved_delta, reason, reference, actor)
+           select $2, 0, 1, 'hold', lpad(to_hex(n), 32, '0')::uuid::text, 'api-hold'
+             from generate_series(1, $1::bigint) as n"#,
+        n,
+        sku,
+    )
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query!(
+        "update stock set reserved = reserved + $1::bigint::int where sku = $2",
+        n,
+        sku,
+    )
+    .execute(&mut *tx)
+    .await?;
+    // pgbench's script confirms the holds in turn.
+    sqlx::query!("create sequence pgbench_confirm")
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uniform_skus_in_rust_and_in_pgbench_sql_agree() {
+        assert_eq!(uniform_sku(7), "BENCH-00007");
+        assert!(UNIFORM_SKU_SQL.contains("lpad(:n::text, 5, '0')"));
+        assert!(crate::catalog::Sku::parse(&uniform_sku(99_999)).is_ok());
+    }
+}
