@@ -18,52 +18,68 @@ pub fn query_error(e: actix_web::error::QueryPayloadError) -> AppError {
 /// 413, 415 or 400 for a form that cannot be read.
 pub fn form_error(e: actix_web::error::UrlencodedError) -> AppError {
     use actix_web::error::UrlencodedError as E;
-    match e {
+    let why = match e {
         E::Overflow { limit, .. } => {
-            AppError::TooLarge(format!("The form is larger than {limit} bytes."))
+            return AppError::TooLarge(format!("The form is larger than {limit} bytes."));
         }
-        E::ContentType => AppError::UnsupportedMediaType("Send the form as a web form.".into()),
-        E::Parse(e) => AppError::BadRequest(format!(
-            "{} Please go back and try again.",
-            unreadable("the form", &e.to_string())
-        )),
-        _ => {
-            AppError::BadRequest("The form could not be read; please go back and try again.".into())
+        E::ContentType => {
+            return AppError::UnsupportedMediaType("Send the form as a web form.".into());
         }
+        E::Parse(e) => match Fault::of(&e.to_string()) {
+            Fault::Twice(name) => format!("{} is given twice", label(&name)),
+            Fault::Missing(name) => format!("{} is missing", label(&name)),
+            Fault::Other(why) => why.into(),
+        },
+        _ => "it did not arrive whole".into(),
+    };
+    AppError::BadRequest(format!(
+        "The form could not be read: {why}. Please go back and try again."
+    ))
+}
+
+/// A sentence for serde's `message` about the parameters in `place` ("the address").
+fn unreadable(place: &str, message: &str) -> String {
+    let capital = |name: &str| crate::error::capitalise(&label(name));
+    match Fault::of(message) {
+        Fault::Twice(name) => format!(
+            "{} may be given once ({name} appears twice in {place}).",
+            capital(&name)
+        ),
+        Fault::Missing(name) => format!("{} is missing from {place}.", capital(&name)),
+        Fault::Other(why) => format!("The parameters in {place} could not be read: {why}."),
     }
 }
 
-/// A sentence for serde's `message` about the parameters of `place` ("the address").
-fn unreadable(place: &str, message: &str) -> String {
-    let named = |prefix: &str| {
-        message
-            .strip_prefix(prefix)
-            .and_then(|rest| rest.strip_prefix('`'))
-            .and_then(|rest| rest.split_once('`'))
-            .map(|(name, _)| name.to_string())
-    };
-    if let Some(name) = named("duplicate field ") {
-        return format!(
-            "{} may be given once ({name} appears twice in {place}).",
-            crate::error::capitalise(&label(&name))
-        );
-    }
-    if let Some(name) = named("missing field ") {
-        return format!(
-            "{} is missing from {place}.",
-            crate::error::capitalise(&label(&name))
-        );
-    }
-    let why = match message {
-        m if m.contains("invalid digit") || m.contains("number") => {
-            "a number in it is not a whole number".to_string()
+/// What serde_urlencoded's message says went wrong.
+enum Fault {
+    Twice(String),
+    Missing(String),
+    Other(&'static str),
+}
+
+impl Fault {
+    fn of(message: &str) -> Self {
+        let named = |prefix: &str| {
+            message
+                .strip_prefix(prefix)
+                .and_then(|rest| rest.strip_prefix('`'))
+                .and_then(|rest| rest.split_once('`'))
+                .map(|(name, _)| name.to_string())
+        };
+        if let Some(name) = named("duplicate field ") {
+            return Self::Twice(name);
         }
-        m if m.starts_with("unknown variant") => {
-            "one of its values is not a choice it offers".into()
+        if let Some(name) = named("missing field ") {
+            return Self::Missing(name);
         }
-        _ => "it does not fit this page".into(),
-    };
-    format!("The parameters in {place} could not be read: {why}.")
+        Self::Other(match message {
+            m if m.contains("invalid digit") || m.contains("number") => {
+                "a number in it is not a whole number"
+            }
+            m if m.starts_with("unknown variant") => "one of its values is not a choice it offers",
+            _ => "it does not fit this page",
+        })
+    }
 }
 
 /// What a parameter is called in a sentence.
@@ -89,12 +105,12 @@ mod tests {
             "The search may be given once (q appears twice in the address)."
         );
         assert_eq!(
-            unreadable("the form", "duplicate field `quantity`"),
-            "\"quantity\" may be given once (quantity appears twice in the form)."
+            unreadable("the address", "duplicate field `status`"),
+            "The status may be given once (status appears twice in the address)."
         );
         assert_eq!(
-            unreadable("the form", "missing field `sku`"),
-            "\"sku\" is missing from the form."
+            unreadable("the address", "missing field `sku`"),
+            "\"sku\" is missing from the address."
         );
         assert_eq!(
             unreadable("the address", "invalid digit found in string"),

@@ -413,3 +413,47 @@ async fn revoking_a_client_that_does_not_exist_is_404_and_changes_nothing() {
         assert_eq!(res.status().as_u16(), 303);
     }
 }
+
+#[tokio::test]
+async fn wrong_api_keys_from_one_address_are_throttled_before_any_lookup() {
+    let app = spawn_app_with(Settings {
+        api_anonymous_orders: false,
+        api_key_max_failures: 3,
+        api_key_failure_window: std::time::Duration::from_secs(60),
+        trusted_proxies: vec!["127.0.0.1/32".parse().unwrap()],
+        ..test_settings().await
+    })
+    .await;
+    app.add_product(SKU, "Edge", 1_000, 100).await;
+    let (_, good) = stockade::clients::create(&app.db, "good", stockade::clients::Limit::Default)
+        .await
+        .unwrap();
+    let get = |key: String, from: &'static str| {
+        client()
+            .get(app.url("/api/v1/orders/00000000-0000-0000-0000-000000000000"))
+            .bearer_auth(key)
+            .header("X-Forwarded-For", from)
+            .send()
+    };
+    let guesser = "198.51.100.7";
+    // The good key, used once from the guesser's address, is known to this process.
+    assert_eq!(get(good.clone(), guesser).await.unwrap().status(), 404);
+    for i in 0..3 {
+        let res = get(format!("sk_wrong{i}"), guesser).await.unwrap();
+        assert_eq!(res.status().as_u16(), 401, "guess {i}");
+    }
+    // A key never seen would need a lookup to be called wrong: it is refused first.
+    let res = get("sk_never_seen".into(), guesser).await.unwrap();
+    assert_eq!(res.status().as_u16(), 429);
+    let wait: u64 = res.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=20).contains(&wait), "Retry-After: {wait}");
+    assert!(detail(res).await.contains("Too many wrong API keys"));
+    // Another address, and the known good key, are not held up.
+    let res = get("sk_other".into(), "203.0.113.9").await.unwrap();
+    assert_eq!(res.status().as_u16(), 401);
+    assert_eq!(get(good, guesser).await.unwrap().status(), 404);
+}
