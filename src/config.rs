@@ -316,6 +316,13 @@ environment {
     /// The window failed logins are counted over.
     login_window: Duration, "STOCKADE_LOGIN_WINDOW_SECONDS" = "900",
         |var, v| bounded(var, v, 1, 86_400).map(Duration::from_secs);
+    /// Wrong API keys one client address may send within the window; past them it is
+    /// answered 429 without a database lookup ([`crate::http::limits::caller`]).
+    api_key_max_failures: u32, "STOCKADE_API_KEY_MAX_FAILURES" = "20",
+        |var, v| bounded(var, v, 1, 1_000_000);
+    /// The window wrong API keys are counted over.
+    api_key_failure_window: Duration, "STOCKADE_API_KEY_FAILURE_WINDOW_SECONDS" = "60",
+        |var, v| bounded(var, v, 1, 86_400).map(Duration::from_secs);
     /// Mark cookies Secure (set when a TLS proxy is in front; requests that arrive over
     /// https get Secure cookies anyway).
     secure_cookies: bool, "STOCKADE_SECURE_COOKIES" = "false", boolean;

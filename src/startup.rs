@@ -24,8 +24,8 @@ use crate::metrics::Metrics;
 /// The migrations in `migrations/`, compiled in.
 pub static MIGRATOR: Migrator = sqlx::migrate!();
 
-/// Request bodies above these sizes are refused with 413.
-const JSON_LIMIT: usize = 64 * 1024;
+/// Request bodies above these sizes are refused with 413 (JSON: [`http::json::JSON_LIMIT`]).
+use crate::http::json::JSON_LIMIT;
 const FORM_LIMIT: usize = 16 * 1024;
 
 /// A built, not yet running, Stockade server.
@@ -132,12 +132,16 @@ impl Application {
                 .app_data(
                     web::JsonConfig::default()
                         .limit(JSON_LIMIT)
-                        .error_handler(|e, _| json_error(e).into()),
+                        .error_handler(|e, _| http::json::payload_error(e).into()),
                 )
                 .app_data(
                     web::FormConfig::default()
                         .limit(FORM_LIMIT)
-                        .error_handler(|e, _| form_error(e).into()),
+                        .error_handler(|e, _| http::params::form_error(e).into()),
+                )
+                .app_data(
+                    web::QueryConfig::default()
+                        .error_handler(|e, _| http::params::query_error(e).into()),
                 )
                 .app_data(web::PayloadConfig::default().limit(JSON_LIMIT))
                 .configure(http::routes)
@@ -409,32 +413,6 @@ impl Replica {
         .fetch_one(&self.primary)
         .await?;
         Ok((lag.ms.unwrap_or(0), lag.bytes.unwrap_or(0).max(0)))
-    }
-}
-
-fn json_error(e: actix_web::error::JsonPayloadError) -> AppError {
-    use actix_web::error::JsonPayloadError as E;
-    match e {
-        E::ContentType => AppError::UnsupportedMediaType(
-            "Send the body as JSON with Content-Type: application/json.".into(),
-        ),
-        E::Overflow { limit } | E::OverflowKnownLength { limit, .. } => {
-            AppError::TooLarge(format!("The body is larger than {limit} bytes."))
-        }
-        other => AppError::BadRequest(format!("The body is not valid JSON: {other}")),
-    }
-}
-
-fn form_error(e: actix_web::error::UrlencodedError) -> AppError {
-    use actix_web::error::UrlencodedError as E;
-    match e {
-        E::Overflow { limit, .. } => {
-            AppError::TooLarge(format!("The form is larger than {limit} bytes."))
-        }
-        E::ContentType => AppError::UnsupportedMediaType("Send the form as a web form.".into()),
-        other => AppError::BadRequest(format!(
-            "The form could not be read ({other}); please go back and try again."
-        )),
     }
 }
 

@@ -37,6 +37,46 @@ pub fn multi_line(field: &str, value: &str) -> Result<(), InvalidText> {
     }
 }
 
+/// A whole number as forms and addresses give it (a cart's quantity, `?page=`): ASCII
+/// digits only, around which spaces are ignored — no sign, point or exponent, so `+1`,
+/// `1.0` and `1e0` are refused everywhere, as the API refuses them in JSON. `None` for
+/// anything else, and for more than 18 digits (beyond any count, and beyond `i64`).
+pub fn whole_number(raw: &str) -> Option<i64> {
+    let digits = raw.trim();
+    match (1..=18).contains(&digits.len()) && digits.bytes().all(|b| b.is_ascii_digit()) {
+        true => digits.parse().ok(),
+        false => None,
+    }
+}
+
+/// Most characters of a client's text that a message repeats.
+const QUOTED_CHARS: usize = 40;
+
+/// A client's text as a message repeats it to them: in plain double quotes, cut to 40
+/// characters (then `…`), with control and bidirectional-formatting characters shown as
+/// `�`, so what is echoed can neither run on nor rearrange the sentence around it. (Rust's
+/// `{:?}` would show escapes such as `\u{202e}`, or a wrapper's name such as `Path(…)`.)
+pub fn quoted(raw: &str) -> String {
+    let shown: String = raw
+        .chars()
+        .take(QUOTED_CHARS)
+        .map(|c| match c.is_control() || is_bidi_control(c) {
+            true => '\u{FFFD}',
+            false => c,
+        })
+        .collect();
+    let cut = match raw.chars().nth(QUOTED_CHARS) {
+        Some(_) => "…",
+        None => "",
+    };
+    format!("\"{shown}{cut}\"")
+}
+
+/// Characters that reorder the text around them (U+061C, U+200E/F, U+202A–E, U+2066–9).
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+}
+
 /// Units that read as one with the number before them ("2 m", "250 g", "90 × 40 cm").
 const UNITS: &[&str] = &[
     "mm", "cm", "m", "km", "in", "ft", "g", "kg", "oz", "lb", "ml", "l", "L", "W", "kW", "V",
@@ -68,6 +108,35 @@ pub fn keep_units_together(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn whole_numbers_are_digits_only() {
+        assert_eq!(whole_number("2"), Some(2));
+        assert_eq!(whole_number(" 10 "), Some(10));
+        assert_eq!(whole_number("0"), Some(0));
+        for bad in [
+            "+1",
+            "-1",
+            "1.0",
+            "1e0",
+            "",
+            " ",
+            "0x1",
+            "١",
+            "1 000",
+            "9999999999999999999",
+        ] {
+            assert_eq!(whole_number(bad), None, "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn quoted_text_is_plain_short_and_cannot_rearrange_its_sentence() {
+        assert_eq!(quoted("xx yy"), "\"xx yy\"");
+        assert_eq!(quoted("a\u{202E}b\nc"), "\"a\u{FFFD}b\u{FFFD}c\"");
+        let long = "x".repeat(100);
+        assert_eq!(quoted(&long), format!("\"{}…\"", "x".repeat(40)));
+    }
 
     #[test]
     fn numbers_keep_their_units_on_the_same_line() {

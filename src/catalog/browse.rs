@@ -122,9 +122,8 @@ impl Browse {
         };
         let page = match page.map(str::trim).filter(|p| !p.is_empty()) {
             None => 1,
-            Some(raw) => raw
-                .parse::<i64>()
-                .ok()
+            // Digits only, as the API's pattern for `page` says (`+1` is not a page).
+            Some(raw) => crate::text::whole_number(raw)
                 .filter(|p| (1..=MAX_PAGE).contains(p))
                 .ok_or_else(|| {
                     InvalidBrowse(format!(

@@ -301,6 +301,16 @@ impl KeyCache {
         Ok(client)
     }
 
+    /// What the cache knows of `key` without asking the database: `Some(Some(client))` for
+    /// a live key looked up lately, `Some(None)` for a wrong one, `None` when it does not
+    /// know.
+    pub fn cached(&self, key: &str) -> Option<Option<ApiClient>> {
+        self.lock()
+            .get(&hash_key(key))
+            .filter(|(at, _)| at.elapsed() < CACHE_FOR)
+            .map(|(_, client)| client.clone())
+    }
+
     /// Forgets everything (after a revocation in this process).
     pub fn clear(&self) {
         self.lock().clear();

@@ -1,5 +1,9 @@
 //! Who sent a request: [`client_addr`], the one place the client address is decided (login
-//! throttling uses it; so should anything else that counts per client).
+//! throttling uses it; so should anything else that counts per client), and [`asked_for`],
+//! the one place the scheme and host the client asked for are decided (cookies' Secure,
+//! the Origin check). Both believe forwarding headers only from `STOCKADE_TRUSTED_PROXIES`:
+//! from anyone else they are the client's own words. (actix's `connection_info()` believes
+//! `Forwarded`/`X-Forwarded-*` from every peer, so nothing here uses it.)
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
@@ -32,6 +36,62 @@ pub fn client_addr(req: &HttpRequest, settings: &Settings) -> IpAddr {
         .map(str::trim)
         .collect::<Vec<_>>();
     from_hops(peer, &hops, settings)
+}
+
+/// The scheme and host a request was sent to, as the client's browser saw them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Asked {
+    /// `http` or `https`.
+    pub scheme: String,
+    /// `host` or `host:port`, as in the `Host` header.
+    pub host: String,
+}
+
+impl Asked {
+    /// `scheme://host`, as a browser writes it in `Origin`.
+    pub fn origin(&self) -> String {
+        format!("{}://{}", self.scheme, self.host)
+    }
+}
+
+/// The scheme and host `req` was sent to. From a trusted proxy, `X-Forwarded-Proto` and
+/// `X-Forwarded-Host` say them (the right-most value: the one the nearest proxy wrote);
+/// from any other peer those headers are ignored, and the connection says the scheme
+/// (https only on a TLS listener) and `Host` the host. `settings` is `None` only in unit
+/// tests without the app state; then no proxy is trusted.
+pub fn asked_for(req: &HttpRequest, settings: Option<&Settings>) -> Asked {
+    let peer = req
+        .peer_addr()
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| canonical_ip(a.ip()));
+    let trusted = settings.is_some_and(|s| s.is_trusted_proxy(peer));
+    let forwarded = |name: &str| {
+        trusted
+            .then(|| {
+                req.headers()
+                    .get_all(name)
+                    .filter_map(|v| v.to_str().ok())
+                    .flat_map(|v| v.split(','))
+                    .map(str::trim)
+                    .rfind(|v| !v.is_empty())
+                    .map(str::to_ascii_lowercase)
+            })
+            .flatten()
+    };
+    let scheme = forwarded("x-forwarded-proto")
+        .filter(|p| p == "http" || p == "https")
+        .unwrap_or_else(|| match req.app_config().secure() {
+            true => "https".into(),
+            false => "http".into(),
+        });
+    let host = forwarded("x-forwarded-host").unwrap_or_else(|| {
+        req.headers()
+            .get(actix_web::http::header::HOST)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+            .or_else(|| req.uri().authority().map(|a| a.to_string()))
+            .unwrap_or_else(|| req.app_config().host().to_string())
+    });
+    Asked { scheme, host }
 }
 
 fn from_hops(peer: IpAddr, hops: &[&str], settings: &Settings) -> IpAddr {
@@ -80,6 +140,27 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
+    }
+
+    fn forwarded_request(peer: &str) -> HttpRequest {
+        actix_web::test::TestRequest::default()
+            .peer_addr(format!("{peer}:4000").parse().unwrap())
+            .insert_header(("host", "shop.example:8080"))
+            .insert_header(("x-forwarded-proto", "https"))
+            .insert_header(("x-forwarded-host", "evil.example, shop.example"))
+            .to_http_request()
+    }
+
+    #[test]
+    fn forwarded_scheme_and_host_are_believed_only_from_a_trusted_proxy() {
+        let untrusted = asked_for(&forwarded_request("203.0.113.7"), Some(&settings("")));
+        assert_eq!(untrusted.origin(), "http://shop.example:8080");
+        let no_state = asked_for(&forwarded_request("127.0.0.1"), None);
+        assert_eq!(no_state.origin(), "http://shop.example:8080");
+        let s = settings("127.0.0.1");
+        let proxied = asked_for(&forwarded_request("127.0.0.1"), Some(&s));
+        // The nearest proxy's word, not what the client wrote before it.
+        assert_eq!(proxied.origin(), "https://shop.example");
     }
 
     #[test]

@@ -103,9 +103,13 @@ pub fn cross_site(req: &ServiceRequest) -> Option<&'static str> {
         return Some("it came from another site");
     }
     if let Some(origin) = header("origin") {
-        let info = req.connection_info();
-        let ours = format!("{}://{}", info.scheme(), info.host());
-        if origin != ours {
+        // Our origin as `asked_for` decides it: X-Forwarded-Host/-Proto only from a
+        // trusted proxy, or a client could name its own site as ours.
+        let settings = req
+            .app_data::<actix_web::web::Data<super::AppState>>()
+            .map(|s| s.settings.clone());
+        let ours = super::asked_for(req.request(), settings.as_deref()).origin();
+        if !origin.eq_ignore_ascii_case(&ours) {
             return Some("its Origin is another site");
         }
     }

@@ -133,6 +133,9 @@ pub async fn around_request(
     } else {
         res
     };
+    // A response shared caches may keep is served to other browsers too: it carries no
+    // cookie, or one shopper's CSRF token would be handed to everyone behind the cache.
+    let new_csrf_cookie = new_csrf_cookie.filter(|_| !shared_cacheable(res.headers()));
     set_headers(
         res.headers_mut(),
         &request_id,
@@ -403,6 +406,17 @@ fn personal(path: &str) -> bool {
     ]
     .iter()
     .any(|prefix| path.starts_with(prefix))
+}
+
+/// Whether `headers` let a shared cache (a proxy, a CDN) keep the response: its
+/// `Cache-Control` says `public` or gives an `s-maxage`.
+fn shared_cacheable(headers: &actix_web::http::header::HeaderMap) -> bool {
+    headers
+        .get_all(header::CACHE_CONTROL)
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|d| d.trim().to_ascii_lowercase())
+        .any(|d| d == "public" || d.starts_with("s-maxage"))
 }
 
 fn set_headers(

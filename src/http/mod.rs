@@ -9,15 +9,17 @@ mod body;
 mod client;
 pub mod csrf;
 mod health;
+pub mod json;
 pub mod limits;
 pub mod middleware;
 mod multipart;
 pub mod openapi;
+pub mod params;
 pub mod shop;
 
 use std::sync::Arc;
 
-pub use client::client_addr;
+pub use client::{asked_for, client_addr};
 
 use actix_web::http::Method;
 use actix_web::{HttpRequest, web};
@@ -141,17 +143,21 @@ pub fn cookie_name(req: &HttpRequest, name: &'static str) -> &'static str {
 }
 
 /// A cookie named by [`cookie_name`]: Path=/, HttpOnly, SameSite as given, and Secure
-/// with `STOCKADE_SECURE_COOKIES` or over https.
+/// with `STOCKADE_SECURE_COOKIES` or over https (a TLS listener, or a trusted proxy's
+/// `X-Forwarded-Proto`).
 pub fn cookie(
     req: &HttpRequest,
     name: &'static str,
     value: String,
     same_site: actix_web::cookie::SameSite,
 ) -> actix_web::cookie::Cookie<'static> {
-    let secure = req
+    let settings = req
         .app_data::<web::Data<AppState>>()
-        .is_some_and(|s| s.settings.secure_cookies)
-        || req.connection_info().scheme() == "https";
+        .map(|s| s.settings.clone());
+    // "Over https" as [`asked_for`] decides it: a client's own X-Forwarded-Proto does not
+    // count.
+    let secure = settings.as_ref().is_some_and(|s| s.secure_cookies)
+        || asked_for(req, settings.as_deref()).scheme == "https";
     actix_web::cookie::Cookie::build(cookie_name(req, name), value)
         .path("/")
         .http_only(true)

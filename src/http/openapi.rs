@@ -218,8 +218,8 @@ macro_rules! problem_response {
 problem_response!(
     BadRequest,
     400,
-    "The request is malformed: a required header is missing or unreadable, or the body is \
-     not JSON."
+    "The request is malformed: a required header is missing or unreadable, the body is not \
+     JSON or names a member twice, or a query parameter is unreadable or given twice."
 );
 problem_response!(
     Unauthorized,
@@ -269,7 +269,8 @@ problem_response!(
 problem_response!(
     TooManyRequests,
     429,
-    "Past this caller's rate limit for orders and holds.",
+    "Past this caller's rate limit for orders and holds, or past the wrong API keys one \
+     address may send (`STOCKADE_API_KEY_MAX_FAILURES`).",
     RETRY_AFTER
 );
 problem_response!(
@@ -309,7 +310,7 @@ error_group!(
 );
 error_group!(
     /// Reading one thing the calling client placed.
-    OwnLookupErrors: Unauthorized, NotFound, Unavailable
+    OwnLookupErrors: Unauthorized, NotFound, TooManyRequests, Unavailable
 );
 error_group!(
     /// Placing an order or a hold: a client, a key, a JSON body, stock, a rate limit.
@@ -319,11 +320,11 @@ error_group!(
 error_group!(
     /// Confirming a hold the client placed, with an optional body.
     ConfirmErrors: BadRequest, Unauthorized, Forbidden, NotFound, RequestTimeout, Conflict,
-        TooLarge, Unprocessable, Unavailable
+        TooLarge, UnsupportedMediaType, Unprocessable, TooManyRequests, Unavailable
 );
 error_group!(
     /// Releasing a hold the client placed.
-    ReleaseErrors: Unauthorized, Forbidden, NotFound, Conflict, Unavailable
+    ReleaseErrors: Unauthorized, Forbidden, NotFound, Conflict, TooManyRequests, Unavailable
 );
 // The admin API's kinds of operation (an admin session; writes carry its CSRF token).
 error_group!(

@@ -41,6 +41,31 @@ impl Quota {
     }
 }
 
+/// How many failures (wrong API keys) a subject may make: `max` at once, and as they age
+/// out, `max` more each `window` (GCRA with an interval of `window / max`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Failures {
+    pub max: u32,
+    pub window: Duration,
+}
+
+impl Failures {
+    fn interval(self) -> Duration {
+        self.window / self.max.max(1)
+    }
+
+    fn tolerance(self) -> Duration {
+        self.interval() * (self.max.max(1) - 1)
+    }
+}
+
+/// Whether a check counts a request (moves the TAT) or only asks whether one would pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Count,
+    Peek,
+}
+
 /// A limiter's answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
@@ -70,8 +95,9 @@ impl Store {
 }
 
 /// GCRA on Redis's clock. KEYS[1]: the subject's TAT (µs since the epoch). ARGV[1]: the
-/// interval, ARGV[2]: the tolerance (µs). Returns {1, 0} when allowed (and moves the TAT),
-/// {0, µs to wait} when refused.
+/// interval, ARGV[2]: the tolerance (µs), ARGV[3]: `1` to only ask (the TAT stays).
+/// Returns {1, 0} when allowed (and, unless asking, moves the TAT), {0, µs to wait} when
+/// refused.
 const GCRA: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -81,6 +107,7 @@ local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
 if tat < now then tat = now end
 local wait = tat - now - tolerance
 if wait > 0 then return {0, wait} end
+if ARGV[3] == '1' then return {1, 0} end
 local new_tat = tat + interval
 local ttl_ms = math.floor((new_tat - now) / 1000) + 1
 redis.call('SET', KEYS[1], string.format('%.0f', new_tat), 'PX', string.format('%d', ttl_ms))
@@ -111,11 +138,36 @@ impl RateLimiter {
 
     /// Counts one request of `subject` against `quota`.
     pub async fn check(&self, subject: &str, quota: Quota) -> (Decision, Store) {
+        let rate = (quota.interval(), quota.tolerance());
+        self.decide(subject, rate, Mode::Count).await
+    }
+
+    /// Whether `subject` is past its `failures` now (counting nothing): a throttled
+    /// subject is refused before the work its failures would cost.
+    pub async fn peek_failures(&self, subject: &str, failures: Failures) -> (Decision, Store) {
+        let rate = (failures.interval(), failures.tolerance());
+        self.decide(subject, rate, Mode::Peek).await
+    }
+
+    /// Counts one failure of `subject` against `failures`.
+    pub async fn count_failure(&self, subject: &str, failures: Failures) -> (Decision, Store) {
+        let rate = (failures.interval(), failures.tolerance());
+        self.decide(subject, rate, Mode::Count).await
+    }
+
+    /// GCRA for `subject` at `(interval, tolerance)`, in Redis or else in this process.
+    async fn decide(
+        &self,
+        subject: &str,
+        rate: (Duration, Duration),
+        mode: Mode,
+    ) -> (Decision, Store) {
         let key = self.redis.key(&format!("rate:{subject}"));
         let mut invocation = self.script.key(key);
         invocation
-            .arg(quota.interval().as_micros() as u64)
-            .arg(quota.tolerance().as_micros() as u64);
+            .arg(rate.0.as_micros() as u64)
+            .arg(rate.1.as_micros() as u64)
+            .arg(u8::from(mode == Mode::Peek));
         let mut conn = self.redis.conn();
         let answer = self
             .redis
@@ -144,22 +196,24 @@ impl RateLimiter {
                         "Redis is unreachable; rate limits are counted per process until it is back"
                     );
                 }
-                (self.check_local(subject, quota), Store::Process)
+                (self.check_local(subject, rate, mode), Store::Process)
             }
         }
     }
 
     /// GCRA in this process's memory.
-    fn check_local(&self, subject: &str, quota: Quota) -> Decision {
+    fn check_local(&self, subject: &str, rate: (Duration, Duration), mode: Mode) -> Decision {
         let now = Instant::now();
         let mut buckets = self.local.lock().unwrap_or_else(|e| e.into_inner());
         if buckets.len() >= LOCAL_MAX {
             buckets.retain(|_, tat| *tat > now);
         }
         let tat = buckets.get(subject).copied();
-        match gcra(tat, now, quota) {
+        match step(tat, now, rate) {
             Ok(next) => {
-                buckets.insert(subject.to_string(), next);
+                if mode == Mode::Count {
+                    buckets.insert(subject.to_string(), next);
+                }
                 Decision::Allowed
             }
             Err(retry_after) => Decision::Limited { retry_after },
@@ -169,12 +223,21 @@ impl RateLimiter {
 
 /// One GCRA step: the new TAT when a request at `now` is allowed, or how long to wait.
 pub fn gcra(tat: Option<Instant>, now: Instant, quota: Quota) -> Result<Instant, Duration> {
+    step(tat, now, (quota.interval(), quota.tolerance()))
+}
+
+/// One GCRA step at `(interval, tolerance)`.
+fn step(
+    tat: Option<Instant>,
+    now: Instant,
+    (interval, tolerance): (Duration, Duration),
+) -> Result<Instant, Duration> {
     let tat = tat.map_or(now, |t| t.max(now));
     let ahead = tat - now;
-    if ahead > quota.tolerance() {
-        return Err(ahead - quota.tolerance());
+    if ahead > tolerance {
+        return Err(ahead - tolerance);
     }
-    Ok(tat + quota.interval())
+    Ok(tat + interval)
 }
 
 /// `Retry-After` in whole seconds (at least 1) for a wait.
@@ -225,6 +288,44 @@ mod tests {
             Err(Duration::from_secs(10)),
             "a burst of two, then one every ten seconds"
         );
+    }
+
+    #[test]
+    fn failures_pass_all_at_once_then_one_each_share_of_the_window() {
+        let failures = Failures {
+            max: 20,
+            window: Duration::from_secs(60),
+        };
+        let rate = (failures.interval(), failures.tolerance());
+        let start = Instant::now();
+        let mut tat = None;
+        for _ in 0..20 {
+            tat = Some(step(tat, start, rate).expect("within the allowance"));
+        }
+        assert_eq!(step(tat, start, rate), Err(Duration::from_secs(3)));
+    }
+
+    #[tokio::test]
+    async fn a_peek_counts_nothing() {
+        // No Redis at this address: the process's own buckets decide.
+        let redis = Redis::connect_lazy("redis://127.0.0.1:1", "test:").unwrap();
+        let limiter = RateLimiter::new(redis);
+        let failures = Failures {
+            max: 2,
+            window: Duration::from_secs(60),
+        };
+        for _ in 0..5 {
+            let (decision, _) = limiter.peek_failures("a", failures).await;
+            assert_eq!(decision, Decision::Allowed, "peeking used the allowance");
+        }
+        for _ in 0..2 {
+            assert_eq!(
+                limiter.count_failure("a", failures).await.0,
+                Decision::Allowed
+            );
+        }
+        let (peeked, _) = limiter.peek_failures("a", failures).await;
+        assert!(matches!(peeked, Decision::Limited { .. }), "{peeked:?}");
     }
 
     #[test]

@@ -8,6 +8,7 @@ mod browser;
 mod catalogue;
 mod clients;
 mod cluster;
+mod edges;
 mod events;
 mod faults;
 mod health;

@@ -23,6 +23,7 @@ use crate::error::AppError;
 use crate::events::db::{self, Delivery, Endpoint};
 use crate::events::sign;
 use crate::http::AppState;
+use crate::http::json::Json;
 use crate::http::openapi::{
     AdminActionErrors, AdminCreateErrors, AdminEditErrors, AdminListErrors, AdminReadErrors,
     AdminStockErrors,
@@ -164,7 +165,7 @@ pub async fn patch_api_product(
     admin: Admin,
     state: web::Data<AppState>,
     path: web::Path<String>,
-    body: web::Json<serde_json::Value>,
+    body: Json<serde_json::Value>,
 ) -> Result<HttpResponse, AppError> {
     check_api_csrf(&req, &admin)?;
     let sku = sku_in_path(&path)?;
@@ -259,9 +260,10 @@ pub async fn post_api_restock(
     admin: Admin,
     state: web::Data<AppState>,
     path: web::Path<String>,
-    body: web::Json<RestockBody>,
+    body: Json<serde_json::Value>,
 ) -> Result<HttpResponse, AppError> {
     check_api_csrf(&req, &admin)?;
+    let body: RestockBody = crate::http::json::fit(body.into_inner())?;
     let sku = existing_sku(&state, &path).await?;
     // Bounds are checked here, before any SQL: a count the column cannot hold is a 422.
     let units = i32::try_from(body.units)
@@ -314,9 +316,10 @@ pub async fn post_api_adjust(
     admin: Admin,
     state: web::Data<AppState>,
     path: web::Path<String>,
-    body: web::Json<AdjustBody>,
+    body: Json<serde_json::Value>,
 ) -> Result<HttpResponse, AppError> {
     check_api_csrf(&req, &admin)?;
+    let body: AdjustBody = crate::http::json::fit(body.into_inner())?;
     let sku = existing_sku(&state, &path).await?;
     let new = i32::try_from(body.on_hand)
         .ok()
@@ -415,13 +418,14 @@ pub async fn post_api_webhooks(
     req: HttpRequest,
     admin: Admin,
     state: web::Data<AppState>,
-    body: web::Json<serde_json::Value>,
+    body: Json<serde_json::Value>,
 ) -> Result<HttpResponse, AppError> {
     // The token first: a forged request learns nothing, not even how its body is wrong.
     check_api_csrf(&req, &admin)?;
     let body: NewEndpointBody = serde_json::from_value(body.into_inner()).map_err(|e| {
         AppError::Unprocessable(format!(
-            "The body must be {{\"url\": \"https://…\", \"event_types\": [\"order.placed\", …]}}: {e}."
+            "The body must be {{\"url\": \"https://…\", \"event_types\": [\"order.placed\", …]}}: {}.",
+            crate::http::json::plain(&e)
         ))
     })?;
     let new = check_new(&state, &body.url, &body.event_types, &body.description)
@@ -518,7 +522,12 @@ pub async fn post_api_resend_delivery(
 
 /// The SKU an address names; 404 when it cannot be one.
 fn sku_in_path(path: &str) -> Result<Sku, AppError> {
-    Sku::parse(path).map_err(|_| AppError::not_found(format!("No product with SKU {path:?}.")))
+    Sku::parse(path).map_err(|_| {
+        AppError::not_found(format!(
+            "No product with SKU {}.",
+            crate::text::quoted(path)
+        ))
+    })
 }
 
 /// The SKU an address names, of a product that exists; 404 otherwise.

@@ -140,11 +140,16 @@ pub async fn post_revoke_api_client(
     form: web::Form<TokenForm>,
 ) -> Result<HttpResponse, AppError> {
     csrf::check_admin(&admin, &form.csrf)?;
-    let id: i64 = path
-        .parse()
-        .map_err(|_| AppError::not_found("No such API client."))?;
-    // Revoking twice (a double click) shows the same result.
-    clients::revoke(&state.db, id).await?;
+    let no_such =
+        || AppError::not_found("There is no API client with this id; nothing was revoked.");
+    let id: i64 = path.parse().map_err(|_| no_such())?;
+    // Revoking twice (a double click) shows the same result; revoking a client that never
+    // existed is a 404, not a page saying it is revoked.
+    if !clients::revoke(&state.db, id).await?
+        && !clients::list(&state.db).await?.iter().any(|c| c.id == id)
+    {
+        return Err(no_such());
+    }
     state.api_keys.clear();
     tracing::info!(admin = %admin.username, client = id, "API client revoked");
     Ok(see_other(&format!("/admin/api-clients?revoked={id}")))

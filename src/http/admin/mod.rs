@@ -168,7 +168,7 @@ pub fn routes() -> Vec<(Method, &'static str, actix_web::Route)> {
         (
             Method::GET,
             "/admin/webhooks",
-            web::get().to(webhooks::get_webhooks),
+            super::get().to(webhooks::get_webhooks),
         ),
         (
             Method::POST,
@@ -183,7 +183,7 @@ pub fn routes() -> Vec<(Method, &'static str, actix_web::Route)> {
         (
             Method::GET,
             "/admin/deliveries",
-            web::get().to(webhooks::get_deliveries),
+            super::get().to(webhooks::get_deliveries),
         ),
         (
             Method::POST,
@@ -193,7 +193,7 @@ pub fn routes() -> Vec<(Method, &'static str, actix_web::Route)> {
         (
             Method::GET,
             "/api/v1/admin/webhooks",
-            web::get().to(api::get_api_webhooks),
+            super::get().to(api::get_api_webhooks),
         ),
         (
             Method::POST,
@@ -203,7 +203,7 @@ pub fn routes() -> Vec<(Method, &'static str, actix_web::Route)> {
         (
             Method::GET,
             "/api/v1/admin/webhooks/deliveries",
-            web::get().to(api::get_api_deliveries),
+            super::get().to(api::get_api_deliveries),
         ),
         (
             Method::POST,

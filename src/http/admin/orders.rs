@@ -111,7 +111,8 @@ struct OrderPage {
 }
 
 async fn load_order(state: &AppState, raw: &str) -> Result<Order, AppError> {
-    let not_found = || AppError::not_found(format!("No order with id {raw:?}."));
+    let not_found =
+        || AppError::not_found(format!("No order with id {}.", crate::text::quoted(raw)));
     let id = Uuid::parse_str(raw).map_err(|_| not_found())?;
     orders::db::find_order(&state.db, id)
         .await?

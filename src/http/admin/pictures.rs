@@ -24,14 +24,9 @@ pub async fn post_product_image(
     let (sku, product) = load_product(&state, &path).await?;
     // The file, plus room for the form's other field and part headers.
     let cap = images::MAX_UPLOAD_BYTES + 64 * 1024;
-    let parts = match crate::http::multipart::read(
-        &req,
-        payload,
-        cap,
-        "The picture is larger than 5 MB; choose a smaller one (it is resized anyway).",
-    )
-    .await
-    {
+    const TOO_LARGE: &str =
+        "The picture is larger than 5 MB; choose a smaller one (it is resized anyway).";
+    let parts = match crate::http::multipart::read(&req, payload, cap, TOO_LARGE).await {
         // No form to find the token in: only a caller with the token in its header
         // learns more than that this was refused.
         Err(not_a_form @ AppError::UnsupportedMediaType(_)) => {
@@ -46,6 +41,11 @@ pub async fn post_product_image(
         .unwrap_or_default();
     csrf::check_admin(&admin, csrf)?;
     let upload = field("image").unwrap_or_default().to_vec();
+    // A file past the limit that fits the body's slack is as much too large as one past
+    // the slack: 413, whichever way it arrived.
+    if upload.len() > images::MAX_UPLOAD_BYTES {
+        return Err(AppError::TooLarge(TOO_LARGE.into()));
+    }
     // Decoding and encoding take real CPU time: off the request thread.
     let processed = web::block(move || images::process(&upload))
         .await

@@ -104,7 +104,8 @@ pub(super) async fn load_product(
     state: &AppState,
     raw: &str,
 ) -> Result<(Sku, ProductRow), AppError> {
-    let not_found = || AppError::not_found(format!("No product with SKU {raw:?}."));
+    let not_found =
+        || AppError::not_found(format!("No product with SKU {}.", crate::text::quoted(raw)));
     let sku = Sku::parse(raw).map_err(|_| not_found())?;
     let product = manage::find(&state.db, &sku).await?.ok_or_else(not_found)?;
     Ok((sku, product))

@@ -10,6 +10,7 @@ use crate::checkout::OrderRequest;
 use crate::clients;
 use crate::error::AppError;
 use crate::holds;
+use crate::http::json::{self, Json};
 use crate::http::limits;
 use crate::http::middleware::answer_by;
 use crate::http::openapi::{ConfirmErrors, OwnLookupErrors, PlaceErrors, ReleaseErrors};
@@ -48,21 +49,22 @@ use crate::idempotency::Scope;
 pub async fn post_holds(
     req: HttpRequest,
     state: web::Data<AppState>,
-    body: web::Json<serde_json::Value>,
+    body: Json<serde_json::Value>,
 ) -> Result<HttpResponse, AppError> {
     place(req, state, body, Scope::ApiHold).await
 }
 
-fn no_hold(path: &str) -> AppError {
-    AppError::not_found(format!("No such reservation: no hold with id {path:?}."))
+fn no_hold() -> AppError {
+    // The id is not repeated: the caller has it, and a message is no place for its text.
+    AppError::not_found("No such reservation: no hold with this id was placed by this caller.")
 }
 
 /// The id of a hold the caller placed; 404 for any other (whether or not it exists).
 async fn own_hold(req: &HttpRequest, state: &AppState, path: &str) -> Result<Uuid, AppError> {
     let caller = limits::caller(req, state).await?;
-    let id = Uuid::parse_str(path).map_err(|_| no_hold(path))?;
+    let id = Uuid::parse_str(path).map_err(|_| no_hold())?;
     if !clients::owns_hold(&state.db, &caller, id).await? {
-        return Err(no_hold(path));
+        return Err(no_hold());
     }
     Ok(id)
 }
@@ -87,7 +89,7 @@ pub async fn get_hold(
     let id = own_hold(&req, &state, &path).await?;
     let hold = holds::db::find_hold(&state.db, id)
         .await?
-        .ok_or_else(|| no_hold(&path))?;
+        .ok_or_else(no_hold)?;
     Ok(HttpResponse::Ok().json(hold))
 }
 
@@ -132,24 +134,8 @@ pub async fn post_hold_confirm(
     body: web::Bytes,
 ) -> Result<HttpResponse, AppError> {
     let id = own_hold(&req, &state, &path).await?;
-    // The body is optional; when present it must be a JSON object (serde alone would also
-    // take an array of the fields' values).
-    let body: ConfirmBody = if body.iter().all(u8::is_ascii_whitespace) {
-        ConfirmBody::default()
-    } else {
-        let value: serde_json::Value = serde_json::from_slice(&body)
-            .map_err(|e| AppError::BadRequest(format!("The body is not valid JSON: {e}")))?;
-        if !value.is_object() {
-            return Err(AppError::Unprocessable(
-                "The body must be a JSON object: {\"email\": …, \"name\": …}, or empty.".into(),
-            ));
-        }
-        serde_json::from_value(value).map_err(|e| {
-            AppError::Unprocessable(format!(
-                "The body does not fit {{\"email\", \"name\"}}: {e}"
-            ))
-        })?
-    };
+    // The body is optional; when present it is JSON by the rule every body follows.
+    let body: ConfirmBody = json::optional(&req, &body)?.unwrap_or_default();
     let details = OrderRequest::check_contact(body.email.as_deref(), body.name.as_deref())?;
     let answer_by = answer_by(&req, state.settings.request_budget);
     let shared = state.clone().into_inner();

@@ -8,6 +8,7 @@ use super::place::{OrderBody, place};
 use crate::clients;
 use crate::error::AppError;
 use crate::http::AppState;
+use crate::http::json::Json;
 use crate::http::limits;
 use crate::http::openapi::{OwnLookupErrors, PlaceErrors};
 use crate::idempotency::Scope;
@@ -39,7 +40,7 @@ use crate::orders;
 pub async fn post_orders(
     req: HttpRequest,
     state: web::Data<AppState>,
-    body: web::Json<serde_json::Value>,
+    body: Json<serde_json::Value>,
 ) -> Result<HttpResponse, AppError> {
     place(req, state, body, Scope::Api).await
 }
@@ -62,7 +63,8 @@ pub async fn get_order(
     path: web::Path<String>,
 ) -> Result<HttpResponse, AppError> {
     let caller = limits::caller(&req, &state).await?;
-    let not_found = || AppError::not_found(format!("No order with id {path:?}."));
+    // The id is not repeated: the caller has it, and a message is no place for its text.
+    let not_found = || AppError::not_found("No order with this id was placed by this caller.");
     let id = Uuid::parse_str(&path).map_err(|_| not_found())?;
     if !clients::owns_order(&state.db, &caller, id).await? {
         return Err(not_found());

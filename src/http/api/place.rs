@@ -8,6 +8,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use crate::checkout::{self, HoldOutcome, OrderOutcome, OrderRequest, Shopper};
 use crate::clients::Caller;
 use crate::error::AppError;
+use crate::http::json::Json;
 use crate::http::limits::{self, limit_placement};
 use crate::http::middleware::{answer_by, problem_response};
 use crate::http::{AppState, detached};
@@ -49,7 +50,7 @@ pub(super) struct LineBody {
 pub(super) async fn place(
     req: HttpRequest,
     state: web::Data<AppState>,
-    body: web::Json<serde_json::Value>,
+    body: Json<serde_json::Value>,
     scope: Scope,
 ) -> Result<HttpResponse, AppError> {
     let caller = limits::caller(&req, &state).await?;

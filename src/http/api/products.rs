@@ -132,7 +132,12 @@ pub async fn get_product(
     state: web::Data<AppState>,
     path: web::Path<String>,
 ) -> Result<HttpResponse, AppError> {
-    let not_found = || AppError::not_found(format!("No product with SKU {path:?}."));
+    let not_found = || {
+        AppError::not_found(format!(
+            "No product with SKU {}.",
+            crate::text::quoted(&path)
+        ))
+    };
     let sku = Sku::parse(&path).map_err(|_| not_found())?;
     let product = state
         .read(async |db| Ok(state.catalog.product(db, &sku).await?))

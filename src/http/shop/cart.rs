@@ -108,7 +108,7 @@ pub async fn post_cart_add(
     csrf::check_storefront(&req, &form.csrf)?;
     let sku = parse_known_sku(&state, &form.sku).await?;
     let mut cart = Cart::from_request(&req);
-    let quantity = Quantity::parse(&form.quantity, max_quantity(&state))?;
+    let quantity = form_quantity(&form.quantity, max_quantity(&state))?;
     let total = cart.quantity_of(&sku) + quantity.get();
     let total = Quantity::new(i64::from(total), max_quantity(&state)).map_err(|_| {
         AppError::Unprocessable(format!(
@@ -140,13 +140,26 @@ pub async fn post_cart_update(
     let mut cart = Cart::from_request(&req);
     let quantity = match form.quantity.trim() {
         "0" => 0,
-        raw => Quantity::parse(raw, max_quantity(&state))?.get(),
+        raw => form_quantity(raw, max_quantity(&state))?.get(),
     };
     cart.set(sku, quantity);
     Ok(HttpResponse::SeeOther()
         .insert_header((header::LOCATION, "/cart"))
         .cookie(cart.cookie(&req))
         .finish())
+}
+
+/// A form's quantity: digits only, by the grammar every number from a form or an address
+/// follows ([`crate::text::whole_number`]; `+1` is refused here as the API refuses it),
+/// then from 1 to the cap.
+fn form_quantity(raw: &str, max: i32) -> Result<Quantity, AppError> {
+    let n = crate::text::whole_number(raw).ok_or_else(|| {
+        AppError::Unprocessable(format!(
+            "The quantity must be a whole number written in digits, like 2 (got {}).",
+            crate::text::quoted(raw.trim())
+        ))
+    })?;
+    Ok(Quantity::new(n, max)?)
 }
 
 async fn parse_known_sku(state: &AppState, raw: &str) -> Result<Sku, AppError> {

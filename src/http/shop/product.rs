@@ -23,7 +23,12 @@ pub async fn get_product(
     state: web::Data<AppState>,
     path: web::Path<String>,
 ) -> Result<ProductPage, AppError> {
-    let not_found = || AppError::not_found(format!("We have no product with SKU {path:?}."));
+    let not_found = || {
+        AppError::not_found(format!(
+            "We have no product with SKU {}.",
+            crate::text::quoted(&path)
+        ))
+    };
     let sku = Sku::parse(&path).map_err(|_| not_found())?;
     let product = state
         .read(async |db| Ok(state.catalog.product(db, &sku).await?))
@@ -65,7 +70,12 @@ async fn picture(
     raw: &str,
     size: images::Size,
 ) -> Result<HttpResponse, AppError> {
-    let not_found = || AppError::not_found(format!("No picture for a product with SKU {raw:?}."));
+    let not_found = || {
+        AppError::not_found(format!(
+            "No picture for a product with SKU {}.",
+            crate::text::quoted(raw)
+        ))
+    };
     let sku = Sku::parse(raw).map_err(|_| not_found())?;
     let stored = images::find(&state.db, &sku, size)
         .await?
