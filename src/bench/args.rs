@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 use clap::Args;
 
 use super::Workload;
@@ -104,7 +104,7 @@ pub struct Plan {
 }
 
 impl BenchArgs {
-    fn plan(&self) -> anyhow::Result<Plan> {
+    pub(super) fn plan(&self) -> anyhow::Result<Plan> {
         let quick = self.quick;
         let plan = Plan {
             workloads: self.workloads.clone(),

@@ -1,6 +1,8 @@
 //! What the bench reads of the database server around a run: commits, WAL, statements,
 //! sessions, settings; and the databases it drops.
 
+use std::time::{Duration, Instant};
+
 use sqlx::PgPool;
 
 use super::report::PostgresInfo;
@@ -16,7 +18,6 @@ pub(super) async fn commit_count(admin: &PgPool, name: &str) -> anyhow::Result<i
     .await?
     .unwrap_or(0))
 }
-
 
 /// The cluster's WAL insert position in bytes (`None` if it cannot be read). WAL is the
 /// cluster's, not one database's: on the bench's own cluster only the phase being measured

@@ -32,11 +32,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use sqlx::PgPool;
 
-use self::load::{Connections, Live, Load, Measured, Schedule, Work};
 use self::db::{
     commit_count, drop_database, per_request, postgres_info, statement_count, wait_for_no_sessions,
     wal_position, wal_since,
 };
+use self::load::{Connections, Live, Load, Measured, Schedule};
 use self::report::{BenchReport, Row, derived_lines};
 use crate::loadtest::check::{self, RedisTarget};
 use crate::loadtest::servers::ServerProcess;
@@ -311,44 +311,7 @@ impl Bench<'_> {
         }
         let load = Load {
             targets: servers.iter().map(|s| s.address.clone()).collect(),
-            work: match workload {
-                Workload::HotSku => Work::Order {
-                    path: ORDERS,
-                    skus: Arc::new(vec![HOT_SKU.to_string()]),
-                    quantity: 1,
-                },
-                Workload::HoldHot => Work::Order {
-                    path: "/api/v1/holds",
-                    skus: Arc::new(vec![HOT_SKU.to_string()]),
-                    quantity: 1,
-                },
-                Workload::Confirm => Work::Confirm {
-                    paths: Arc::new(
-                        (1..=CONFIRM_HOLDS)
-                            .map(|n| format!("/api/v1/holds/{}/confirm", bench_hold(n)))
-                            .collect(),
-                    ),
-                    next: Arc::default(),
-                },
-                Workload::Uniform => Work::Order {
-                    path: ORDERS,
-                    skus: Arc::new((1..=plan.skus).map(uniform_sku).collect()),
-                    quantity: 1,
-                },
-                Workload::SoldOut => Work::Order {
-                    path: ORDERS,
-                    skus: Arc::new(vec![SOLD_OUT_SKU.to_string()]),
-                    quantity: 1,
-                },
-                Workload::Refused => Work::Order {
-                    path: ORDERS,
-                    skus: Arc::new(vec![HOT_SKU.to_string()]),
-                    quantity: 0,
-                },
-                Workload::ProductPage => Work::Page {
-                    path: format!("/products/{HOT_SKU}"),
-                },
-            },
+            work: workload.work(plan.skus),
             timeout: Duration::from_secs(10),
             api_key,
         };

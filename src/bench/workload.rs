@@ -53,6 +53,49 @@ impl Workload {
         )
     }
 
+    /// What each request of this workload sends (`skus`: how many the uniform one spreads
+    /// over).
+    pub fn work(self, skus: usize) -> Work {
+        match self {
+            Self::HotSku => Work::Order {
+                path: ORDERS,
+                skus: Arc::new(vec![HOT_SKU.to_string()]),
+                quantity: 1,
+            },
+            Self::HoldHot => Work::Order {
+                path: "/api/v1/holds",
+                skus: Arc::new(vec![HOT_SKU.to_string()]),
+                quantity: 1,
+            },
+            Self::Confirm => Work::Confirm {
+                paths: Arc::new(
+                    (1..=CONFIRM_HOLDS)
+                        .map(|n| format!("/api/v1/holds/{}/confirm", bench_hold(n)))
+                        .collect(),
+                ),
+                next: Arc::default(),
+            },
+            Self::Uniform => Work::Order {
+                path: ORDERS,
+                skus: Arc::new((1..=skus).map(uniform_sku).collect()),
+                quantity: 1,
+            },
+            Self::SoldOut => Work::Order {
+                path: ORDERS,
+                skus: Arc::new(vec![SOLD_OUT_SKU.to_string()]),
+                quantity: 1,
+            },
+            Self::Refused => Work::Order {
+                path: ORDERS,
+                skus: Arc::new(vec![HOT_SKU.to_string()]),
+                quantity: 0,
+            },
+            Self::ProductPage => Work::Page {
+                path: format!("/products/{HOT_SKU}"),
+            },
+        }
+    }
+
     /// The status every answer should have.
     pub fn expected_status(self) -> u16 {
         match self {
@@ -90,7 +133,6 @@ pub const UNIFORM_SKU_SQL: &str = "('BENCH-' || lpad(:n::text, 5, '0'))";
 pub fn uniform_sku(n: usize) -> String {
     format!("BENCH-{n:05}")
 }
-
 
 /// Products and stock for `workload`, each with its `initial` ledger row (as
 /// `inventory::db::create_stock` writes it), set-based so 10,000 SKUs take one commit.
