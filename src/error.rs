@@ -284,24 +284,9 @@ impl From<crate::text::InvalidText> for AppError {
     }
 }
 
-/// `"no product"` → `"No product"`.
-pub fn capitalise(s: &str) -> String {
-    let mut chars = s.chars();
-    match chars.next() {
-        Some(first) => first.to_uppercase().chain(chars).collect(),
-        None => String::new(),
-    }
-}
-
-/// `"no product"` → `"No product."`.
-pub fn sentence(s: &str) -> String {
-    let s = capitalise(s);
-    if s.ends_with(['.', '!', '?']) {
-        s
-    } else {
-        s + "."
-    }
-}
+/// Messages made sentences (defined with the free-text rules, below the domain, which
+/// words its messages the same way).
+pub use crate::text::{capitalise, sentence};
 
 impl From<crate::holds::HoldError> for AppError {
     fn from(e: crate::holds::HoldError) -> Self {

@@ -105,6 +105,25 @@ pub fn keep_units_together(name: &str) -> String {
     out
 }
 
+/// `"no product"` → `"No product"`.
+pub fn capitalise(s: &str) -> String {
+    let mut chars = s.chars();
+    match chars.next() {
+        Some(first) => first.to_uppercase().chain(chars).collect(),
+        None => String::new(),
+    }
+}
+
+/// `"no product"` → `"No product."`.
+pub fn sentence(s: &str) -> String {
+    let s = capitalise(s);
+    if s.ends_with(['.', '!', '?']) {
+        s
+    } else {
+        s + "."
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -388,7 +388,7 @@ mod tests {
             host: "localhost".into(),
             addr: "127.0.0.1".parse().unwrap(),
         };
-        let said = crate::error::sentence(&named.to_string());
+        let said = crate::text::sentence(&named.to_string());
         assert!(
             said.starts_with(
                 "The host localhost resolves to 127.0.0.1, which is not a public address"
@@ -399,7 +399,7 @@ mod tests {
             host: "[::1]".into(),
             addr: "::1".parse().unwrap(),
         };
-        let said = crate::error::sentence(&written.to_string());
+        let said = crate::text::sentence(&written.to_string());
         assert!(
             said.starts_with("The address [::1] is not a public address"),
             "{said}"
@@ -408,7 +408,7 @@ mod tests {
             host: "ip6-localhost".into(),
         };
         assert_eq!(
-            crate::error::sentence(&unknown.to_string()),
+            crate::text::sentence(&unknown.to_string()),
             "The host ip6-localhost does not resolve to any address."
         );
     }
