@@ -31,6 +31,9 @@ pub enum Work {
         skus: Arc<Vec<String>>,
         quantity: i32,
     },
+    /// POST /api/v1/orders of a cart: one unit of `hot` and one of a SKU picked uniformly
+    /// from `skus`.
+    Cart { hot: String, skus: Arc<Vec<String>> },
     /// POST `/api/v1/holds/{id}/confirm` of the holds in turn (`paths`), from `next`.
     Confirm {
         paths: Arc<Vec<String>>,
@@ -120,6 +123,7 @@ fn url_for(load: &Load, base: &str) -> reqwest::Url {
     let path = match &load.work {
         Work::Order { path, .. } => *path,
         Work::Confirm { .. } => "/",
+        Work::Cart { .. } => "/api/v1/orders",
         Work::Page { path } => path.as_str(),
     };
     reqwest::Url::parse(&format!("{base}{path}")).expect("bench targets are valid URLs")
@@ -184,6 +188,22 @@ impl Connection {
         let request = match work {
             Work::Order { skus, quantity, .. } => {
                 let (key, body) = order(skus, *quantity, rng);
+                let builder = builder
+                    .method(Method::POST)
+                    .header("idempotency-key", key)
+                    .header(header::CONTENT_TYPE, "application/json");
+                let builder = match &self.bearer {
+                    Some(bearer) => builder.header(header::AUTHORIZATION, bearer.clone()),
+                    None => builder,
+                };
+                builder.body(Full::new(Bytes::from(body)))
+            }
+            Work::Cart { hot, skus } => {
+                let side = &skus[rng.random_range(0..skus.len())];
+                let body = format!(
+                    r#"{{"lines":[{{"sku":"{hot}","quantity":1}},{{"sku":"{side}","quantity":1}}]}}"#
+                );
+                let key = uuid::Uuid::new_v4().simple().to_string();
                 let builder = builder
                     .method(Method::POST)
                     .header("idempotency-key", key)

@@ -91,6 +91,34 @@ update idempotency_keys
 commit;
 "#;
 
+/// A cart's transaction: one unit of a uniform SKU and one of the hot SKU, their rows
+/// updated in SKU order (`BENCH-0…` before `BENCH-HOT`), as the app locks them.
+const CART: &str = r#"-- One cart (a uniform SKU and the hot SKU, a unit each), as the app writes it.
+\set k random(1, 9000000000000000000)
+\set n random(1, {skus})
+begin;
+insert into idempotency_keys (scope, key, fingerprint, state, owner)
+     values ('api', 'pgbench-' || :client_id::text || '-' || :k::text, 'pgbench', 'in_flight', gen_random_uuid())
+     on conflict (scope, key) do nothing;
+update stock set on_hand = on_hand - 1, updated_at = now()
+ where sku = {side} and on_hand - reserved >= 1;
+update stock set on_hand = on_hand - 1, updated_at = now()
+ where sku = {hot} and on_hand - reserved >= 1;
+insert into stock_movements (sku, delta, reason, reference, actor)
+     values ({side}, -1, 'order', md5('pgbench-' || :client_id::text || '-' || :k::text), 'pgbench'),
+            ({hot}, -1, 'order', md5('pgbench-' || :client_id::text || '-' || :k::text), 'pgbench');
+insert into orders (id, total_cents, idempotency_scope, idempotency_key)
+     values (md5('pgbench-' || :client_id::text || '-' || :k::text)::uuid, 2 * {price}, 'api',
+             'pgbench-' || :client_id::text || '-' || :k::text);
+insert into order_lines (order_id, sku, quantity, unit_price_cents)
+     values (md5('pgbench-' || :client_id::text || '-' || :k::text)::uuid, {side}, 1, {price}),
+            (md5('pgbench-' || :client_id::text || '-' || :k::text)::uuid, {hot}, 1, {price});
+update idempotency_keys
+   set state = 'completed', response_status = 201, response_body = '{}', completed_at = now()
+ where scope = 'api' and key = 'pgbench-' || :client_id::text || '-' || :k::text and state = 'in_flight';
+commit;
+"#;
+
 /// The one-SKU hold transaction: as an order, with `reserved += 1` and a hold row.
 const HOLD: &str = r#"-- One hold of one unit, written as the app writes it, in one transaction.
 \set k random(1, 9000000000000000000)
@@ -174,6 +202,12 @@ pub fn script(workload: Workload, skus: usize) -> Option<(String, String)> {
             ORDER
                 .replace("{pick}", &format!(r"\set n random(1, {skus})"))
                 .replace("{sku}", super::UNIFORM_SKU_SQL),
+        ),
+        Workload::Cart => (
+            "cart",
+            CART.replace("{skus}", &skus.to_string())
+                .replace("{side}", super::UNIFORM_SKU_SQL)
+                .replace("{hot}", &quoted(super::HOT_SKU)),
         ),
         Workload::SoldOut => (
             "sold-out",

@@ -23,6 +23,9 @@ pub enum Workload {
     Confirm,
     /// Orders of one unit of a SKU picked uniformly from `--skus`.
     Uniform,
+    /// Carts: orders of one unit of the hot SKU and one of a SKU picked uniformly from
+    /// `--skus`.
+    Cart,
     /// Orders for a SKU with no stock: every answer is 409.
     SoldOut,
     /// GET /products/{sku}, the HTML page.
@@ -39,6 +42,7 @@ impl Workload {
             Self::HoldHot => "hold-hot",
             Self::Confirm => "confirm",
             Self::Uniform => "uniform",
+            Self::Cart => "cart",
             Self::SoldOut => "sold-out",
             Self::ProductPage => "product-page",
             Self::Refused => "refused",
@@ -49,7 +53,12 @@ impl Workload {
     pub fn orders(self) -> bool {
         matches!(
             self,
-            Self::HotSku | Self::HoldHot | Self::Confirm | Self::Uniform | Self::SoldOut
+            Self::HotSku
+                | Self::HoldHot
+                | Self::Confirm
+                | Self::Uniform
+                | Self::Cart
+                | Self::SoldOut
         )
     }
 
@@ -80,6 +89,10 @@ impl Workload {
                 skus: Arc::new((1..=skus).map(uniform_sku).collect()),
                 quantity: 1,
             },
+            Self::Cart => Work::Cart {
+                hot: HOT_SKU.to_string(),
+                skus: Arc::new((1..=skus).map(uniform_sku).collect()),
+            },
             Self::SoldOut => Work::Order {
                 path: ORDERS,
                 skus: Arc::new(vec![SOLD_OUT_SKU.to_string()]),
@@ -99,7 +112,7 @@ impl Workload {
     /// The status every answer should have.
     pub fn expected_status(self) -> u16 {
         match self {
-            Self::HotSku | Self::HoldHot | Self::Confirm | Self::Uniform => 201,
+            Self::HotSku | Self::HoldHot | Self::Confirm | Self::Uniform | Self::Cart => 201,
             Self::SoldOut => 409,
             Self::ProductPage => 200,
             Self::Refused => 422,
@@ -144,6 +157,11 @@ pub(super) async fn seed(db: &PgPool, workload: Workload, skus: usize) -> anyhow
         | Workload::ProductPage
         | Workload::Refused => (vec![HOT_SKU.into()], HOT_STOCK),
         Workload::Uniform => ((1..=skus).map(uniform_sku).collect(), UNIFORM_STOCK),
+        Workload::Cart => {
+            let mut names: Vec<String> = (1..=skus).map(uniform_sku).collect();
+            names.push(HOT_SKU.into());
+            (names, HOT_STOCK)
+        }
         Workload::SoldOut => (vec![SOLD_OUT_SKU.into()], 0),
     };
     let mut tx = db.begin().await?;

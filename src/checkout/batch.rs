@@ -1,9 +1,9 @@
-//! The `batched` strategy (the default): group commit, for single-SKU orders and
-//! single-SKU holds alike.
+//! The `batched` strategy (the default): group commit, for orders and holds alike, of
+//! one SKU or of several (a cart).
 //!
 //! A hot SKU is one row, and one row takes one commit at a time; a wide catalogue pays
 //! one commit (one WAL flush) per order. So instead of one transaction per order,
-//! concurrent single-SKU orders queue in this process behind one leader task, which
+//! concurrent orders and holds queue in this process behind one leader task, which
 //! applies them in batches of up to `STOCKADE_BATCH_MAX`, whatever their SKUs:
 //!
 //! 1. orders for a SKU this process saw sold out queue apart, behind a leader of their
@@ -43,9 +43,12 @@
 //! an order (in arrival order, purchase limits counted alike) and written by the same
 //! statement, as `reserved += q` with its hold row, line, ledger row and `hold.placed`
 //! event; it expires `STOCKADE_HOLD_TTL` after the database's clock as the batch's read
-//! saw it (so never later than a hold placed on its own would). Orders and holds of
-//! several SKUs take the per-request path: their SKU sets rarely coincide, and a batch
-//! that mixed them would hold many leases for the sake of one order. Confirmations of
+//! saw it (so never later than a hold placed on its own would). A cart (several SKUs)
+//! joins a batch once the leases of all its SKUs are the batch's, and is allocated all or
+//! nothing: every line has its units, or it is refused with the shortage of each short
+//! line; a SKU it shares with other jobs is allocated in arrival order as any other.
+//! Carts never queue for the sold-out leader (Redis keeps sold-out answers of one SKU).
+//! Confirmations of
 //! holds are group-committed apart, by [`crate::holds::Confirmer`]: they take no stock
 //! that is not theirs already, so they need no lease.
 
@@ -79,7 +82,7 @@ pub enum Want {
     Hold,
 }
 
-/// One single-SKU order or hold for the queue.
+/// One order or hold for the queue, of one SKU or several (a cart).
 pub struct Job {
     pub want: Want,
     pub scope: Scope,
@@ -91,12 +94,18 @@ pub struct Job {
 }
 
 impl Job {
+    /// The SKU of a single-SKU job; a cart's first.
     fn sku(&self) -> &Sku {
         &self.request.lines()[0].sku
     }
 
     fn quantity(&self) -> i32 {
         self.request.lines()[0].quantity.get()
+    }
+
+    /// Every SKU it asks for, in SKU order.
+    fn skus(&self) -> impl Iterator<Item = &Sku> {
+        self.request.lines().iter().map(|l| &l.sku)
     }
 }
 
@@ -188,8 +197,10 @@ impl Batcher {
     }
 
     /// Whether `queued` is for a SKU this process saw sold out, not yet asked of Redis.
+    /// (A cart is decided by the batch: Redis keeps sold-out answers of one SKU.)
     fn for_sold_out_queue(&self, queued: &Queued) -> bool {
         !queued.past_sold_out
+            && queued.job.request.lines().len() == 1
             && self
                 .redis
                 .believes_sold_out(std::slice::from_ref(queued.job.sku()))
@@ -296,7 +307,7 @@ impl Batcher {
     ) -> (Vec<Queued>, Option<Lease>) {
         let batch = self.send_sold_out_aside(batch);
         let s = &self.settings;
-        let mut skus: Vec<Sku> = batch.iter().map(|q| q.job.sku().clone()).collect();
+        let mut skus: Vec<Sku> = batch.iter().flat_map(|q| q.job.skus().cloned()).collect();
         skus.sort_unstable();
         skus.dedup();
         if batch.is_empty() {
@@ -337,7 +348,7 @@ impl Batcher {
                 .collect();
             let (now, later): (Vec<Queued>, Vec<Queued>) = batch
                 .into_iter()
-                .partition(|q| leased.contains(q.job.sku()));
+                .partition(|q| q.job.skus().all(|sku| leased.contains(sku)));
             let later = self.give_up_on_stale(later);
             if !s.fault_pause_after_lease.is_zero() {
                 // A stalled process: nothing of it runs, its lease watchdog included.

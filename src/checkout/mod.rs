@@ -45,7 +45,7 @@
 //! [`OrderError`]. Mapping either to a status code is the HTTP layer's business.
 //!
 //! Two optimisations sit beside the path and keep its guarantees: [`batch`] (strategy
-//! `batched`: single-SKU orders of one process share a transaction) and [`sold_out`]
+//! `batched`, the default: the orders and holds of one process share a transaction) and [`sold_out`]
 //! (answers for SKUs known sold out kept in Redis, copied into PostgreSQL).
 
 pub mod batch;
@@ -162,14 +162,13 @@ pub async fn place_order(
     request: &OrderRequest,
 ) -> Result<OrderOutcome, OrderError> {
     let keyed = decided::Keyed::new(deps.settings, scope, key, request);
-    // A single-SKU order under `batched` goes straight to the process's queue: the
-    // batch's transaction reads its key and its stock along with everyone else's.
-    let placed =
-        if deps.settings.order_strategy == OrderStrategy::Batched && request.lines().len() == 1 {
-            place::place_batched::<Order>(deps, &keyed, request).await
-        } else {
-            place::place::<Order>(deps, &keyed, request).await
-        };
+    // Under `batched` an order goes straight to the process's queue: the batch's
+    // transaction reads its key and its stock along with everyone else's.
+    let placed = if deps.settings.order_strategy == OrderStrategy::Batched {
+        place::place_batched::<Order>(deps, &keyed, request).await
+    } else {
+        place::place::<Order>(deps, &keyed, request).await
+    };
     let outcome = match &placed {
         Ok(decided::Outcome::Made { replayed: true, .. })
         | Ok(decided::Outcome::Insufficient { replayed: true, .. }) => "replayed",
@@ -199,14 +198,13 @@ pub async fn place_hold(
         )));
     }
     let keyed = decided::Keyed::new(deps.settings, scope, key, request);
-    // A single-SKU hold under `batched` (the storefront's checkout button, most often)
-    // joins the batch, as a single-SKU order does.
-    let placed =
-        if deps.settings.order_strategy == OrderStrategy::Batched && request.lines().len() == 1 {
-            place::place_batched::<Hold>(deps, &keyed, request).await
-        } else {
-            place::place::<Hold>(deps, &keyed, request).await
-        };
+    // Under `batched` a hold (the storefront's checkout button) joins the batch, as an
+    // order does.
+    let placed = if deps.settings.order_strategy == OrderStrategy::Batched {
+        place::place_batched::<Hold>(deps, &keyed, request).await
+    } else {
+        place::place::<Hold>(deps, &keyed, request).await
+    };
     placed.map(HoldOutcome::from)
 }
 

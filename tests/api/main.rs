@@ -5,6 +5,7 @@ mod admin;
 mod bench;
 mod browse;
 mod browser;
+mod carts;
 mod catalogue;
 mod clients;
 mod cluster;

@@ -80,6 +80,9 @@ pub struct Decided<'a> {
     pub created: Vec<chrono::DateTime<chrono::Utc>>,
     /// Each shopper's identities, joined by newlines (`unnest` flattens arrays of arrays).
     pub shoppers: Vec<String>,
+    /// One entry per order line: its order, the order's scope (the ledger's actor).
+    pub line_orders: Vec<Uuid>,
+    pub line_scopes: Vec<&'a str>,
     pub skus: Vec<&'a str>,
     pub quantities: Vec<i32>,
     pub prices: Vec<i64>,
@@ -106,6 +109,9 @@ pub struct PlacedHolds<'a> {
     pub expires: Vec<chrono::DateTime<chrono::Utc>>,
     /// Identities joined by newlines, as for orders.
     pub shoppers: Vec<String>,
+    /// One entry per hold line: its hold, the hold's scope.
+    pub line_holds: Vec<Uuid>,
+    pub line_scopes: Vec<&'a str>,
     pub skus: Vec<&'a str>,
     pub quantities: Vec<i32>,
     pub prices: Vec<i64>,
@@ -147,13 +153,13 @@ pub async fn write(conn: &mut PgConnection, d: &Decided<'_>) -> sqlx::Result<boo
            ), lines as (
                insert into order_lines (order_id, sku, quantity, unit_price_cents)
                select id, sku, quantity, price
-                 from unnest($4::uuid[], $12::text[], $13::int[], $14::bigint[])
+                 from unnest($34::uuid[], $12::text[], $13::int[], $14::bigint[])
                       as u(id, sku, quantity, price)
                 where (select go from go)
            ), ledger as (
                insert into stock_movements (sku, delta, reserved_delta, reason, reference, actor)
                select sku, -quantity, 0, 'order', id::text, scope
-                 from unnest($4::uuid[], $12::text[], $13::int[], $8::text[])
+                 from unnest($34::uuid[], $12::text[], $13::int[], $35::text[])
                       as u(id, sku, quantity, scope)
                 where (select go from go)
            ), placed_events as (
@@ -177,13 +183,13 @@ pub async fn write(conn: &mut PgConnection, d: &Decided<'_>) -> sqlx::Result<boo
            ), held_lines as (
                insert into hold_lines (hold_id, sku, quantity, unit_price_cents)
                select id, sku, quantity, price
-                 from unnest($23::uuid[], $30::text[], $31::int[], $32::bigint[])
+                 from unnest($36::uuid[], $30::text[], $31::int[], $32::bigint[])
                       as u(id, sku, quantity, price)
                 where (select go from go)
            ), held_ledger as (
                insert into stock_movements (sku, delta, reserved_delta, reason, reference, actor)
                select sku, 0, quantity, 'hold', id::text, scope
-                 from unnest($23::uuid[], $30::text[], $31::int[], $26::text[])
+                 from unnest($36::uuid[], $30::text[], $31::int[], $37::text[])
                       as u(id, sku, quantity, scope)
                 where (select go from go)
            ), held_events as (
@@ -235,6 +241,10 @@ pub async fn write(conn: &mut PgConnection, d: &Decided<'_>) -> sqlx::Result<boo
         &d.holds.quantities,
         &d.holds.prices,
         &d.holds.events,
+        &d.line_orders,
+        &d.line_scopes as &[&str],
+        &d.holds.line_holds,
+        &d.holds.line_scopes as &[&str],
     )
     .fetch_one(conn)
     .await

@@ -55,7 +55,10 @@ pub(super) async fn transact(
     fence: Option<i64>,
     hold_ttl: Duration,
 ) -> sqlx::Result<Applied> {
-    let mut skus: Vec<&str> = jobs.iter().map(|j| j.sku().as_str()).collect();
+    let mut skus: Vec<&str> = jobs
+        .iter()
+        .flat_map(|j| j.skus().map(Sku::as_str))
+        .collect();
     skus.sort_unstable();
     skus.dedup();
     let scopes: Vec<&str> = jobs.iter().map(|j| j.scope.as_str()).collect();
@@ -125,119 +128,145 @@ async fn decide(
     // 2. Keys with a record already drop out (answered from it); the batch decides the
     //    others, the first of each key if one came twice. Their records are written with
     //    the orders; a request elsewhere that records one of them first makes the write
-    //    fail, and the batch start again. Then allocate in arrival order.
+    //    fail, and the batch start again. Then allocate in arrival order, each job all
+    //    or nothing over its SKUs (a cart's lines are taken together or not at all).
     let mut claims: HashSet<(&str, &str)> = jobs
         .iter()
         .enumerate()
-        .filter(|(i, j)| stocked.contains_key(j.sku().as_str()) && !recorded.contains(i))
+        .filter(|(i, j)| {
+            j.skus().all(|s| stocked.contains_key(s.as_str())) && !recorded.contains(i)
+        })
         .map(|(_, j)| (j.scope.as_str(), j.key.as_str()))
         .collect();
 
-    // Purchase limits: what each limited order's shopper bought or holds already (the
+    // Purchase limits: what each limited line's shopper bought or holds already (the
     //    rows are locked, so no other sale of these SKUs is in between), plus what the
     //    batch accepts for them on the way.
-    let limited: Vec<(usize, &Job)> = jobs
+    let limited: Vec<(usize, &Sku, &Job)> = jobs
         .iter()
         .enumerate()
-        .filter(|(_, j)| {
-            stocked
-                .get(j.sku().as_str())
-                .is_some_and(|s| s.limit.is_some())
-        })
-        .map(|(i, j)| (i, *j))
+        .flat_map(|(i, j)| j.skus().map(move |sku| (i, sku, *j)))
+        .filter(|(_, sku, _)| stocked.get(sku.as_str()).is_some_and(|s| s.limit.is_some()))
         .collect();
     let asks: Vec<(&str, &[String])> = limited
         .iter()
-        .map(|(_, j)| (j.sku().as_str(), j.request.shopper().identities()))
+        .map(|(_, sku, j)| (sku.as_str(), j.request.shopper().identities()))
         .collect();
     let counted = if asks.is_empty() {
         Vec::new()
     } else {
         crate::orders::db::bought_by(conn, &asks, None).await?
     };
-    let mut bought: HashMap<usize, i64> = limited.iter().map(|(i, _)| *i).zip(counted).collect();
+    let mut bought: HashMap<(usize, &str), i64> = limited
+        .iter()
+        .map(|(i, sku, _)| (*i, sku.as_str()))
+        .zip(counted)
+        .collect();
 
     let now = chrono::DateTime::from_timestamp_micros(Utc::now().timestamp_micros())
         .expect("now is representable");
     let mut each = Vec::with_capacity(jobs.len());
     for (i, job) in jobs.iter().enumerate() {
-        let Some(stock) = stocked.get_mut(job.sku().as_str()) else {
-            each.push(BatchAnswer::Failed(OrderError::UnknownSkus(vec![
-                job.sku().to_string(),
-            ])));
+        let unknown: Vec<String> = job
+            .skus()
+            .filter(|s| !stocked.contains_key(s.as_str()))
+            .map(|s| s.to_string())
+            .collect();
+        if !unknown.is_empty() {
+            each.push(BatchAnswer::Failed(OrderError::UnknownSkus(unknown)));
             continue;
-        };
+        }
         // A key twice in the batch: the first holds the claim, the second replays it.
         if !claims.remove(&(job.scope.as_str(), job.key.as_str())) {
             each.push(BatchAnswer::DecidedElsewhere);
             continue;
         }
-        let q = job.quantity();
-        if let (Some(limit), Some(already)) = (stock.limit, bought.get(&i).copied())
-            && already + i64::from(q) > i64::from(limit)
-        {
-            let refusal = crate::orders::limits::refusal(&stock.name, limit, q, already);
+        let over = job.request.lines().iter().find_map(|line| {
+            let (sku, q) = (line.sku.as_str(), line.quantity.get());
+            let stock = &stocked[sku];
+            let (limit, already) = (stock.limit?, *bought.get(&(i, sku))?);
+            (already + i64::from(q) > i64::from(limit))
+                .then(|| crate::orders::limits::refusal(&stock.name, limit, q, already))
+        });
+        if let Some(refusal) = over {
             each.push(BatchAnswer::Failed(OrderError::OverLimit(refusal)));
             continue;
         }
-        if q <= stock.left {
+        let shortages: Vec<Shortage> = job
+            .request
+            .lines()
+            .iter()
+            .filter(|line| line.quantity.get() > stocked[line.sku.as_str()].left)
+            .map(|line| Shortage {
+                sku: line.sku.to_string(),
+                requested: line.quantity.get(),
+                available: stocked[line.sku.as_str()].left.max(0),
+            })
+            .collect();
+        if !shortages.is_empty() {
+            each.push(BatchAnswer::Short(shortages));
+            continue;
+        }
+        let mine = job.request.shopper().identities();
+        let mut lines = Vec::with_capacity(job.request.lines().len());
+        for line in job.request.lines() {
+            let (sku, q) = (line.sku.as_str(), line.quantity.get());
+            let stock = stocked
+                .get_mut(sku)
+                .expect("every SKU is stocked (checked above)");
             stock.left -= q;
             match job.want {
                 Want::Order => stock.taken += q,
                 Want::Hold => stock.held += q,
             }
-            // Later orders in this batch by the same shopper count this one.
-            let mine = job.request.shopper().identities();
+            lines.push(OrderLine {
+                sku: line.sku.clone(),
+                name: stock.name.clone(),
+                quantity: q,
+                unit_price_cents: stock.price_cents,
+            });
+            // Later jobs in this batch by the same shopper count these units.
             for (j, later) in jobs.iter().enumerate().skip(i + 1) {
-                if later.sku() == job.sku()
+                if later.skus().any(|s| s.as_str() == sku)
                     && later
                         .request
                         .shopper()
                         .identities()
                         .iter()
                         .any(|id| mine.contains(id))
-                    && let Some(count) = bought.get_mut(&j)
+                    && let Some(count) = bought.get_mut(&(j, sku))
                 {
                     *count += i64::from(q);
                 }
             }
-            let lines = vec![OrderLine {
-                sku: job.sku().clone(),
-                name: stock.name.clone(),
-                quantity: q,
-                unit_price_cents: stock.price_cents,
-            }];
-            let email = job.request.email().map(str::to_string);
-            let customer_name = job.request.name().map(str::to_string);
-            let total_cents = stock.price_cents * i64::from(q);
-            each.push(match job.want {
-                Want::Order => BatchAnswer::Placed(Order {
-                    id: Uuid::new_v4(),
-                    status: crate::orders::OrderStatus::Placed,
-                    total_cents,
-                    lines,
-                    email,
-                    customer_name,
-                    created_at: now,
-                }),
-                Want::Hold => BatchAnswer::Held(Hold {
-                    id: Uuid::new_v4(),
-                    state: HoldState::Active,
-                    expires_at,
-                    lines,
-                    total_cents,
-                    email,
-                    customer_name,
-                    order_id: None,
-                }),
-            });
-        } else {
-            each.push(BatchAnswer::Short(vec![Shortage {
-                sku: job.sku().to_string(),
-                requested: q,
-                available: stock.left.max(0),
-            }]));
         }
+        let email = job.request.email().map(str::to_string);
+        let customer_name = job.request.name().map(str::to_string);
+        let total_cents = lines
+            .iter()
+            .map(|l| l.unit_price_cents * i64::from(l.quantity))
+            .sum();
+        each.push(match job.want {
+            Want::Order => BatchAnswer::Placed(Order {
+                id: Uuid::new_v4(),
+                status: crate::orders::OrderStatus::Placed,
+                total_cents,
+                lines,
+                email,
+                customer_name,
+                created_at: now,
+            }),
+            Want::Hold => BatchAnswer::Held(Hold {
+                id: Uuid::new_v4(),
+                state: HoldState::Active,
+                expires_at,
+                lines,
+                total_cents,
+                email,
+                customer_name,
+                order_id: None,
+            }),
+        });
     }
 
     // 3. One statement writes it all; it still refuses to take stock below zero or past a
@@ -297,7 +326,6 @@ fn columns<'a>(
     for (job, answer) in jobs.iter().zip(each) {
         let (status, body) = match answer {
             BatchAnswer::Placed(order) => {
-                let line = &order.lines[0];
                 d.order_ids.push(order.id);
                 d.names.push(order.customer_name.as_deref());
                 d.emails.push(order.email.as_deref());
@@ -307,15 +335,18 @@ fn columns<'a>(
                 d.created.push(order.created_at);
                 d.shoppers
                     .push(job.request.shopper().identities().join("\n"));
-                d.skus.push(line.sku.as_str());
-                d.quantities.push(line.quantity);
-                d.prices.push(line.unit_price_cents);
+                for line in &order.lines {
+                    d.line_orders.push(order.id);
+                    d.line_scopes.push(job.scope.as_str());
+                    d.skus.push(line.sku.as_str());
+                    d.quantities.push(line.quantity);
+                    d.prices.push(line.unit_price_cents);
+                }
                 d.events
                     .push(crate::events::Event::order_placed(order).payload);
                 (201, serde_json::to_value(order).expect("orders serialise"))
             }
             BatchAnswer::Held(hold) => {
-                let line = &hold.lines[0];
                 let h = &mut d.holds;
                 h.ids.push(hold.id);
                 h.names.push(hold.customer_name.as_deref());
@@ -325,9 +356,13 @@ fn columns<'a>(
                 h.expires.push(hold.expires_at);
                 h.shoppers
                     .push(job.request.shopper().identities().join("\n"));
-                h.skus.push(line.sku.as_str());
-                h.quantities.push(line.quantity);
-                h.prices.push(line.unit_price_cents);
+                for line in &hold.lines {
+                    h.line_holds.push(hold.id);
+                    h.line_scopes.push(job.scope.as_str());
+                    h.skus.push(line.sku.as_str());
+                    h.quantities.push(line.quantity);
+                    h.prices.push(line.unit_price_cents);
+                }
                 h.events
                     .push(crate::events::Event::hold_placed(hold).payload);
                 (201, serde_json::to_value(hold).expect("holds serialise"))
