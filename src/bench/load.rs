@@ -188,46 +188,47 @@ impl Connection {
         let request = match work {
             Work::Order { skus, quantity, .. } => {
                 let (key, body) = order(skus, *quantity, rng);
-                let builder = builder
-                    .method(Method::POST)
-                    .header("idempotency-key", key)
-                    .header(header::CONTENT_TYPE, "application/json");
-                let builder = match &self.bearer {
-                    Some(bearer) => builder.header(header::AUTHORIZATION, bearer.clone()),
-                    None => builder,
-                };
-                builder.body(Full::new(Bytes::from(body)))
+                self.post_json(builder, key, body)
             }
             Work::Cart { hot, skus } => {
                 let side = &skus[rng.random_range(0..skus.len())];
                 let body = format!(
                     r#"{{"lines":[{{"sku":"{hot}","quantity":1}},{{"sku":"{side}","quantity":1}}]}}"#
                 );
-                let key = uuid::Uuid::new_v4().simple().to_string();
-                let builder = builder
-                    .method(Method::POST)
-                    .header("idempotency-key", key)
-                    .header(header::CONTENT_TYPE, "application/json");
-                let builder = match &self.bearer {
-                    Some(bearer) => builder.header(header::AUTHORIZATION, bearer.clone()),
-                    None => builder,
-                };
-                builder.body(Full::new(Bytes::from(body)))
+                self.post_json(builder, uuid::Uuid::new_v4().simple().to_string(), body)
             }
             Work::Confirm { paths, next } => {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let builder = builder
                     .uri(paths[i % paths.len()].as_str())
                     .method(Method::POST);
-                let builder = match &self.bearer {
-                    Some(bearer) => builder.header(header::AUTHORIZATION, bearer.clone()),
-                    None => builder,
-                };
-                builder.body(Full::default())
+                self.authorised(builder).body(Full::default())
             }
             Work::Page { .. } => builder.method(Method::GET).body(Full::default()),
         };
         request.expect("bench requests are well formed")
+    }
+
+    /// A POST of `body` as JSON under the fresh `key`, with the API key.
+    fn post_json(
+        &self,
+        builder: hyper::http::request::Builder,
+        key: String,
+        body: String,
+    ) -> Result<Request<Full<Bytes>>, hyper::http::Error> {
+        let builder = builder
+            .method(Method::POST)
+            .header("idempotency-key", key)
+            .header(header::CONTENT_TYPE, "application/json");
+        self.authorised(builder).body(Full::new(Bytes::from(body)))
+    }
+
+    /// `builder` with the API key, when the bench has one.
+    fn authorised(&self, builder: hyper::http::request::Builder) -> hyper::http::request::Builder {
+        match &self.bearer {
+            Some(bearer) => builder.header(header::AUTHORIZATION, bearer.clone()),
+            None => builder,
+        }
     }
 
     /// Opens the connection unless it is open; one the server closed while it was idle

@@ -322,35 +322,32 @@ pub(super) fn derived_lines(rows: &[Row], pgbench: &[pgbench::PgbenchResult]) ->
         }
     }
     for strategy in strategies {
-        if let Some(value) = ratio(
-            rate(Workload::HoldHot, strategy),
-            rate(Workload::HotSku, strategy),
-        ) {
-            lines.push(Derived::ratio(
-                &format!("hold-hot ÷ hot SKU ({strategy})"),
-                value,
+        // Each of these workloads' rate over the hot SKU's orders, under one strategy.
+        let beside_orders = [
+            (
+                Workload::HoldHot,
+                "hold-hot",
                 "holds/s (the checkout button) over orders/s of the same SKU",
-            ));
-        }
-        if let Some(value) = ratio(
-            rate(Workload::Confirm, strategy),
-            rate(Workload::HotSku, strategy),
-        ) {
-            lines.push(Derived::ratio(
-                &format!("confirm ÷ hot SKU ({strategy})"),
-                value,
+            ),
+            (
+                Workload::Confirm,
+                "confirm",
                 "confirmations/s (\"Place order\") over orders/s of the same SKU",
-            ));
-        }
-        if let Some(value) = ratio(
-            rate(Workload::SoldOut, strategy),
-            rate(Workload::HotSku, strategy),
-        ) {
-            lines.push(Derived::ratio(
-                &format!("sold-out ÷ hot SKU ({strategy})"),
-                value,
+            ),
+            (
+                Workload::SoldOut,
+                "sold-out",
                 "409 answers/s over orders/s: what refusing costs next to selling",
-            ));
+            ),
+        ];
+        for (workload, name, meaning) in beside_orders {
+            if let Some(value) = ratio(rate(workload, strategy), rate(Workload::HotSku, strategy)) {
+                lines.push(Derived::ratio(
+                    &format!("{name} ÷ hot SKU ({strategy})"),
+                    value,
+                    meaning,
+                ));
+            }
         }
         if let Some(value) = ratio(rate(Workload::SoldOut, strategy), ceiling) {
             lines.push(Derived::ratio(
