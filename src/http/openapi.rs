@@ -15,19 +15,22 @@
 //! app against it with schemathesis. The admin API's handlers are annotated in
 //! [`super::admin::api`].
 
-use std::collections::BTreeMap;
-use std::sync::OnceLock;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, OnceLock};
 
-use actix_web::HttpResponse;
+use actix_web::{HttpResponse, web};
 use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::response::{Response, ResponseBuilder};
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, Http, HttpAuthScheme, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, Type};
 use utoipa::{IntoResponses, Modify, OpenApi, ToResponse};
 
+use super::AppState;
 use super::admin::api as admin;
 use super::api;
 use crate::error::ProblemDocument;
+
+pub mod inputs;
 
 /// Name of the security scheme of API clients (`Authorization: Bearer sk_…`).
 pub const API_KEY_SCHEME: &str = "api_key";
@@ -63,7 +66,23 @@ pub const API_KEY_SCHEME: &str = "api_key";
         admin::post_api_resend_delivery,
     ),
     components(
-        schemas(ProblemDocument),
+        schemas(
+            ProblemDocument,
+            inputs::SkuInput,
+            inputs::Email,
+            inputs::CustomerName,
+            inputs::SearchWords,
+            inputs::CategoryFilter,
+            inputs::CategoryName,
+            inputs::SortOrder,
+            inputs::PageNumber,
+            inputs::Reason,
+            inputs::EndpointDescription,
+            inputs::EventTypeName,
+            inputs::DeliveryStatus,
+            inputs::WebhookUrl,
+            inputs::ProductSettingsPatch
+        ),
         responses(
             BadRequest,
             Unauthorized,
@@ -144,17 +163,61 @@ pub fn operations(doc: &serde_json::Value) -> Vec<(String, String)> {
     ops
 }
 
-/// The document, built once.
-pub fn document_json() -> &'static str {
-    static JSON: OnceLock<String> = OnceLock::new();
-    JSON.get_or_init(|| {
-        ApiDoc::openapi()
-            .to_pretty_json()
-            .expect("the OpenAPI document serialises")
-    })
+/// The settings the document depends on: the most units per line of an order, and per SKU
+/// of a hold (`STOCKADE_MAX_LINE_QUANTITY`, `STOCKADE_HOLD_MAX_PER_SKU`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Limits {
+    pub line_quantity: i32,
+    pub hold_per_sku: i32,
 }
 
-/// This API's OpenAPI 3.1 document.
+impl Limits {
+    pub fn of(settings: &crate::config::Settings) -> Self {
+        Self {
+            line_quantity: settings.max_line_quantity,
+            hold_per_sku: settings.hold_max_per_sku,
+        }
+    }
+}
+
+/// The document for a server running with `limits`, as JSON.
+///
+/// What the annotations cannot say is set here: the quantity bounds come from the settings
+/// (a hold's line is capped by both), and the confirmation's body is optional without
+/// being nullable (utoipa would write `oneOf [ConfirmBody, null]` for an `Option`, and the
+/// server refuses a `null` body).
+pub fn document(limits: Limits) -> serde_json::Value {
+    let mut doc = serde_json::to_value(ApiDoc::openapi()).expect("the OpenAPI document serialises");
+    let schemas = &mut doc["components"]["schemas"];
+    let hold = limits.line_quantity.min(limits.hold_per_sku);
+    for (line, max) in [("LineBody", limits.line_quantity), ("HoldLineBody", hold)] {
+        let quantity = &mut schemas[line]["properties"]["quantity"];
+        assert!(quantity.is_object(), "{line} has a quantity");
+        quantity["maximum"] = max.into();
+    }
+    let confirm = &mut doc["paths"]["/api/v1/holds/{id}/confirm"]["post"]["requestBody"];
+    assert!(confirm.is_object(), "the confirmation takes a body");
+    confirm["required"] = false.into();
+    doc
+}
+
+/// The document for `limits`, serialised once per distinct limits (one, in a server).
+pub fn document_json(limits: Limits) -> std::sync::Arc<str> {
+    static DOCS: OnceLock<Mutex<HashMap<Limits, Arc<str>>>> = OnceLock::new();
+    let mut docs = DOCS
+        .get_or_init(Default::default)
+        .lock()
+        .expect("not poisoned");
+    docs.entry(limits)
+        .or_insert_with(|| {
+            serde_json::to_string_pretty(&document(limits))
+                .expect("the OpenAPI document serialises")
+                .into()
+        })
+        .clone()
+}
+
+/// This API's OpenAPI 3.1 document, for the settings it runs with.
 #[utoipa::path(
     get,
     path = "/api/v1/openapi.json",
@@ -165,10 +228,10 @@ pub fn document_json() -> &'static str {
         (status = 503, response = Unavailable),
     )
 )]
-pub async fn get_openapi_json() -> HttpResponse {
+pub async fn get_openapi_json(state: web::Data<AppState>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("application/json")
-        .body(document_json())
+        .body(document_json(Limits::of(&state.settings)).to_string())
 }
 
 /// A problem+json response, with the headers named (each a string or integer).
@@ -360,9 +423,15 @@ error_group!(
 mod tests {
     use super::*;
 
+    /// The settings' defaults.
+    const DEFAULTS: Limits = Limits {
+        line_quantity: 10,
+        hold_per_sku: 5,
+    };
+
     #[test]
     fn every_api_route_is_documented_and_nothing_else() {
-        let doc: serde_json::Value = serde_json::from_str(document_json()).unwrap();
+        let doc = document(DEFAULTS);
         let routes = api_routes();
         assert!(routes.len() >= 18, "{routes:?}");
         assert_eq!(operations(&doc), routes);
@@ -370,7 +439,7 @@ mod tests {
 
     #[test]
     fn the_document_is_openapi_3_1_with_problem_errors_and_bearer_auth() {
-        let doc: serde_json::Value = serde_json::from_str(document_json()).unwrap();
+        let doc = document(DEFAULTS);
         assert_eq!(doc["openapi"], "3.1.0");
         assert_eq!(
             doc["components"]["securitySchemes"][API_KEY_SCHEME]["scheme"],

@@ -24,6 +24,10 @@ use crate::events::db::{self, Delivery, Endpoint};
 use crate::events::sign;
 use crate::http::AppState;
 use crate::http::json::Json;
+use crate::http::openapi::inputs::{
+    DeliveryStatus, EndpointDescription, EventTypeName, ProductSettingsPatch, Reason, SkuInput,
+    WebhookUrl,
+};
 use crate::http::openapi::{
     AdminActionErrors, AdminCreateErrors, AdminEditErrors, AdminListErrors, AdminReadErrors,
     AdminStockErrors,
@@ -54,15 +58,21 @@ pub async fn get_dashboard_json(
 /// Units received into stock.
 #[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
 pub struct RestockBody {
+    #[schema(minimum = 1, maximum = 10_000_000)]
     units: i64,
+    #[schema(value_type = Reason)]
     reason: String,
 }
 
 /// A stock count: `on_hand` becomes the count, if it still is `expected_on_hand`.
 #[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
 pub struct AdjustBody {
+    /// The count read before (any that fits in 32 bits; 409 unless it still is).
+    #[schema(minimum = 0, maximum = 2_147_483_647)]
     expected_on_hand: i64,
+    #[schema(minimum = 0, maximum = 10_000_000)]
     on_hand: i64,
+    #[schema(value_type = Reason)]
     reason: String,
 }
 
@@ -152,9 +162,9 @@ fn api_answer(once: Once) -> Result<HttpResponse, AppError> {
     path = "/api/v1/admin/products/{sku}",
     tag = "admin",
     security(("admin_session" = [])),
-    params(("sku" = String, Path, description = "The product's SKU."), CsrfHeader),
-    request_body(content = Object, description = "`{\"purchase_limit\": n | null}` and/or \
-        `{\"category\": \"…\" | null}`."),
+    params(("sku" = SkuInput, Path, description = "The product's SKU."), CsrfHeader),
+    request_body(content = ProductSettingsPatch, description = "`{\"purchase_limit\": n | \
+        null}` and/or `{\"category\": \"…\" | null}`."),
     responses(
         (status = 200, description = "The product's settings now.", body = ProductSettings),
         AdminEditErrors,
@@ -245,7 +255,7 @@ pub async fn patch_api_product(
     path = "/api/v1/admin/stock/{sku}/restock",
     tag = "admin",
     security(("admin_session" = [])),
-    params(("sku" = String, Path, description = "The product's SKU."), CsrfHeader,
+    params(("sku" = SkuInput, Path, description = "The product's SKU."), CsrfHeader,
         crate::http::api::IdempotencyKeyHeader),
     request_body = RestockBody,
     responses(
@@ -301,7 +311,7 @@ pub async fn post_api_restock(
     path = "/api/v1/admin/stock/{sku}/adjust",
     tag = "admin",
     security(("admin_session" = [])),
-    params(("sku" = String, Path, description = "The product's SKU."), CsrfHeader,
+    params(("sku" = SkuInput, Path, description = "The product's SKU."), CsrfHeader,
         crate::http::api::IdempotencyKeyHeader),
     request_body = AdjustBody,
     responses(
@@ -392,11 +402,15 @@ pub async fn get_api_webhooks(
     Ok(HttpResponse::Ok().json(db::endpoints(&state.db).await?))
 }
 
-#[derive(Deserialize)]
+/// A new webhook endpoint.
+#[derive(Deserialize, utoipa::ToSchema)]
 pub struct NewEndpointBody {
+    #[schema(value_type = WebhookUrl)]
     url: String,
+    #[schema(value_type = Vec<EventTypeName>, min_items = 1)]
     event_types: Vec<String>,
     #[serde(default)]
+    #[schema(value_type = EndpointDescription)]
     description: String,
 }
 
@@ -407,8 +421,7 @@ pub struct NewEndpointBody {
     tag = "admin",
     security(("admin_session" = [])),
     params(CsrfHeader),
-    request_body(content = Object, description = "`{\"url\": \"https://…\", \
-        \"event_types\": [\"order.placed\", …], \"description\"?}`."),
+    request_body = NewEndpointBody,
     responses(
         (status = 201, description = "The endpoint, with its `secret`.", body = NewEndpoint),
         AdminCreateErrors,
@@ -472,8 +485,7 @@ pub async fn delete_api_webhook(
     path = "/api/v1/admin/webhooks/deliveries",
     tag = "admin",
     security(("admin_session" = [])),
-    params(("status" = Option<String>, Query,
-        description = "Only `pending`, `sent` or `failed` ones.")),
+    params(("status" = Option<DeliveryStatus>, Query)),
     responses(
         (status = 200, description = "The deliveries.", body = [Delivery]),
         AdminListErrors,
@@ -537,4 +549,32 @@ async fn existing_sku(state: &AppState, path: &str) -> Result<Sku, AppError> {
         .await?
         .ok_or_else(|| AppError::not_found(format!("No product with SKU {sku}.")))?;
     Ok(sku)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::http::openapi::inputs::tests::{TEXTS, agrees};
+    use crate::http::openapi::inputs::{one_of, plain_line};
+
+    // The document's patterns for what this module's helpers check (beside them, which
+    // the document's module cannot see).
+    #[test]
+    fn the_reason_and_status_patterns_are_their_parsers() {
+        let mut samples: Vec<String> = TEXTS.iter().map(|s| s.to_string()).collect();
+        for n in [499, 500, 501] {
+            samples.push("x".repeat(n));
+            samples.push(format!("  {}\u{a0}", "x".repeat(n)));
+        }
+        let samples: Vec<&str> = samples.iter().map(String::as_str).collect();
+        agrees(
+            &plain_line(1, 500),
+            |s| super::reason_of(s).is_ok(),
+            &samples,
+        );
+        agrees(
+            &one_of(["pending", "sent", "failed"], true),
+            |s| super::status_filter(Some(s)).is_ok(),
+            &["", " ", "sent", "\tfailed ", "Sent", "pendingx", "all"],
+        );
+    }
 }

@@ -20,10 +20,12 @@ use crate::idempotency::{self, IdempotencyKey, Once, RunError, Scope, StoredResp
 /// still running) waits for the first to finish before it is answered 409.
 const SECOND_PRESS_WAIT: Duration = Duration::from_secs(2);
 
-/// An admin's own key space: `{admin id}:{key}`, so two admins never share a key.
+/// An admin's own key space: `{admin id}:{key}`, so two admins never share a key. The key
+/// was checked on its own (up to 255 characters, as the document says); the prefix does not
+/// count against it, as an API client's does not (the fuzzer found 400s for keys the
+/// document allows when it did).
 pub(super) fn admin_key(admin: &Admin, key: &IdempotencyKey) -> Result<IdempotencyKey, AppError> {
-    IdempotencyKey::parse(&format!("{}:{}", admin.id, key.as_str()))
-        .map_err(|_| AppError::BadRequest("The Idempotency-Key is too long.".into()))
+    Ok(IdempotencyKey::scoped(&admin.id.to_string(), key))
 }
 
 /// Runs `change` at most once per `key` ([`idempotency::run`]), waiting up to `wait` for

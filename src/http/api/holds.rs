@@ -4,7 +4,7 @@ use actix_web::http::header;
 use actix_web::{HttpRequest, HttpResponse, web};
 use uuid::Uuid;
 
-use super::place::{OrderBody, insufficient, place};
+use super::place::{HoldBody, insufficient, place};
 use super::{IdempotencyKeyHeader, REPLAYED_HEADER};
 use crate::checkout::OrderRequest;
 use crate::clients;
@@ -25,7 +25,7 @@ use crate::idempotency::Scope;
     tag = "holds",
     security(("api_key" = [])),
     params(IdempotencyKeyHeader),
-    request_body = OrderBody,
+    request_body = HoldBody,
     responses(
         (status = 201, description = "The hold, placed (or replayed).",
             body = crate::holds::Hold,
@@ -96,11 +96,9 @@ pub async fn get_hold(
 /// Optional details for confirming a hold.
 #[derive(Debug, Default, serde::Deserialize, utoipa::ToSchema)]
 pub struct ConfirmBody {
-    /// Where the receipt goes.
-    #[schema(max_length = 254)]
+    #[schema(value_type = Option<crate::http::openapi::inputs::Email>)]
     email: Option<String>,
-    /// The customer's name; one line.
-    #[schema(max_length = 200)]
+    #[schema(value_type = Option<crate::http::openapi::inputs::CustomerName>)]
     name: Option<String>,
 }
 
@@ -112,7 +110,9 @@ pub struct ConfirmBody {
     tag = "holds",
     security(("api_key" = [])),
     params(("id" = Uuid, Path, description = "The hold's id.")),
-    request_body(content = Option<ConfirmBody>, description = "Optional; may be empty."),
+    // Optional (`required: false`, set in `openapi::document`), but never `null`.
+    request_body(content = ConfirmBody, description = "Optional: no body (or only white \
+        space) is the same as `{}`. Not `null`."),
     responses(
         (status = 201, description = "The order the hold became.",
             body = crate::orders::Order,

@@ -25,12 +25,13 @@ pub const REPLAYED_HEADER: &str = "Idempotency-Replayed";
 #[allow(dead_code)]
 pub(crate) struct IdempotencyKeyHeader {
     /// A unique value per order (printable ASCII, up to 255 characters); send the same value
-    /// when retrying it. Scoped to the API client.
+    /// when retrying it. Scoped to the API client. (HTTP drops spaces around a header's
+    /// value, so the pattern leaves them out: a key of spaces arrives empty.)
     #[param(
         rename = "Idempotency-Key",
         min_length = 1,
         max_length = 255,
-        pattern = "^[\\x20-\\x7e]+$",
+        pattern = "^[\\x21-\\x7e](?:[\\x20-\\x7e]{0,253}[\\x21-\\x7e])?$",
         example = "order-2026-0001"
     )]
     idempotency_key: String,

@@ -11,11 +11,12 @@ use crate::error::AppError;
 use crate::http::json::Json;
 use crate::http::limits::{self, limit_placement};
 use crate::http::middleware::{answer_by, problem_response};
+use crate::http::openapi::inputs::{CustomerName, Email, SkuInput};
 use crate::http::{AppState, detached};
 use crate::idempotency::{IdempotencyKey, Scope};
 use crate::orders::Shortage;
 
-/// The body of an order or a hold.
+/// The body of an order.
 #[derive(utoipa::ToSchema)]
 #[schema(example = json!({
     "lines": [{"sku": "KB-ALPINE-75", "quantity": 1}],
@@ -23,25 +24,45 @@ use crate::orders::Shortage;
 }))]
 #[allow(dead_code)] // read as JSON by `OrderRequest::from_json`; this is its shape
 pub(super) struct OrderBody {
-    /// One line per SKU.
-    #[schema(min_items = 1)]
+    /// One line per SKU, at most 50 SKUs (`MAX_LINES`). A SKU named twice is one line of
+    /// the sum, which must be within the cap too.
+    #[schema(min_items = 1, max_items = 50)]
     lines: Vec<LineBody>,
-    /// Where the receipt goes.
-    #[schema(max_length = 254)]
-    email: Option<String>,
-    /// The customer's name; one line.
-    #[schema(max_length = 200)]
-    name: Option<String>,
+    email: Option<Email>,
+    name: Option<CustomerName>,
 }
 
-/// One line of an order or a hold.
+/// One line of an order.
 #[derive(utoipa::ToSchema)]
 #[allow(dead_code)]
 pub(super) struct LineBody {
-    /// The product's SKU (any case).
-    #[schema(example = "KB-ALPINE-75")]
-    sku: String,
-    /// Units, from 1 to the shop's cap per line (`STOCKADE_MAX_LINE_QUANTITY`, 10 unless set).
+    sku: SkuInput,
+    /// Units, from 1 to the shop's cap per line (`STOCKADE_MAX_LINE_QUANTITY`); the served
+    /// document says the running server's cap as `maximum`.
+    #[schema(minimum = 1)]
+    quantity: i64,
+}
+
+/// The body of a hold: an order's, with a lower cap per SKU.
+#[derive(utoipa::ToSchema)]
+#[schema(example = json!({"lines": [{"sku": "KB-ALPINE-75", "quantity": 1}]}))]
+#[allow(dead_code)]
+pub(super) struct HoldBody {
+    /// One line per SKU, at most 50 SKUs. A SKU named twice is one line of the sum, which
+    /// must be within the cap too.
+    #[schema(min_items = 1, max_items = 50)]
+    lines: Vec<HoldLineBody>,
+    email: Option<Email>,
+    name: Option<CustomerName>,
+}
+
+/// One line of a hold.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+pub(super) struct HoldLineBody {
+    sku: SkuInput,
+    /// Units, from 1 to the smaller of the cap per line and the cap per SKU held
+    /// (`STOCKADE_HOLD_MAX_PER_SKU`); the served document says it as `maximum`.
     #[schema(minimum = 1)]
     quantity: i64,
 }

@@ -7,6 +7,7 @@ use serde::Serialize;
 use crate::catalog::{ProductView, Sku};
 use crate::error::AppError;
 use crate::http::AppState;
+use crate::http::openapi::inputs::{CategoryFilter, PageNumber, SearchWords, SkuInput, SortOrder};
 use crate::http::openapi::{LookupErrors, SearchErrors};
 
 /// A product as the API shows it.
@@ -57,17 +58,10 @@ const API_PER_PAGE: i64 = 100;
     path = "/api/v1/products",
     tag = "products",
     params(
-        ("q" = Option<String>, Query, max_length = 100,
-            description = "Search words (name and description, prefix match); one line."),
-        ("category" = Option<String>, Query, max_length = 40,
-            description = "Only this category (as the admin named it)."),
-        ("sort" = Option<String>, Query,
-            pattern = "^(relevance|name|price-low|price-high|newest)?$",
-            description = "`relevance` (the default), `name`, `price-low`, `price-high` or \
-                `newest`."),
-        ("page" = Option<String>, Query, pattern = "^\\s*[0-9]*\\s*$",
-            description = "Pages of 100, from 1 to 10000 (else 422); without it (or empty), \
-                every match."),
+        ("q" = Option<SearchWords>, Query),
+        ("category" = Option<CategoryFilter>, Query),
+        ("sort" = Option<SortOrder>, Query),
+        ("page" = Option<PageNumber>, Query),
     ),
     responses(
         (status = 200, description = "The matching products, by name or as sorted.",
@@ -121,8 +115,7 @@ pub async fn get_products(
     get,
     path = "/api/v1/products/{sku}",
     tag = "products",
-    params(("sku" = String, Path, example = "KB-ALPINE-75",
-        description = "The product's SKU (any case).")),
+    params(("sku" = SkuInput, Path, description = "The product's SKU (any case).")),
     responses(
         (status = 200, description = "The product.", body = ProductJson),
         LookupErrors,
