@@ -15,7 +15,7 @@ pub struct BenchArgs {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "hot-sku,uniform,sold-out,product-page,refused"
+        default_value = "hot-sku,hold-hot,confirm,cart,uniform,sold-out,product-page,refused"
     )]
     pub workloads: Vec<Workload>,
     /// Order strategies to compare (the product page runs once, under the first).
@@ -172,7 +172,7 @@ mod tests {
             (plan.duration_s, plan.connections, plan.skus),
             (15, 64, 10_000)
         );
-        assert_eq!(plan.workloads.len(), 5);
+        assert_eq!(plan.workloads.len(), 8);
         assert_eq!(plan.strategies, ["redis-lock", "pg-atomic", "batched"]);
     }
 }

@@ -147,17 +147,17 @@ commit;
 const CONFIRM: &str = r#"-- One hold confirmed, written as the app writes it, in one transaction.
 select nextval('pgbench_confirm') as n \gset
 begin;
-select state from holds where id = lpad(to_hex(:n), 32, '0')::uuid for update;
+select state from holds where id = lpad(to_hex(:n::bigint), 32, '0')::uuid for update;
 update stock set on_hand = on_hand - 1, reserved = reserved - 1, updated_at = now()
  where sku = {sku} and reserved >= 1;
 insert into orders (id, total_cents, idempotency_scope, idempotency_key)
-     values (md5('pgbench-confirm-' || :n::text)::uuid, {price}, 'hold', lpad(to_hex(:n), 32, '0')::uuid::text);
+     values (md5('pgbench-confirm-' || :n::text)::uuid, {price}, 'hold', lpad(to_hex(:n::bigint), 32, '0')::uuid::text);
 insert into order_lines (order_id, sku, quantity, unit_price_cents)
      values (md5('pgbench-confirm-' || :n::text)::uuid, {sku}, 1, {price});
 insert into stock_movements (sku, delta, reserved_delta, reason, reference, actor)
      values ({sku}, -1, -1, 'order', md5('pgbench-confirm-' || :n::text)::uuid::text, 'pgbench');
 update holds set state = 'confirmed', order_id = md5('pgbench-confirm-' || :n::text)::uuid, updated_at = now()
- where id = lpad(to_hex(:n), 32, '0')::uuid;
+ where id = lpad(to_hex(:n::bigint), 32, '0')::uuid;
 commit;
 "#;
 

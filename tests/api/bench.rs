@@ -9,7 +9,7 @@ fn a_quick_bench_measures_the_app_and_pgbench_and_passes_the_checker() {
     let started = std::time::Instant::now();
     let run = Command::new(env!("CARGO_BIN_EXE_stockade"))
         .args(["bench", "--quick", "--quiet", "--strategies", "batched"])
-        .args(["--workloads", "hot-sku,sold-out,refused", "--out"])
+        .args(["--workloads", "hot-sku,hold-hot,confirm,cart,sold-out,refused", "--out"])
         .arg(out.path())
         .env_remove("DATABASE_URL")
         .env_remove("REDIS_URL")
@@ -47,6 +47,17 @@ fn a_quick_bench_measures_the_app_and_pgbench_and_passes_the_checker() {
     let wal = hot["wal_per_request"].as_f64().unwrap();
     assert!(wal > 1000.0, "{hot}");
     assert_eq!(hot["invariants"], true);
+    // The storefront's steps and a cart: placed by the app and by pgbench's scripts, and
+    // checked.
+    for workload in ["hold-hot", "confirm", "cart"] {
+        let row = rows
+            .iter()
+            .find(|r| r["workload"] == workload && r["mode"] == "closed")
+            .unwrap();
+        assert!(row["rate"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(row["pgbench_tps"].as_f64().unwrap() > 0.0, "{row}");
+        assert_eq!(row["invariants"], true, "{row}");
+    }
     let sold_out = rows.iter().find(|r| r["workload"] == "sold-out").unwrap();
     assert!(sold_out["rate"].as_f64().unwrap() > 0.0, "{sold_out}");
     // Orders refused before any work: the ceiling, every answer a 422, no pgbench.
