@@ -153,7 +153,10 @@ async fn invisible_characters_are_refused_and_categories_that_read_alike_are_one
         .unwrap();
     assert_eq!(res.status().as_u16(), 422);
     let body = res.text().await.unwrap();
-    assert!(body.contains("Name must not contain invisible formatting"), "{body}");
+    assert!(
+        body.contains("Name must not contain invisible formatting"),
+        "{body}"
+    );
     assert_eq!(app.stock("MUG-1").await, (5, 0));
 }
 
@@ -335,4 +338,17 @@ async fn a_damaged_jpeg_is_refused_quickly_and_stores_nothing() {
         upload(&app, "PIC-1", &csrf, &whole).await.status().as_u16(),
         303
     );
+}
+
+#[tokio::test]
+async fn every_stop_word_is_one_postgresql_leaves_out() {
+    let app = spawn_app().await;
+    for word in stockade::catalog::browse::STOP_WORDS {
+        let nodes: i32 = sqlx::query_scalar("select numnode(to_tsquery('english', $1 || ':*'))")
+            .bind(word)
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
+        assert_eq!(nodes, 0, "PostgreSQL searches for {word:?}");
+    }
 }
