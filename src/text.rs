@@ -1,25 +1,62 @@
 //! Free text from clients (names, emails, usernames, product fields, reasons): what every
 //! parser into a domain type checks before the text goes anywhere near SQL. PostgreSQL
 //! cannot store NUL in text, and control characters have no business in a name or a
-//! ledger note, so both are refused with a message naming the field.
+//! ledger note, so both are refused with a message naming the field. A single line also
+//! refuses invisible formatting characters (below), which would let two values that look
+//! the same be different ("Desk" and "Desk" + a zero-width space), or turn the text
+//! around it backwards (U+202E).
+
+use unicode_properties::{GeneralCategory, UnicodeGeneralCategory};
 
 /// Text that was refused; the message names the field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{field} must not contain control characters (such as NUL, tabs or escape codes){allowed}")]
+#[error("{field} must not contain {what}")]
 pub struct InvalidText {
     pub field: String,
-    allowed: &'static str,
+    what: &'static str,
 }
 
-/// One line of text: no control characters at all (C0, DEL, C1).
+/// One line of text: no control characters at all (C0, DEL, C1), and no invisible
+/// formatting characters — Unicode's general category Cf: direction marks and overrides,
+/// zero-width spaces and joiners, the byte-order mark, soft hyphens, tag characters.
+///
+/// One exception keeps real writing possible: a zero-width joiner or non-joiner (U+200D,
+/// U+200C) between two non-ASCII characters that are not themselves formatting or spaces.
+/// Persian, Hindi and other scripts spell words with them (می‌خواهم), and emoji sequences
+/// are joined by them (👩‍💻). Next to ASCII, at either end, or doubled, a joiner is only
+/// invisible, and is refused.
 pub fn single_line(field: &str, value: &str) -> Result<(), InvalidText> {
-    match value.chars().any(char::is_control) {
-        true => Err(InvalidText {
+    let refused = |what| {
+        Err(InvalidText {
             field: field.to_string(),
-            allowed: "",
-        }),
+            what,
+        })
+    };
+    if value.chars().any(char::is_control) {
+        return refused("control characters (such as NUL, tabs or escape codes)");
+    }
+    let chars: Vec<char> = value.chars().collect();
+    let joins_writing = |i: usize| {
+        let writing = |c: Option<&char>| {
+            c.is_some_and(|&c| !c.is_ascii() && !c.is_whitespace() && !is_format(c))
+        };
+        matches!(chars[i], '\u{200C}' | '\u{200D}')
+            && writing(i.checked_sub(1).and_then(|j| chars.get(j)))
+            && writing(chars.get(i + 1))
+    };
+    match (0..chars.len()).any(|i| is_format(chars[i]) && !joins_writing(i)) {
+        true => refused(
+            "invisible formatting characters (such as zero-width spaces, joiners or \
+             direction marks)",
+        ),
         false => Ok(()),
     }
+}
+
+/// A format character (general category Cf): it changes how text around it is shown,
+/// and shows nothing itself.
+pub fn is_format(c: char) -> bool {
+    c.general_category() == GeneralCategory::Format
 }
 
 /// Several lines (a description): line breaks and tabs are allowed, other control
@@ -31,7 +68,7 @@ pub fn multi_line(field: &str, value: &str) -> Result<(), InvalidText> {
     {
         true => Err(InvalidText {
             field: field.to_string(),
-            allowed: "; line breaks are fine",
+            what: "control characters (such as NUL, tabs or escape codes); line breaks are fine",
         }),
         false => Ok(()),
     }
@@ -204,6 +241,30 @@ mod tests {
                 "{bad:?}: {err}"
             );
         }
+        // Invisible formatting characters too, whatever the field.
+        for bad in [
+            "Desk\u{200B}",
+            "\u{202E}kseD",
+            "\u{FEFF}Desk",
+            "De\u{200D}sk",
+            "soft\u{AD}hyphen",
+            "tag\u{E0041}",
+            "\u{2066}isolate\u{2069}",
+            "می\u{200C}",
+            "👩\u{200D}\u{200D}💻",
+        ] {
+            let err = single_line("a category", bad).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                "a category must not contain invisible formatting characters (such as \
+                 zero-width spaces, joiners or direction marks)",
+                "{bad:?}"
+            );
+        }
+        // Joiners inside words of the scripts that spell with them, and inside emoji.
+        single_line("name", "می\u{200C}خواهم").unwrap();
+        single_line("name", "क्\u{200D}ष").unwrap();
+        single_line("name", "👩\u{200D}💻 Ada").unwrap();
         multi_line("description", "line one\r\nline two\tindented").unwrap();
         let err = multi_line("description", "nul\0here").unwrap_err();
         assert!(err.to_string().starts_with("description must not"), "{err}");

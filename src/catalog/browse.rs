@@ -4,7 +4,14 @@
 //!
 //! Search words become a prefix tsquery built here from letters and digits only
 //! (`"Keyb alp"` → `keyb:* & alp:*`), so whatever a shopper types can never be read as
-//! tsquery operators, and a half-typed word still finds the product.
+//! tsquery operators, and a half-typed word still finds the product. A number glued to its
+//! unit also finds the two apart (`240w` → `(240w:* | 240:* <-> w:*)`: "240W" and "240 W"),
+//! and the words PostgreSQL's `english` configuration leaves out (`a`, `the`, `with`) are
+//! left out here, so a search knows before it runs whether it has anything to look for
+//! ([`Search`]): one with nothing (`the`, `!!`, an emoji) finds nothing and says so, rather
+//! than showing the whole catalogue.
+
+use unicode_normalization::UnicodeNormalization;
 
 /// Products per page on the storefront and on an API page.
 pub const PER_PAGE: i64 = 24;
@@ -145,6 +152,21 @@ impl Browse {
         prefix_tsquery(&self.q)
     }
 
+    /// What the search asks for: everything (no search), nothing, or these terms.
+    pub fn search(&self) -> Search {
+        match (self.q.is_empty(), self.tsquery()) {
+            (true, _) => Search::Everything,
+            (false, None) => Search::Nothing,
+            (false, Some(terms)) => Search::Terms(terms),
+        }
+    }
+
+    /// A search was typed, but nothing in it can be searched for (only words such as
+    /// "the", or only signs and emoji): it finds nothing, and the page says why.
+    pub fn nothing_to_search(&self) -> bool {
+        self.search() == Search::Nothing
+    }
+
     /// The order actually used: best match only means something with words to search.
     pub fn effective_sort(&self) -> Sort {
         match (self.sort, self.tsquery()) {
@@ -154,10 +176,26 @@ impl Browse {
     }
 }
 
-/// A category as an admin typed it: one line of 1 to 40 characters.
+/// What a listing's search asks for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Search {
+    /// No search: every product (of the category).
+    Everything,
+    /// A search with no term to look for: no product.
+    Nothing,
+    /// The tsquery text of the terms ([`prefix_tsquery`]).
+    Terms(String),
+}
+
+/// A category as an admin typed it (or a shopper asks for it): one line of 1 to 40
+/// characters, without invisible formatting characters ([`crate::text::single_line`]),
+/// and NFKC-normalised, so that what reads as one name is one category: a composed and a
+/// decomposed "Café", or a full-width "Ｄｅｓｋ" and "Desk". (Spellings that differ only
+/// in case are one category too: [`super::db::set_category`] keeps the shelf's spelling.)
 pub fn parse_category(raw: &str) -> Result<String, InvalidBrowse> {
-    let c = raw.trim();
-    crate::text::single_line("a category", c).map_err(|e| InvalidBrowse(e.to_string()))?;
+    crate::text::single_line("a category", raw).map_err(|e| InvalidBrowse(e.to_string()))?;
+    let normalised: String = raw.nfkc().collect();
+    let c = normalised.trim();
     match c.chars().count() {
         1..=MAX_CATEGORY_CHARS => Ok(c.to_string()),
         n => Err(InvalidBrowse(format!(
@@ -166,16 +204,183 @@ pub fn parse_category(raw: &str) -> Result<String, InvalidBrowse> {
     }
 }
 
-/// `"Keyb, alp!"` → `"keyb:* & alp:*"`: every run of letters and digits becomes a prefix
-/// term, everything else separates them, so no tsquery syntax survives.
+/// The words PostgreSQL's `english` text-search configuration leaves out of a query
+/// (its `english.stop`): a term made of one of them finds nothing, so it is dropped here,
+/// as PostgreSQL would, and a search of nothing else has nothing to search for.
+/// (`every_stop_word_is_one_postgresql_leaves_out` in the integration tests holds the two
+/// lists together.)
+pub const STOP_WORDS: &[&str] = &[
+    "i",
+    "me",
+    "my",
+    "myself",
+    "we",
+    "our",
+    "ours",
+    "ourselves",
+    "you",
+    "your",
+    "yours",
+    "yourself",
+    "yourselves",
+    "he",
+    "him",
+    "his",
+    "himself",
+    "she",
+    "her",
+    "hers",
+    "herself",
+    "it",
+    "its",
+    "itself",
+    "they",
+    "them",
+    "their",
+    "theirs",
+    "themselves",
+    "what",
+    "which",
+    "who",
+    "whom",
+    "this",
+    "that",
+    "these",
+    "those",
+    "am",
+    "is",
+    "are",
+    "was",
+    "were",
+    "be",
+    "been",
+    "being",
+    "have",
+    "has",
+    "had",
+    "having",
+    "do",
+    "does",
+    "did",
+    "doing",
+    "a",
+    "an",
+    "the",
+    "and",
+    "but",
+    "if",
+    "or",
+    "because",
+    "as",
+    "until",
+    "while",
+    "of",
+    "at",
+    "by",
+    "for",
+    "with",
+    "about",
+    "against",
+    "between",
+    "into",
+    "through",
+    "during",
+    "before",
+    "after",
+    "above",
+    "below",
+    "to",
+    "from",
+    "up",
+    "down",
+    "in",
+    "out",
+    "on",
+    "off",
+    "over",
+    "under",
+    "again",
+    "further",
+    "then",
+    "once",
+    "here",
+    "there",
+    "when",
+    "where",
+    "why",
+    "how",
+    "all",
+    "any",
+    "both",
+    "each",
+    "few",
+    "more",
+    "most",
+    "other",
+    "some",
+    "such",
+    "no",
+    "nor",
+    "not",
+    "only",
+    "own",
+    "same",
+    "so",
+    "than",
+    "too",
+    "very",
+    "s",
+    "t",
+    "can",
+    "will",
+    "just",
+    "don",
+    "should",
+    "now",
+];
+
+/// `"Keyb, alp!"` → `"keyb:* & alp:*"`: every run of letters and digits (after NFKC, so a
+/// full-width "ｍｕｇ" is "mug") becomes a prefix term, everything else separates them, so
+/// no tsquery syntax survives. Stop words are dropped; `None` when no term is left.
+///
+/// A word where digits are followed by letters (`2m`, `240w`, `12v`) is a number and its
+/// unit, which product names write either way: it matches as typed or as the phrase of its
+/// parts (`(2m:* | 2:* <-> m:*)`), so "2m" finds "Cable, 2 m" and "240w" finds "240 W".
 pub fn prefix_tsquery(q: &str) -> Option<String> {
+    let q: String = q.nfkc().collect::<String>().to_lowercase();
     let terms: Vec<String> = q
         .split(|c: char| !c.is_alphanumeric())
-        .filter(|w| !w.is_empty())
+        .filter(|w| !w.is_empty() && !STOP_WORDS.contains(w))
         .take(MAX_WORDS)
-        .map(|w| format!("{}:*", w.to_lowercase()))
+        .map(|w| {
+            let parts = number_and_unit(w);
+            match parts.len() {
+                1 => format!("{w}:*"),
+                _ => {
+                    let phrase: Vec<String> = parts.iter().map(|p| format!("{p}:*")).collect();
+                    format!("({w}:* | {})", phrase.join(" <-> "))
+                }
+            }
+        })
         .collect();
     (!terms.is_empty()).then(|| terms.join(" & "))
+}
+
+/// `word` cut where a digit is followed by a letter: `240w` → `["240", "w"]`, `a4` and
+/// `usb` stay whole (a letter before a digit is a model name, not a quantity).
+fn number_and_unit(word: &str) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let mut start = 0;
+    let mut previous: Option<char> = None;
+    for (i, c) in word.char_indices() {
+        if previous.is_some_and(|p| p.is_numeric()) && c.is_alphabetic() {
+            parts.push(&word[start..i]);
+            start = i;
+        }
+        previous = Some(c);
+    }
+    parts.push(&word[start..]);
+    parts
 }
 
 #[cfg(test)]
@@ -190,11 +395,12 @@ mod tests {
             Some("keyb:* & alp:*")
         );
         assert_eq!(
-            prefix_tsquery("a' | b:* & !c <-> (d)").as_deref(),
-            Some("a:* & b:* & c:* & d:*")
+            prefix_tsquery("x' | b:* & !c <-> (d)").as_deref(),
+            Some("x:* & b:* & c:* & d:*")
         );
         assert_eq!(prefix_tsquery("café").as_deref(), Some("café:*"));
         assert_eq!(prefix_tsquery("  !!  "), None);
+        assert_eq!(prefix_tsquery("ｍｕｇ").as_deref(), Some("mug:*"));
         assert_eq!(
             prefix_tsquery("a b c d e f g h i j")
                 .unwrap()
@@ -202,6 +408,40 @@ mod tests {
                 .count(),
             8
         );
+    }
+
+    #[test]
+    fn numbers_glued_to_units_also_match_apart() {
+        assert_eq!(
+            prefix_tsquery("2m").as_deref(),
+            Some("(2m:* | 2:* <-> m:*)")
+        );
+        assert_eq!(
+            prefix_tsquery("cable 240W").as_deref(),
+            Some("cable:* & (240w:* | 240:* <-> w:*)")
+        );
+        assert_eq!(
+            prefix_tsquery("12v2").as_deref(),
+            Some("(12v2:* | 12:* <-> v2:*)")
+        );
+        assert_eq!(prefix_tsquery("a4 usb3").as_deref(), Some("a4:* & usb3:*"));
+        assert_eq!(prefix_tsquery("240").as_deref(), Some("240:*"));
+    }
+
+    #[test]
+    fn a_search_of_only_stop_words_or_signs_has_nothing_to_search_for() {
+        for nothing in ["a", "the", "with", "The A, with!", "🙂", "🙂🙂 ✓", "—"] {
+            assert_eq!(prefix_tsquery(nothing), None, "{nothing:?}");
+            let b = Browse::parse(Some(nothing), None, None, None).unwrap();
+            assert_eq!(b.search(), Search::Nothing, "{nothing:?}");
+            assert!(b.nothing_to_search());
+        }
+        assert_eq!(
+            prefix_tsquery("mug with a handle").as_deref(),
+            Some("mug:* & handle:*")
+        );
+        assert_eq!(Browse::default().search(), Search::Everything);
+        assert!(!Browse::default().nothing_to_search());
     }
 
     #[test]
@@ -235,5 +475,17 @@ mod tests {
         assert!(err(Some("a\0b"), None, None, None).contains("control characters"));
         let long = "c".repeat(41);
         assert!(err(None, Some(&long), None, None).contains("1 to 40"));
+    }
+
+    #[test]
+    fn categories_that_read_the_same_are_the_same() {
+        assert_eq!(parse_category(" Cafe\u{301} ").unwrap(), "Café");
+        assert_eq!(parse_category("Café").unwrap(), "Café");
+        assert_eq!(parse_category("Ｄｅｓｋ").unwrap(), "Desk");
+        let err = parse_category("Desk\u{200B}").unwrap_err().0;
+        assert!(
+            err.starts_with("a category must not contain invisible formatting"),
+            "{err}"
+        );
     }
 }

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 
-use super::browse::Browse;
+use super::browse::{Browse, Search};
 use super::db::Listing;
 use super::{ProductView, Sku};
 
@@ -31,7 +31,8 @@ pub struct CatalogCache {
     ttl: Duration,
     products: Mutex<HashMap<String, Timed<Option<ProductView>>>>,
     listings: Mutex<HashMap<(Browse, i64), Timed<Listing>>>,
-    categories: Mutex<Option<Timed<Categories>>>,
+    /// Per search: the counts are of what it finds.
+    categories: Mutex<HashMap<Search, Timed<Categories>>>,
 }
 
 /// Entries kept at most (one per product viewed); past this the map starts afresh.
@@ -92,16 +93,21 @@ impl CatalogCache {
         Ok(listing)
     }
 
-    /// The categories with products on sale, as of at most the TTL ago.
-    pub async fn categories(&self, db: &PgPool) -> sqlx::Result<Categories> {
-        if let Some((at, list)) = self.categories.lock().expect("cache").as_ref()
+    /// The categories with products on sale, counting what `search` finds, as of at most
+    /// the TTL ago.
+    pub async fn categories(&self, db: &PgPool, search: &Search) -> sqlx::Result<Categories> {
+        if let Some((at, list)) = self.categories.lock().expect("cache").get(search)
             && at.elapsed() < self.ttl
         {
             return Ok(list.clone());
         }
-        let list = super::db::categories(db).await?;
+        let list = super::db::categories(db, search).await?;
         if !self.ttl.is_zero() {
-            *self.categories.lock().expect("cache") = Some((Instant::now(), list.clone()));
+            let mut categories = self.categories.lock().expect("cache");
+            if categories.len() >= MAX_LISTINGS {
+                categories.clear();
+            }
+            categories.insert(search.clone(), (Instant::now(), list.clone()));
         }
         Ok(list)
     }
@@ -111,6 +117,6 @@ impl CatalogCache {
     pub fn forget(&self, sku: &Sku) {
         self.products.lock().expect("cache").remove(sku.as_str());
         self.listings.lock().expect("cache").clear();
-        *self.categories.lock().expect("cache") = None;
+        self.categories.lock().expect("cache").clear();
     }
 }

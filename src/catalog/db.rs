@@ -3,7 +3,7 @@
 
 use sqlx::PgPool;
 
-use super::browse::{Browse, Sort};
+use super::browse::{Browse, Search, Sort};
 use super::{ProductView, Sku};
 
 /// A page of active products and how many match in all.
@@ -60,7 +60,12 @@ pub async fn browse(pool: &PgPool, browse: &Browse, per_page: i64) -> sqlx::Resu
             )
         };
     }
-    let tsquery = browse.tsquery();
+    let tsquery = match browse.search() {
+        // Nothing to search for finds nothing, without asking the database.
+        Search::Nothing => return Ok(Listing::default()),
+        Search::Everything => None,
+        Search::Terms(terms) => Some(terms),
+    };
     let sql = match (tsquery.is_some(), browse.effective_sort()) {
         (false, Sort::Relevance | Sort::Name) => listing!("p.name, p.sku"),
         (false, Sort::PriceLow) => listing!("p.price_cents, p.name, p.sku"),
@@ -102,9 +107,12 @@ pub async fn browse(pool: &PgPool, browse: &Browse, per_page: i64) -> sqlx::Resu
     })
 }
 
-/// The categories with something on sale, by name, with how many products each has.
+/// The categories with something on sale, by name, with how many products each has —
+/// of those `search` finds, so that beside a search each count is what choosing that
+/// category would show (0 for a category the search finds nothing in, which stays listed
+/// so the category menu keeps every choice).
 #[tracing::instrument(skip_all)]
-pub async fn categories(pool: &PgPool) -> sqlx::Result<Vec<(String, i64)>> {
+pub async fn categories(pool: &PgPool, search: &Search) -> sqlx::Result<Vec<(String, i64)>> {
     let rows = sqlx::query!(
         r#"select category as "category!", count(*) as "products!" from products
             where active and category is not null
@@ -112,10 +120,39 @@ pub async fn categories(pool: &PgPool) -> sqlx::Result<Vec<(String, i64)>> {
     )
     .fetch_all(pool)
     .await?;
-    Ok(rows.into_iter().map(|r| (r.category, r.products)).collect())
+    let all = rows.into_iter().map(|r| (r.category, r.products));
+    let found: Vec<(String, i64)> = match search {
+        Search::Everything => return Ok(all.collect()),
+        Search::Nothing => Vec::new(),
+        // The matches by category, read through the search index like the listing.
+        Search::Terms(terms) => sqlx::query!(
+            r#"select category as "category!", count(*) as "products!" from products
+                where active and category is not null
+                  and search @@ to_tsquery('english', $1)
+                group by category"#,
+            terms,
+        )
+        .fetch_all(pool)
+        .await?
+        .into_iter()
+        .map(|r| (r.category, r.products))
+        .collect(),
+    };
+    Ok(all
+        .map(|(category, _)| {
+            let n = found
+                .iter()
+                .find(|(c, _)| *c == category)
+                .map_or(0, |f| f.1);
+            (category, n)
+        })
+        .collect())
 }
 
 /// Sets (or with `None` removes) `sku`'s category; false when there is no such product.
+/// A category already on the shelf in another case keeps its spelling ("desk" joins
+/// "Desk": the database's `shelf_category`), so spellings that differ only in case never
+/// make two categories.
 #[tracing::instrument(skip_all)]
 pub async fn set_category(
     db: impl sqlx::PgExecutor<'_>,
@@ -123,7 +160,7 @@ pub async fn set_category(
     category: Option<&str>,
 ) -> sqlx::Result<bool> {
     let updated = sqlx::query!(
-        "update products set category = $2 where sku = $1",
+        "update products set category = shelf_category($2, $1) where sku = $1",
         sku.as_str(),
         category,
     )
@@ -186,7 +223,7 @@ pub async fn insert_product_if_new(
 ) -> sqlx::Result<bool> {
     let inserted = sqlx::query!(
         r#"insert into products (sku, name, description, price_cents, purchase_limit, category)
-           values ($1, $2, $3, $4, $5, $6)
+           values ($1, $2, $3, $4, $5, shelf_category($6, $1))
            on conflict (sku) do nothing"#,
         product.sku.as_str(),
         product.name,

@@ -4,7 +4,11 @@
 //! PNG, JPEG or WebP file, and decode in full under [`image::Limits`] (at most
 //! [`MAX_SIDE`] pixels a side and [`MAX_DECODE_BYTES`] of memory), so a small file that
 //! declares a vast picture (a decompression bomb) is refused from its header, before
-//! anything is allocated. What is kept is never the upload itself but a fresh JPEG of the
+//! anything is allocated. A JPEG is decoded strictly (zune-jpeg's strict mode, which the
+//! `image` crate turns off): data that ends before the picture does, or is damaged on the
+//! way, is refused rather than filled in with grey. And it must be able to hold what it
+//! declares ([`MAX_JPEG_PIXELS_PER_BYTE`]), checked from its header before decoding, so a
+//! few hundred bytes declaring 6000 × 6000 cost no second of CPU. What is kept is never the upload itself but a fresh JPEG of the
 //! decoded pixels, at most [`IMAGE_SIDE`] a side, and a [`THUMB_SIDE`] thumbnail; each
 //! carries the hash of its bytes as its ETag. Rows live in `product_images` (see its
 //! migration for why PostgreSQL rather than a folder).
@@ -27,6 +31,12 @@ pub const MAX_DECODE_BYTES: u64 = 128 * 1024 * 1024;
 pub const IMAGE_SIDE: u32 = 800;
 /// The catalogue's thumbnail: at most this many pixels a side.
 pub const THUMB_SIDE: u32 = 320;
+/// The most pixels a JPEG may declare per byte of its file. Every 8 × 8 block costs at
+/// least one bit of coded data (its DC coefficient's Huffman code; codes are 1 to 16 bits),
+/// so even a one-colour grey picture needs a byte per 512 pixels; twice that is room for
+/// any real file. More pixels than this and the data for them is missing: decoding would
+/// only spend CPU inventing them.
+pub const MAX_JPEG_PIXELS_PER_BYTE: u64 = 1_024;
 /// JPEG quality of what is kept.
 const QUALITY: u8 = 82;
 
@@ -85,17 +95,10 @@ pub fn process(bytes: &[u8]) -> Result<Processed, ImageError> {
     ) {
         return Err(ImageError::NotAnImage);
     }
-    let mut reader = ImageReader::with_format(Cursor::new(bytes), format);
-    let mut limits = Limits::default();
-    limits.max_image_width = Some(MAX_SIDE);
-    limits.max_image_height = Some(MAX_SIDE);
-    limits.max_alloc = Some(MAX_DECODE_BYTES);
-    reader.limits(limits);
-    let decoded = reader.decode().map_err(|e| match e {
-        image::ImageError::Limits(e) => ImageError::TooManyPixels(e.to_string()),
-        image::ImageError::Unsupported(_) => ImageError::NotAnImage,
-        other => ImageError::Damaged(other.to_string()),
-    })?;
+    let decoded = match format {
+        ImageFormat::Jpeg => decode_jpeg(bytes)?,
+        _ => decode(bytes, format)?,
+    };
     let fitted = shrink(decoded, IMAGE_SIDE);
     let (width, height) = (fitted.width(), fitted.height());
     let thumb = jpeg(&shrink(fitted.clone(), THUMB_SIDE))?;
@@ -108,6 +111,69 @@ pub fn process(bytes: &[u8]) -> Result<Processed, ImageError> {
         width,
         height,
     })
+}
+
+/// A PNG or WebP decoded by `image` under [`Limits`]; its decoders fail on data that ends
+/// early.
+fn decode(bytes: &[u8], format: ImageFormat) -> Result<DynamicImage, ImageError> {
+    let mut reader = ImageReader::with_format(Cursor::new(bytes), format);
+    let mut limits = Limits::default();
+    limits.max_image_width = Some(MAX_SIDE);
+    limits.max_image_height = Some(MAX_SIDE);
+    limits.max_alloc = Some(MAX_DECODE_BYTES);
+    reader.limits(limits);
+    reader.decode().map_err(|e| match e {
+        image::ImageError::Limits(e) => ImageError::TooManyPixels(e.to_string()),
+        image::ImageError::Unsupported(_) => ImageError::NotAnImage,
+        other => ImageError::Damaged(other.to_string()),
+    })
+}
+
+/// A JPEG decoded in strict mode, after its header showed a size within the limits that
+/// its bytes can hold. (`image`'s JPEG decoder runs zune-jpeg leniently: a file that ends
+/// early, or whose data runs into a marker, comes out with the rest painted grey, and a
+/// warning only in a log.)
+fn decode_jpeg(bytes: &[u8]) -> Result<DynamicImage, ImageError> {
+    use zune_core::{bytestream::ZCursor, colorspace::ColorSpace, options::DecoderOptions};
+    let options = DecoderOptions::default()
+        .set_strict_mode(true)
+        // The sides are checked below, in this module's words.
+        .set_max_width(usize::MAX)
+        .set_max_height(usize::MAX)
+        .jpeg_set_out_colorspace(ColorSpace::RGB);
+    let mut decoder = zune_jpeg::JpegDecoder::new_with_options(ZCursor::new(bytes), options);
+    let damaged = |e: zune_jpeg::errors::DecodeErrors| ImageError::Damaged(e.to_string());
+    decoder.decode_headers().map_err(damaged)?;
+    let (w, h) = decoder.dimensions().expect("headers decoded");
+    let (width, height) = (w as u64, h as u64);
+    if width > u64::from(MAX_SIDE) || height > u64::from(MAX_SIDE) {
+        return Err(ImageError::TooManyPixels(format!(
+            "this one is {width} × {height}"
+        )));
+    }
+    if width * height * 3 > MAX_DECODE_BYTES {
+        return Err(ImageError::TooManyPixels(format!(
+            "{width} × {height} would take more than {} MiB to open",
+            MAX_DECODE_BYTES >> 20
+        )));
+    }
+    if width * height > bytes.len() as u64 * MAX_JPEG_PIXELS_PER_BYTE {
+        return Err(ImageError::Damaged(format!(
+            "it declares {width} × {height} pixels, more than {} bytes can hold",
+            bytes.len()
+        )));
+    }
+    let pixels = decoder.decode().map_err(damaged)?;
+    let picture = match decoder.output_colorspace() {
+        Some(ColorSpace::RGB) => {
+            RgbImage::from_raw(width as u32, height as u32, pixels).map(DynamicImage::from)
+        }
+        Some(ColorSpace::Luma) => {
+            image::GrayImage::from_raw(width as u32, height as u32, pixels).map(DynamicImage::from)
+        }
+        _ => None,
+    };
+    picture.ok_or(ImageError::NotAnImage)
 }
 
 /// `picture` made to fit `side` × `side`, keeping its proportions; never enlarged.
@@ -331,6 +397,53 @@ mod tests {
         // Within the side limit, the memory limit still holds: 6000 × 6000 × 4 bytes > 128 MiB.
         let err = process(&super::tests::bomb(MAX_SIDE)).unwrap_err();
         assert!(matches!(err, ImageError::TooManyPixels(_)), "{err:?}");
+    }
+
+    /// A `width` × `height` JPEG of noise (which compresses badly, as photos do).
+    pub fn noisy_jpeg(width: u32, height: u32) -> Vec<u8> {
+        let mut seed = 7u32;
+        let picture = RgbImage::from_fn(width, height, |_, _| {
+            seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+            let [a, b, c, _] = seed.to_be_bytes();
+            image::Rgb([a, b, c])
+        });
+        let mut out = Vec::new();
+        image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 80)
+            .encode_image(&picture)
+            .unwrap();
+        out
+    }
+
+    /// `jpeg` with the size in its frame header (SOF0) replaced: a file that says it is
+    /// `width` × `height` and holds the data of what it was.
+    pub fn declaring(mut jpeg: Vec<u8>, width: u16, height: u16) -> Vec<u8> {
+        let sof = jpeg.windows(2).position(|w| w == [0xFF, 0xC0]).unwrap();
+        // FF C0, length (2), precision (1), height (2), width (2).
+        jpeg[sof + 5..sof + 7].copy_from_slice(&height.to_be_bytes());
+        jpeg[sof + 7..sof + 9].copy_from_slice(&width.to_be_bytes());
+        jpeg
+    }
+
+    #[test]
+    fn a_jpeg_whose_data_ends_before_its_picture_is_refused() {
+        let whole = noisy_jpeg(100, 80);
+        assert_eq!(process(&whole).unwrap().width, 100);
+        // Cut in the middle of its data: the lenient decoder painted the rest grey.
+        let mut cut = whole.clone();
+        cut.truncate(whole.len() * 2 / 3);
+        let err = process(&cut).unwrap_err();
+        assert!(matches!(err, ImageError::Damaged(_)), "{err:?}");
+        // Declaring 6000 × 6000 in a small file: refused from the header, in no time.
+        let mut vast = declaring(whole, 6_000, 6_000);
+        vast.truncate(769);
+        let started = std::time::Instant::now();
+        let err = process(&vast).unwrap_err();
+        assert!(started.elapsed() < std::time::Duration::from_millis(100));
+        assert!(
+            err.to_string()
+                .contains("declares 6000 × 6000 pixels, more than 769 bytes"),
+            "{err}"
+        );
     }
 
     #[test]

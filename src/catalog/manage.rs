@@ -117,7 +117,7 @@ pub async fn insert(
     let inserted = sqlx::query!(
         r#"insert into products (sku, name, description, price_cents, active, purchase_limit,
                                  category)
-           values ($1, $2, $3, $4, $5, $6, $7) on conflict (sku) do nothing"#,
+           values ($1, $2, $3, $4, $5, $6, shelf_category($7, $1)) on conflict (sku) do nothing"#,
         sku.as_str(),
         fields.name,
         fields.description,
@@ -137,7 +137,7 @@ pub async fn insert(
 pub async fn update(pool: &PgPool, sku: &Sku, fields: &ProductFields) -> sqlx::Result<bool> {
     let updated = sqlx::query!(
         r#"update products set name = $2, description = $3, price_cents = $4, active = $5,
-                  purchase_limit = $6, category = $7
+                  purchase_limit = $6, category = shelf_category($7, $1)
             where sku = $1"#,
         sku.as_str(),
         fields.name,

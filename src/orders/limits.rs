@@ -9,10 +9,33 @@ use uuid::Uuid;
 
 use super::db::{OrderProduct, bought_by};
 
-/// The identity under which an email is counted: lower-cased, so `Ada@X` and `ada@x`
-/// are one customer.
+/// The identity under which an email is counted: the mailbox its mail reaches, so one
+/// customer cannot pass a limit by spelling their address another way. Lower-cased
+/// (`Ada@X` is `ada@x`); a `+tag` after the local part is dropped (`ada+1@x` is `ada@x`:
+/// the providers that deliver it at all deliver it to `ada@x`); and at Gmail, which ignores
+/// dots and answers to `googlemail.com` too, dots go and the domain is `gmail.com`
+/// (`a.d.a@googlemail.com` is `ada@gmail.com`).
+///
+/// Always on, with no setting: a shop that wanted `ada+1@x` counted apart from `ada@x`
+/// would be asking for its limit to be passed. Only the identity is folded; the order keeps
+/// the address as typed, for its receipt. A local part that is nothing but a tag (`+x@y`)
+/// is kept whole, as there is nothing else to name it by.
 pub fn email_identity(email: &str) -> String {
-    format!("email:{}", email.trim().to_lowercase())
+    let email = email.trim().to_lowercase();
+    let Some((local, domain)) = email.rsplit_once('@') else {
+        return format!("email:{email}");
+    };
+    let local = match local.split_once('+') {
+        Some((mailbox, _tag)) if !mailbox.is_empty() => mailbox,
+        _ => local,
+    };
+    match domain {
+        "gmail.com" | "googlemail.com" => match local.replace('.', "") {
+            dotless if dotless.is_empty() => format!("email:{local}@gmail.com"),
+            dotless => format!("email:{dotless}@gmail.com"),
+        },
+        _ => format!("email:{local}@{domain}"),
+    }
 }
 
 /// `identities` with `email`'s identity added when given and not already there.
@@ -85,5 +108,32 @@ mod tests {
         let more = with_email(&ids, Some("bob@x.org"));
         assert_eq!(more.last().unwrap(), "email:bob@x.org");
         assert_eq!(with_email(&ids, None), ids);
+    }
+
+    #[test]
+    fn an_email_counts_as_the_mailbox_it_reaches() {
+        let alice = "email:alice@x.org";
+        assert_eq!(email_identity("alice@x.org"), alice);
+        assert_eq!(email_identity("Alice+1@X.org"), alice);
+        assert_eq!(email_identity("alice+shop+2@x.org"), alice);
+        // Dots matter elsewhere: only Gmail ignores them.
+        assert_eq!(email_identity("a.l.i.c.e@x.org"), "email:a.l.i.c.e@x.org");
+        let gmail = "email:alice@gmail.com";
+        for same in [
+            "alice@gmail.com",
+            "a.l.i.c.e@gmail.com",
+            "A.Lice+x@GMAIL.com",
+            "a.l.i.c.e+x@googlemail.com",
+            " alice@googlemail.com ",
+        ] {
+            assert_eq!(email_identity(same), gmail, "{same:?}");
+        }
+        // Nothing but a tag, or nothing but dots: kept, so the identity still names someone.
+        assert_eq!(email_identity("+x@y.org"), "email:+x@y.org");
+        assert_eq!(email_identity("..@gmail.com"), "email:..@gmail.com");
+        // Another provider's domain that merely contains "gmail" is not Gmail.
+        assert_eq!(email_identity("a.b@notgmail.com"), "email:a.b@notgmail.com");
+        let ids = vec![email_identity("alice@gmail.com")];
+        assert_eq!(with_email(&ids, Some("a.l.i.c.e+x@googlemail.com")), ids);
     }
 }

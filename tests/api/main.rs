@@ -2,6 +2,7 @@
 //! [`helpers`].
 
 mod admin;
+mod audit_search;
 mod bench;
 mod browse;
 mod browser;

@@ -112,7 +112,10 @@ pub async fn get_catalogue(
     let (listing, categories) = state
         .read(async |db| {
             let listing = state.catalog.browse(db, &browse, PER_PAGE).await?;
-            Ok((listing, state.catalog.categories(db).await?))
+            Ok((
+                listing,
+                state.catalog.categories(db, &browse.search()).await?,
+            ))
         })
         .await?;
     Ok(CataloguePage {
