@@ -9,7 +9,11 @@ fn a_quick_bench_measures_the_app_and_pgbench_and_passes_the_checker() {
     let started = std::time::Instant::now();
     let run = Command::new(env!("CARGO_BIN_EXE_stockade"))
         .args(["bench", "--quick", "--quiet", "--strategies", "batched"])
-        .args(["--workloads", "hot-sku,hold-hot,confirm,cart,sold-out,refused", "--out"])
+        .args([
+            "--workloads",
+            "hot-sku,hold-hot,confirm,cart,sold-out,refused",
+            "--out",
+        ])
         .arg(out.path())
         .env_remove("DATABASE_URL")
         .env_remove("REDIS_URL")
