@@ -85,6 +85,11 @@ pub enum Caller {
 
 impl Caller {
     /// The owner part of this caller's idempotency keys: the client id, or `anon`.
+    /// The prefix of this caller's hold keys (see [`crate::holds::db::owned_by`]).
+    pub fn hold_owner(&self) -> String {
+        format!("{}:", self.owner())
+    }
+
     pub fn owner(&self) -> String {
         match self {
             Self::Client(client) => client.id.to_string(),
@@ -261,16 +266,7 @@ pub async fn owns_order(db: &PgPool, caller: &Caller, id: Uuid) -> sqlx::Result<
 /// Whether `caller` placed hold `id` through the API.
 #[tracing::instrument(skip_all)]
 pub async fn owns_hold(db: &PgPool, caller: &Caller, id: Uuid) -> sqlx::Result<bool> {
-    sqlx::query_scalar!(
-        r#"select exists (
-             select 1 from holds
-              where id = $1 and idempotency_scope = 'api-hold'
-                and starts_with(idempotency_key, $2)) as "owns!""#,
-        id,
-        format!("{}:", caller.owner()),
-    )
-    .fetch_one(db)
-    .await
+    crate::holds::db::owned_by(db, id, &caller.hold_owner()).await
 }
 
 /// Most keys a process remembers; past this the cache starts afresh.

@@ -34,6 +34,9 @@ use crate::orders::{Order, OrderLine, OrderStatus, limits};
 /// One confirmation waiting for its lot.
 struct Pending {
     hold: Uuid,
+    /// The API caller's key prefix the hold must have been placed under (`None`: the
+    /// storefront, where the hold's unguessable id is the permission).
+    owner: Option<String>,
     name: Option<String>,
     email: Option<String>,
     answer_by: Instant,
@@ -67,10 +70,13 @@ impl Confirmer {
     }
 
     /// Turns hold `id` into an order as [`super::confirm`] does, sharing a transaction
-    /// with the confirmations queued meanwhile.
+    /// with the confirmations queued meanwhile; with `owner`, only a hold placed under
+    /// that API caller's keys (else [`HoldError::NotFound`], whether or not it exists),
+    /// checked in the lot's own read.
     pub async fn confirm(
         self: &Arc<Self>,
         id: Uuid,
+        owner: Option<&str>,
         name: Option<&str>,
         email: Option<&str>,
         answer_by: Instant,
@@ -78,6 +84,7 @@ impl Confirmer {
         let (answer, rx) = oneshot::channel();
         self.enqueue(Pending {
             hold: id,
+            owner: owner.map(str::to_string),
             name: name.map(str::to_string),
             email: email.map(str::to_string),
             answer_by,
@@ -89,8 +96,15 @@ impl Confirmer {
                 replayed: false,
             }),
             Ok(Lot::TooLate) => Err(HoldError::TimedOut),
-            // A leader that failed or left: the confirmation runs on its own.
-            Ok(Lot::Alone) | Err(_) => super::confirm(&self.db, id, name, email, answer_by).await,
+            // Not for a lot, or a leader that failed: the confirmation runs on its own.
+            Ok(Lot::Alone) | Err(_) => {
+                if let Some(owner) = owner
+                    && !super::db::owned_by(&self.db, id, owner).await?
+                {
+                    return Err(HoldError::NotFound);
+                }
+                super::confirm(&self.db, id, name, email, answer_by).await
+            }
         }
     }
 
@@ -170,6 +184,12 @@ impl Confirmer {
             let Some(hold) = holds.iter().find(|h| h.id == p.hold) else {
                 continue;
             };
+            // Another caller's hold is left to the confirmation on its own, which says 404.
+            if let Some(owner) = &p.owner
+                && !super::db::owns(owner, &hold.scope, &hold.key)
+            {
+                continue;
+            }
             let email = p.email.as_deref().or(hold.email.as_deref());
             let order = Order {
                 id: Uuid::new_v4(),
@@ -212,5 +232,8 @@ pub(super) struct LiveHold {
     pub(super) email: Option<String>,
     pub(super) customer_name: Option<String>,
     pub(super) shopper: Vec<String>,
+    /// Its idempotency scope and key: whose it is.
+    pub(super) scope: String,
+    pub(super) key: String,
     pub(super) lines: Vec<OrderLine>,
 }

@@ -273,6 +273,27 @@ pub async fn hold_for_key(pool: &PgPool, scope: &str, key: &str) -> sqlx::Result
     .await
 }
 
+/// Whether hold `id` was placed through the API under a key of `owner` (an API client's
+/// key prefix, `"{owner}:"`).
+#[tracing::instrument(skip_all)]
+pub async fn owned_by(db: &PgPool, id: Uuid, owner: &str) -> sqlx::Result<bool> {
+    sqlx::query_scalar!(
+        r#"select exists (
+             select 1 from holds
+              where id = $1 and idempotency_scope = 'api-hold'
+                and starts_with(idempotency_key, $2)) as "owns!""#,
+        id,
+        owner,
+    )
+    .fetch_one(db)
+    .await
+}
+
+/// Whether `hold`'s key belongs to `owner` (as [`owned_by`] asks the database).
+pub(super) fn owns(owner: &str, scope: &str, key: &str) -> bool {
+    scope == "api-hold" && key.starts_with(owner)
+}
+
 /// The live holds among `ids` (active, unexpired by the database's clock) that hold no
 /// product with a purchase limit, locked in id order until the transaction ends, with
 /// their lines: what a lot of confirmations may confirm together ([`super::batch`]).
@@ -282,7 +303,8 @@ pub(super) async fn lock_live(
     ids: &[Uuid],
 ) -> sqlx::Result<Vec<super::batch::LiveHold>> {
     let rows = sqlx::query!(
-        r#"select h.id, h.email, h.customer_name, h.shopper
+        r#"select h.id, h.email, h.customer_name, h.shopper, h.idempotency_scope,
+                  h.idempotency_key
              from holds h
             where h.id = any($1::uuid[]) and h.state = 'active' and h.expires_at > now()
               and not exists (select 1 from hold_lines l join products p on p.sku = l.sku
@@ -310,6 +332,8 @@ pub(super) async fn lock_live(
             email: r.email,
             customer_name: r.customer_name,
             shopper: r.shopper,
+            scope: r.idempotency_scope,
+            key: r.idempotency_key,
             lines: lines
                 .extract_if(.., |l| l.hold_id == r.id)
                 .map(|l| OrderLine {

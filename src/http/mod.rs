@@ -95,19 +95,28 @@ impl AppState {
     }
 
     /// Turns hold `id` into an order: with the lot of confirmations queued meanwhile under
-    /// `batched`, on its own otherwise.
+    /// `batched`, on its own otherwise. With `owner` (an API caller's hold key prefix),
+    /// only a hold that caller placed; any other is "not found".
     pub async fn confirm_hold(
         &self,
         id: uuid::Uuid,
+        owner: Option<&str>,
         name: Option<&str>,
         email: Option<&str>,
         answer_by: std::time::Instant,
     ) -> Result<crate::holds::Confirmed, crate::holds::HoldError> {
         if self.settings.order_strategy == crate::config::OrderStrategy::Batched {
-            self.confirmer.confirm(id, name, email, answer_by).await
-        } else {
-            crate::holds::confirm(&self.db, id, name, email, answer_by).await
+            return self
+                .confirmer
+                .confirm(id, owner, name, email, answer_by)
+                .await;
         }
+        if let Some(owner) = owner
+            && !crate::holds::db::owned_by(&self.db, id, owner).await?
+        {
+            return Err(crate::holds::HoldError::NotFound);
+        }
+        crate::holds::confirm(&self.db, id, name, email, answer_by).await
     }
 
     /// What placing an order or hold needs, for a request to be answered by `answer_by`

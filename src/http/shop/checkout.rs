@@ -206,7 +206,7 @@ pub async fn post_checkout_confirm(
     let answer_by = answer_by(&req, state.settings.request_budget);
     let shared = state.clone().into_inner();
     let confirmed = detached(async move {
-        (shared.confirm_hold(id, contact.name(), contact.email(), answer_by)).await
+        (shared.confirm_hold(id, None, contact.name(), contact.email(), answer_by)).await
     })
     .await?;
     match confirmed {
