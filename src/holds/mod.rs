@@ -12,6 +12,8 @@
 //!   given at confirmation, and the order records both: a hold that expired no longer
 //!   counts, so its units are a new sale, and a new email is a new identity;
 //! - **release** (the shopper cancels) returns the stock at once; again is a no-op;
+//!   under `batched`, concurrent confirmations share a transaction ([`Confirmer`], in
+//!   `batch.rs`), with the same locks and the same one state change per hold;
 //! - the **sweeper**, in every process, claims expired holds with `FOR UPDATE SKIP LOCKED`
 //!   in batches and returns their stock, so several processes never release one twice.
 
