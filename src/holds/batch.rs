@@ -137,6 +137,17 @@ impl Confirmer {
                 }
                 continue;
             }
+            // The connection first: what waited for it past its answer stays out of the lot.
+            let conn = match self.db.acquire().await {
+                Ok(conn) => conn,
+                Err(e) => {
+                    tracing::warn!(error = %e, "no connection for a lot of confirmations; each runs alone");
+                    for p in lot {
+                        let _ = p.answer.send(Lot::Alone);
+                    }
+                    continue;
+                }
+            };
             let now = Instant::now();
             let (late, lot): (Vec<Pending>, Vec<Pending>) = lot
                 .into_iter()
@@ -147,7 +158,7 @@ impl Confirmer {
             if lot.is_empty() {
                 continue;
             }
-            match self.apply(&lot).await {
+            match apply(conn, &lot).await {
                 Ok(mut answers) => {
                     for p in lot {
                         let answer = answers.remove(&p.hold).map_or(Lot::Alone, Lot::Confirmed);
@@ -163,67 +174,70 @@ impl Confirmer {
             }
         }
     }
+}
 
-    /// Confirms the lot's live holds of unlimited products in one transaction; their
-    /// orders by hold. The rest are left to confirm on their own.
-    async fn apply(&self, lot: &[Pending]) -> sqlx::Result<BTreeMap<Uuid, Order>> {
-        let mut tx = self.db.begin().await?;
-        let mut ids: Vec<Uuid> = lot.iter().map(|p| p.hold).collect();
-        ids.sort_unstable();
-        ids.dedup();
-        let holds = super::db::lock_live(&mut tx, &ids).await?;
-        let now = DateTime::from_timestamp_micros(Utc::now().timestamp_micros())
-            .expect("now is representable");
-        let mut w = super::db::Confirmations::default();
-        let mut made = BTreeMap::new();
-        for p in lot {
-            // The first confirmation of a hold sent twice in one lot is the one.
-            if made.contains_key(&p.hold) {
-                continue;
-            }
-            let Some(hold) = holds.iter().find(|h| h.id == p.hold) else {
-                continue;
-            };
-            // Another caller's hold is left to the confirmation on its own, which says 404.
-            if let Some(owner) = &p.owner
-                && !super::db::owns(owner, &hold.scope, &hold.key)
-            {
-                continue;
-            }
-            let email = p.email.as_deref().or(hold.email.as_deref());
-            let order = Order {
-                id: Uuid::new_v4(),
-                status: OrderStatus::Placed,
-                total_cents: hold
-                    .lines
-                    .iter()
-                    .map(|l| l.unit_price_cents * i64::from(l.quantity))
-                    .sum(),
-                lines: hold.lines.clone(),
-                email: email.map(str::to_string),
-                customer_name: p.name.clone().or(hold.customer_name.clone()),
-                created_at: now,
-            };
-            let shopper = limits::with_email(&hold.shopper, email);
-            w.add(hold.id, &order, &shopper);
-            made.insert(hold.id, order);
+/// Confirms the lot's live holds of unlimited products in one transaction on `conn`;
+/// their orders by hold. The rest are left to confirm on their own.
+async fn apply(
+    conn: sqlx::pool::PoolConnection<sqlx::Postgres>,
+    lot: &[Pending],
+) -> sqlx::Result<BTreeMap<Uuid, Order>> {
+    let mut tx = sqlx::Transaction::begin(conn, None).await?;
+    let mut ids: Vec<Uuid> = lot.iter().map(|p| p.hold).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let holds = super::db::lock_live(&mut tx, &ids).await?;
+    let now = DateTime::from_timestamp_micros(Utc::now().timestamp_micros())
+        .expect("now is representable");
+    let mut w = super::db::Confirmations::default();
+    let mut made = BTreeMap::new();
+    for p in lot {
+        // The first confirmation of a hold sent twice in one lot is the one.
+        if made.contains_key(&p.hold) {
+            continue;
         }
-        if made.is_empty() {
-            tx.rollback().await?;
-            return Ok(made);
+        let Some(hold) = holds.iter().find(|h| h.id == p.hold) else {
+            continue;
+        };
+        // Another caller's hold is left to the confirmation on its own, which says 404.
+        if let Some(owner) = &p.owner
+            && !super::db::owns(owner, &hold.scope, &hold.key)
+        {
+            continue;
         }
-        for order in made.values() {
-            w.events.push(Event::order_placed(order).payload);
-        }
-        if !super::db::confirm_many(&mut tx, &w).await? {
-            // A row no longer reserves the units (which locked, live holds rule out):
-            // nothing was written, and each confirmation runs on its own.
-            tx.rollback().await?;
-            return Ok(BTreeMap::new());
-        }
-        tx.commit().await?;
-        Ok(made)
+        let email = p.email.as_deref().or(hold.email.as_deref());
+        let order = Order {
+            id: Uuid::new_v4(),
+            status: OrderStatus::Placed,
+            total_cents: hold
+                .lines
+                .iter()
+                .map(|l| l.unit_price_cents * i64::from(l.quantity))
+                .sum(),
+            lines: hold.lines.clone(),
+            email: email.map(str::to_string),
+            customer_name: p.name.clone().or(hold.customer_name.clone()),
+            created_at: now,
+        };
+        let shopper = limits::with_email(&hold.shopper, email);
+        w.add(hold.id, &order, &shopper);
+        made.insert(hold.id, order);
     }
+    if made.is_empty() {
+        tx.rollback().await?;
+        return Ok(made);
+    }
+    for order in made.values() {
+        w.events.push(Event::order_placed(order).payload);
+    }
+    if !super::db::confirm_many(&mut tx, &w).await? {
+        // A row no longer reserves the units (which locked, live holds rule out):
+        // nothing was written, and each confirmation runs on its own.
+        tx.rollback().await?;
+        return Ok(BTreeMap::new());
+    }
+    tx.commit().await?;
+    Ok(made)
 }
 
 /// A live hold of unlimited products, locked for a lot.
