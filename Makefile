@@ -8,7 +8,7 @@ SCHEMATHESIS_VERSION := 4.32.5
 VENV := .venv
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test bench cluster build deps-run deps-test deps-bench deps-cluster deps-schemathesis \
+.PHONY: run test test-stress deps-stress bench cluster build deps-run deps-test deps-bench deps-cluster deps-schemathesis \
 	lint clean sqlx-cli sqlx-prepare
 
 ## run: install PostgreSQL and Redis if missing, build, start the shop in local mode
@@ -16,9 +16,14 @@ run: deps-run
 	cargo build --release --locked
 	./target/release/stockade serve
 
-## test: install test dependencies if missing, then lint and run the whole suite
+## test: install test dependencies if missing, then lint and run the whole suite (which
+## prints its ten slowest tests and fails if a process a test started outlives it)
 test: deps-test lint
-	cargo test --locked --all-targets
+	scripts/test-suite.sh
+
+## test-stress: the whole suite (lint aside) with both cores kept busy by stress-ng
+test-stress: deps-test deps-stress
+	scripts/test-stress.sh
 
 ## cluster: HAProxy, three app processes, PgBouncer, a PostgreSQL replica, Redis Sentinel
 cluster: deps-cluster
@@ -109,6 +114,13 @@ deps-schemathesis:
 
 deps-bench:
 	$(call install_missing,bench)
+
+deps-stress:
+	@command -v stress-ng >/dev/null 2>&1 || { \
+	  echo "Installing: stress-ng (apt-get)"; \
+	  $(SUDO) $(APT) install -y -q stress-ng >/dev/null || \
+	  { $(SUDO) $(APT) update -qq && $(SUDO) $(APT) install -y -q stress-ng >/dev/null; }; \
+	}
 
 deps-cluster:
 	$(call install_missing,cluster)

@@ -4,7 +4,6 @@
 //! Redis key prefix, so tests run in parallel without sharing state.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -24,6 +23,11 @@ pub struct Servers {
     pub root: PathBuf,
 }
 
+mod browser;
+pub mod processes;
+
+pub use browser::browser;
+
 const TEMPLATE_DB: &str = "stockade_template";
 
 static SERVERS: OnceCell<Servers> = OnceCell::const_new();
@@ -33,22 +37,18 @@ static PROCESSES: Mutex<Option<(LocalPostgres, LocalRedis)>> = Mutex::new(None);
 static CREATE_DB: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 extern "C" fn stop_servers_at_exit() {
+    let mut root = None;
     if let Ok(mut guard) = PROCESSES.lock()
         && let Some((mut pg, mut redis)) = guard.take()
     {
         redis.stop();
         pg.stop();
-        let root = pg.data_dir.parent().map(PathBuf::from);
-        drop(pg);
-        if let Some(root) = root {
-            let _ = std::fs::remove_dir_all(root);
-        }
+        root = pg.data_dir.parent().map(PathBuf::from);
     }
-    if let Ok(mut guard) = CHROMEDRIVER.lock()
-        && let Some(mut child) = guard.take()
-    {
-        let _ = child.kill();
-        let _ = child.wait();
+    // Then chromedriver, its browsers, and anything a test left running.
+    processes::reap();
+    if let Some(root) = root {
+        let _ = std::fs::remove_dir_all(root);
     }
 }
 
@@ -522,6 +522,8 @@ pub async fn serve(env: &[(&str, String)], args: &[&str]) -> ServerProcess {
         "STOCKADE_LOG",
         std::env::var("TEST_LOG").unwrap_or_else(|_| "warn".into()),
     ));
+    // The environment is exactly `env`: the run's mark goes in by hand.
+    env.push((processes::MARK, processes::run_mark().to_string()));
     ServerProcess::start(
         std::path::Path::new(env!("CARGO_BIN_EXE_stockade")),
         &env,
@@ -561,72 +563,6 @@ pub async fn serve_app(app: &TestApp, extra: &[(&str, String)], args: &[&str]) -
     ];
     env.extend(extra.iter().cloned());
     serve(&env, args).await
-}
-
-static CHROMEDRIVER: Mutex<Option<Child>> = Mutex::new(None);
-static CHROMEDRIVER_URL: OnceCell<String> = OnceCell::const_new();
-
-/// A headless Chromium session driven through chromedriver (started once per run).
-pub async fn browser() -> fantoccini::Client {
-    let url = CHROMEDRIVER_URL
-        .get_or_init(|| async {
-            servers().await; // registers the exit hook that also stops chromedriver
-            let port = stockade::local::free_port().unwrap();
-            let child = Command::new("chromedriver")
-                .arg(format!("--port={port}"))
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect(
-                    "chromedriver not found: install chromium and chromium-driver (make test does)",
-                );
-            *CHROMEDRIVER.lock().unwrap() = Some(child);
-            let url = format!("http://127.0.0.1:{port}");
-            for _ in 0..100 {
-                if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            url
-        })
-        .await;
-    let profile = servers()
-        .await
-        .root
-        .join(format!("chrome-{}", Uuid::new_v4().simple()));
-    let mut caps = serde_json::Map::new();
-    caps.insert(
-        "goog:chromeOptions".into(),
-        serde_json::json!({
-            "binary": chromium_binary(),
-            "args": [
-                "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--disable-background-networking", "--disable-component-update",
-                "--disable-sync", "--no-first-run", "--disable-quic",
-                "--window-size=1280,900",
-                format!("--user-data-dir={}", profile.display()),
-            ]
-        }),
-    );
-    let connector = hyper_util::client::legacy::connect::HttpConnector::new();
-    fantoccini::ClientBuilder::new(connector)
-        .capabilities(caps)
-        .connect(url)
-        .await
-        .expect("browser session")
-}
-
-fn chromium_binary() -> String {
-    [
-        "/usr/bin/chromium",
-        "/usr/bin/chromium-browser",
-        "/usr/bin/google-chrome",
-    ]
-    .iter()
-    .find(|p| std::path::Path::new(p).exists())
-    .unwrap_or(&"/usr/bin/chromium")
-    .to_string()
 }
 
 /// Where screenshots go: `docs/` of the repository.

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Runs every test `cargo test --all-targets` runs, as it does, and then:
+#   - prints the ten slowest tests of the run (libtest's own per-test timing);
+#   - fails when any process a test started (servers, PostgreSQL, Redis, Sentinels,
+#     HAProxy, PgBouncer, chromedriver and its Chromium) is still alive after the test
+#     binaries ended, naming each, and then stops them.
+# Every process the tests start carries SUITE_RUN_ID in its environment (children inherit
+# it; the harness hands it to the `stockade serve` processes it starts with a clean
+# environment), which is how leftovers are found.
+#
+#   scripts/test-suite.sh [libtest arguments…]     e.g. scripts/test-suite.sh holds::
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+run_id="suite-$$-$(date +%s)"
+log=$(mktemp /tmp/stockade-suite.XXXXXX)
+trap 'rm -f "$log"' EXIT
+
+# The test executables, in the order cargo runs them.
+mapfile -t executables < <(
+  cargo test --locked --all-targets --no-run --message-format=json-render-diagnostics |
+    python3 -c '
+import json, sys
+for line in sys.stdin:
+    message = json.loads(line)
+    if message.get("reason") == "compiler-artifact" and message.get("executable") \
+            and message["profile"]["test"]:
+        print(message["executable"])
+'
+)
+
+status=0
+for exe in "${executables[@]}"; do
+  echo "     Running ${exe#"$PWD"/}"
+  # `--report-time` is libtest's (its "unstable" options are read at run time; the build
+  # is the stable one). A failing binary does not stop the others, as with `cargo test
+  # --no-fail-fast`, so one run shows every failure.
+  if ! RUSTC_BOOTSTRAP=1 SUITE_RUN_ID="$run_id" "$exe" -Z unstable-options --report-time "$@" \
+    2>&1 | tee -a "$log"; then
+    status=1
+  fi
+done
+
+echo
+echo "The ten slowest tests:"
+sed -n 's/^test \(.*\) \.\.\. [a-zA-Z]* <\([0-9.]*\)s>$/\2 \1/p' "$log" |
+  sort -rn | head -10 | awk '{ printf "  %7.1f s  %s\n", $1, $2 }'
+
+# What is still running with this run's mark (this script and its pipeline aside).
+leftovers=()
+for environ in /proc/[0-9]*/environ; do
+  pid=${environ#/proc/}
+  pid=${pid%/environ}
+  [ "$pid" = $$ ] && continue
+  # (Kernel threads and processes that just ended cannot be read: skipped.)
+  if { tr '\0' '\n' <"$environ"; } 2>/dev/null | grep -qxF "SUITE_RUN_ID=$run_id"; then
+    leftovers+=("$pid")
+  fi
+done
+if [ ${#leftovers[@]} -gt 0 ]; then
+  echo
+  echo "These processes the tests started outlived them (now stopped):"
+  ps -o pid,ppid,user,args -p "$(
+    IFS=,
+    echo "${leftovers[*]}"
+  )" || true
+  kill -KILL "${leftovers[@]}" 2>/dev/null || true
+  status=1
+fi
+
+if [ "$status" = 0 ]; then
+  echo
+  echo "All tests passed; no process outlived them."
+fi
+exit "$status"
