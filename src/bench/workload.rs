@@ -27,8 +27,8 @@ pub enum Workload {
     /// `--skus`.
     Cart,
     /// Shoppers in a hot drop, through the shop's HTML forms with cookies and CSRF
-    /// tokens: product page, add to cart, cart, "Checkout", checkout page, "Place order"
-    /// ([`super::storefront`]); measured in completed checkouts.
+    /// tokens: product page, add to cart, cart, "Checkout", checkout page, "Place order";
+    /// measured in completed checkouts.
     Storefront,
     /// Orders for a SKU with no stock: every answer is 409.
     SoldOut,
