@@ -15,15 +15,18 @@ pub struct BenchArgs {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "hot-sku,hold-hot,confirm,cart,uniform,sold-out,product-page,refused"
+        default_value = "hot-sku,hold-hot,confirm,cart,storefront,uniform,sold-out,product-page,refused"
     )]
     pub workloads: Vec<Workload>,
-    /// Order strategies to compare (the product page runs once, under the first).
+    /// Order strategies to compare (the product page runs once, under the first);
+    /// `default` is this build's default strategy, and is shown as e.g. `default (batched)`.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "redis-lock,pg-atomic,batched",
-        value_parser = clap::builder::PossibleValuesParser::new(["redis-lock", "pg-atomic", "batched"])
+        default_value = "redis-lock,pg-atomic,default",
+        value_parser = clap::builder::PossibleValuesParser::new(
+            ["default", "redis-lock", "pg-atomic", "batched"]
+        )
     )]
     pub strategies: Vec<String>,
     /// Concurrent request loops (closed loop) [default: 64; --quick: 16].
@@ -42,7 +45,8 @@ pub struct BenchArgs {
     #[arg(long)]
     pub quick: bool,
     /// Open-loop rate (requests/s) of the extra hot-sku `batched` line [default: 80 % of
-    /// the closed-loop rate measured for it].
+    /// the closed-loop rate measured for it]. The storefront's open loop always runs at
+    /// 80 % of its own closed-loop rate.
     #[arg(long)]
     pub rate: Option<f64>,
     /// `stockade serve` processes per strategy (connections are spread over them).
@@ -82,11 +86,58 @@ fn setting(raw: &str) -> Result<(String, String), String> {
     }
 }
 
+/// An order strategy to serve with, and whether it was named as the build's `default`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Strategy {
+    /// What `STOCKADE_ORDER_STRATEGY` is set to: `redis-lock`, `pg-atomic` or `batched`.
+    pub name: String,
+    /// Named as `default` (this build's default strategy).
+    pub default: bool,
+}
+
+impl Strategy {
+    /// As the report shows it: `batched`, or `default (batched)`.
+    pub fn label(&self) -> String {
+        label(&self.name, self.default)
+    }
+
+    /// The strategies `named` on the command line, `default` resolved to this build's
+    /// default ([`crate::config::Settings`]'s); a strategy named twice (`default` and its
+    /// own name) runs once, shown as the default.
+    fn resolve(named: &[String]) -> Vec<Self> {
+        let default = crate::config::Settings::default().order_strategy;
+        let mut strategies: Vec<Self> = Vec::new();
+        for named in named {
+            let (name, is_default) = match named.as_str() {
+                "default" => (default.as_str(), true),
+                other => (other, false),
+            };
+            match strategies.iter_mut().find(|s| s.name == name) {
+                Some(earlier) => earlier.default |= is_default,
+                None => strategies.push(Self {
+                    name: name.to_string(),
+                    default: is_default,
+                }),
+            }
+        }
+        strategies
+    }
+}
+
+/// A strategy as the report shows it (`default`: named as the build's default).
+pub fn label(name: &str, default: bool) -> String {
+    if default {
+        format!("default ({name})")
+    } else {
+        name.to_string()
+    }
+}
+
 /// The options with `--quick` and the defaults applied.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Plan {
     pub workloads: Vec<Workload>,
-    pub strategies: Vec<String>,
+    pub strategies: Vec<Strategy>,
     pub connections: usize,
     pub duration_s: u64,
     pub warmup_s: f64,
@@ -108,7 +159,7 @@ impl BenchArgs {
         let quick = self.quick;
         let plan = Plan {
             workloads: self.workloads.clone(),
-            strategies: self.strategies.clone(),
+            strategies: Strategy::resolve(&self.strategies),
             connections: self.connections.unwrap_or(if quick { 16 } else { 64 }),
             duration_s: self.duration.unwrap_or(if quick { 3 } else { 15 }),
             warmup_s: self.warmup.unwrap_or(if quick { 0.5 } else { 2.0 }),
@@ -172,7 +223,43 @@ mod tests {
             (plan.duration_s, plan.connections, plan.skus),
             (15, 64, 10_000)
         );
-        assert_eq!(plan.workloads.len(), 8);
-        assert_eq!(plan.strategies, ["redis-lock", "pg-atomic", "batched"]);
+        assert_eq!(plan.workloads.len(), 9);
+        let labels: Vec<String> = plan.strategies.iter().map(Strategy::label).collect();
+        assert_eq!(labels, ["redis-lock", "pg-atomic", "default (batched)"]);
+    }
+
+    #[test]
+    fn default_is_the_builds_default_strategy_and_runs_once_beside_its_own_name() {
+        let build_default = crate::config::Settings::default().order_strategy;
+        assert_eq!(build_default.as_str(), "batched");
+        let strategies = |list: &str| {
+            Cli::parse_from(["bench", "--strategies", list])
+                .args
+                .plan()
+                .unwrap()
+                .strategies
+        };
+        let plan = strategies("default,redis-lock");
+        assert_eq!(
+            plan,
+            [
+                Strategy {
+                    name: "batched".into(),
+                    default: true
+                },
+                Strategy {
+                    name: "redis-lock".into(),
+                    default: false
+                }
+            ]
+        );
+        assert_eq!(plan[0].label(), "default (batched)");
+        assert_eq!(strategies("batched,default,batched").len(), 1);
+        assert!(strategies("batched,default")[0].default);
+        assert_eq!(strategies("batched")[0].label(), "batched");
+        assert!(
+            Cli::try_parse_from(["bench", "--strategies", "fastest"]).is_err(),
+            "unknown strategies are refused"
+        );
     }
 }

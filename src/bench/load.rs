@@ -71,7 +71,7 @@ pub struct Measured {
 }
 
 impl Measured {
-    fn empty() -> Self {
+    pub(super) fn empty() -> Self {
         Self {
             seconds: 0.0,
             statuses: BTreeMap::new(),
@@ -79,13 +79,13 @@ impl Measured {
         }
     }
 
-    fn record(&mut self, status: u16, took: Duration) {
+    pub(super) fn record(&mut self, status: u16, took: Duration) {
         *self.statuses.entry(status).or_insert(0) += 1;
         self.latency
             .saturating_record(took.as_micros().max(1) as u64);
     }
 
-    fn merge(&mut self, other: &Self) {
+    pub(super) fn merge(&mut self, other: &Self) {
         for (status, n) in &other.statuses {
             *self.statuses.entry(*status).or_insert(0) += n;
         }
@@ -151,20 +151,47 @@ pub struct Connection {
 
 impl Connection {
     fn new(load: &Load, base: &str) -> Self {
-        let url = url_for(load, base);
+        let mut connection = Self::to(&url_for(load, base));
+        connection.bearer = load.api_key.as_ref().map(|k| {
+            HeaderValue::try_from(format!("Bearer {k}")).expect("API keys are header-safe")
+        });
+        connection
+    }
+
+    /// A connection to `url`'s server (its path the default for [`Work`]'s requests), for
+    /// requests made elsewhere too: the storefront's pages ([`Self::fetch`]).
+    pub(super) fn to(url: &reqwest::Url) -> Self {
         let authority = format!(
             "{}:{}",
             url.host_str().unwrap_or("127.0.0.1"),
             url.port_or_known_default().unwrap_or(80)
         );
-        let bearer = load.api_key.as_ref().map(|k| {
-            HeaderValue::try_from(format!("Bearer {k}")).expect("API keys are header-safe")
-        });
         Self {
             authority,
             path: url.path().to_string(),
-            bearer,
+            bearer: None,
             sender: None,
+        }
+    }
+
+    /// `host:port`, as the `Host` header names it.
+    pub(super) fn authority(&self) -> &str {
+        &self.authority
+    }
+
+    /// Sends `request`; its answer's head and whole body, or `None` when none came within
+    /// `timeout` (and then the connection is dropped).
+    pub(super) async fn fetch(
+        &mut self,
+        request: Request<Full<Bytes>>,
+        timeout: Duration,
+    ) -> Option<(hyper::http::response::Parts, Bytes)> {
+        match tokio::time::timeout(timeout, self.answer(request)).await {
+            Ok(Some(answer)) => Some(answer),
+            _ => {
+                self.sender = None;
+                None
+            }
         }
     }
 
@@ -234,7 +261,7 @@ impl Connection {
     /// Opens the connection unless it is open; one the server closed while it was idle
     /// (after its keep-alive timeout: the open loop's connections wait between requests)
     /// is opened again.
-    async fn open(&mut self) {
+    pub(super) async fn open(&mut self) {
         if self.sender.as_ref().is_some_and(|s| s.is_closed()) {
             self.sender = None;
         }
@@ -246,6 +273,25 @@ impl Connection {
     /// The status of `request`'s answer, its body read to the end; `None` when the
     /// connection failed (the caller drops it).
     async fn exchange(&mut self, request: Request<Full<Bytes>>) -> Option<u16> {
+        let sender = self.ready().await?;
+        let response = sender.send_request(request).await.ok()?;
+        let status = response.status().as_u16();
+        response.into_body().collect().await.ok()?;
+        Some(status)
+    }
+
+    /// `request`'s answer: its head, and its body read to the end.
+    async fn answer(
+        &mut self,
+        request: Request<Full<Bytes>>,
+    ) -> Option<(hyper::http::response::Parts, Bytes)> {
+        let sender = self.ready().await?;
+        let (head, body) = sender.send_request(request).await.ok()?.into_parts();
+        Some((head, body.collect().await.ok()?.to_bytes()))
+    }
+
+    /// The connection, open and ready for a request; `None` when it cannot be opened.
+    async fn ready(&mut self) -> Option<&mut SendRequest<Full<Bytes>>> {
         self.open().await;
         let sender = self.sender.as_mut()?;
         if sender.ready().await.is_err() {
@@ -253,11 +299,7 @@ impl Connection {
             self.sender = connect(&self.authority).await;
             self.sender.as_mut()?.ready().await.ok()?;
         }
-        let sender = self.sender.as_mut()?;
-        let response = sender.send_request(request).await.ok()?;
-        let status = response.status().as_u16();
-        response.into_body().collect().await.ok()?;
-        Some(status)
+        self.sender.as_mut()
     }
 }
 

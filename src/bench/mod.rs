@@ -10,18 +10,28 @@
 //!
 //! Workloads (`workload.rs`): `hot-sku` (every order for one SKU), `hold-hot` (every hold
 //! for it: the checkout button), `confirm` (confirmations of holds placed beforehand:
-//! "Place order"), `uniform` (orders spread over many SKUs), `sold-out` (every answer is 409), `product-page` (GET /products/{sku}) and
+//! "Place order"), `cart`, `storefront` (shoppers through the shop's pages and forms,
+//! product page to "Place order": `storefront.rs`), `uniform` (orders spread over many
+//! SKUs), `sold-out` (every answer is 409), `product-page` (GET /products/{sku}) and
 //! `refused` (orders refused before any database or Redis work: the app's own ceiling for
 //! an order request, the limit no strategy can pass on this machine).
+//!
+//! The files: `args.rs` the options and the plan (`default` resolved to the build's
+//! strategy), `workload.rs` what each workload sends and seeds, `load.rs` the request
+//! loops, `storefront.rs` the shoppers' flow and loops, `db.rs` what is read of the
+//! database server, `pgbench.rs` its scripts and runs, `report.rs` the table and the
+//! files, `derived.rs` the comparisons below the table; this one runs them in order.
 
 mod args;
 mod db;
+mod derived;
 pub mod load;
 pub mod pgbench;
 pub mod report;
+mod storefront;
 mod workload;
 
-pub use args::{BenchArgs, Plan};
+pub use args::{BenchArgs, Plan, Strategy};
 pub use workload::*;
 
 use std::path::PathBuf;
@@ -36,8 +46,9 @@ use self::db::{
     commit_count, drop_database, per_request, postgres_info, statement_count, wait_for_no_sessions,
     wal_position, wal_since,
 };
+use self::derived::derived_lines;
 use self::load::{Connections, Live, Load, Measured, Schedule};
-use self::report::{BenchReport, Row, derived_lines};
+use self::report::{BenchReport, Row};
 use crate::loadtest::check::{self, RedisTarget};
 use crate::loadtest::servers::ServerProcess;
 use crate::local::{LocalOptions, LocalServices};
@@ -279,25 +290,33 @@ impl Bench<'_> {
     }
 
     /// Serves `workload` with `strategy`, loads it, counts commits, checks the invariants.
-    /// The hot SKU under `batched` also gets the open-loop line.
+    /// The hot SKU under `batched` also gets the open-loop line, and so does the storefront
+    /// under every strategy.
     async fn app_run(
         &self,
         admin: &PgPool,
         workload: Workload,
-        strategy: &str,
+        strategy: &Strategy,
         statements: bool,
     ) -> anyhow::Result<Vec<Row>> {
         let plan = self.plan;
-        let (name, url, api_key) = self.database(workload, strategy).await?;
+        let (name, url, api_key) = self.database(workload, &strategy.name).await?;
         let prefix = format!("bench-{}:", uuid::Uuid::new_v4().simple());
         let mut env = vec![
             ("DATABASE_URL", url.clone()),
             ("REDIS_URL", self.redis_url.clone()),
             ("STOCKADE_REDIS_PREFIX", prefix.clone()),
             ("STOCKADE_LISTEN", "127.0.0.1:0".to_string()),
-            ("STOCKADE_ORDER_STRATEGY", strategy.to_string()),
+            ("STOCKADE_ORDER_STRATEGY", strategy.name.clone()),
             ("STOCKADE_LOG", "error".to_string()),
         ];
+        if workload == Workload::Storefront {
+            // Checkout forms have no API client: they count against their address's
+            // bucket, and every shopper here comes from 127.0.0.1. The API workloads'
+            // client is unlimited; these are the shop's highest limits.
+            env.push(("STOCKADE_RATE_LIMIT_PER_MINUTE", "1000000".to_string()));
+            env.push(("STOCKADE_RATE_LIMIT_BURST", "1000000".to_string()));
+        }
         env.extend(plan.settings.iter().map(|(k, v)| (k.as_str(), v.clone())));
         let commits_before = commit_count(admin, &name).await?;
         let statements_before = if statements {
@@ -309,31 +328,19 @@ impl Bench<'_> {
         for _ in 0..plan.servers {
             servers.push(ServerProcess::start(&plan.server_exe, &env, &[]).await?);
         }
-        let load = Load {
-            targets: servers.iter().map(|s| s.address.clone()).collect(),
-            work: workload.work(plan.skus),
-            timeout: Duration::from_secs(10),
-            api_key,
-        };
-        let label = format!("{} · {strategy}", workload.name());
-        let closed = self
-            .phases(admin, &load, plan.connections, Schedule::Closed, label)
-            .await;
+        let targets: Vec<String> = servers.iter().map(|s| s.address.clone()).collect();
         // Every request of the server's life counts: commits are counted over all of it.
-        let mut answered = closed.requests();
-        let mut closed_row = closed.row(workload, strategy, None);
-        let open = if workload == Workload::HotSku && strategy == "batched" {
-            let rate = plan.open_loop_rate.unwrap_or(0.8 * closed_row.rate);
-            // Connections kept open between requests, and a warm-up at the same rate.
-            let label = format!("hot-sku · batched · open loop {rate:.0}/s");
-            let schedule = Schedule::Open { rate };
-            let open = self
-                .phases(admin, &load, OPEN_LOOP_CONNECTIONS, schedule, label)
-                .await;
-            answered += open.requests();
-            Some(open.row(workload, strategy, Some(rate)))
-        } else {
-            None
+        let (mut closed_row, open, answered) = match workload.work(plan.skus) {
+            Some(work) => {
+                let load = Load {
+                    targets,
+                    work,
+                    timeout: Duration::from_secs(10),
+                    api_key,
+                };
+                self.requests(admin, &load, workload, &strategy.name).await
+            }
+            None => storefront::measure(self, admin, &targets, &strategy.name).await,
         };
         stop_all(servers).await;
 
@@ -358,7 +365,8 @@ impl Bench<'_> {
                 .map_err(|e| e.context("invariant check"));
             db.close().await;
             let verdicts = verdicts?;
-            println!("\ninvariants after {} with {strategy}:", workload.name());
+            let (workload, strategy) = (workload.name(), strategy.label());
+            println!("\ninvariants after {workload} with {strategy}:");
             check::print(&verdicts);
             Some(verdicts)
         } else {
@@ -367,10 +375,43 @@ impl Bench<'_> {
         drop_database(admin, &name).await;
         let mut rows: Vec<Row> = std::iter::once(closed_row).chain(open).collect();
         for row in &mut rows {
+            row.default_strategy = strategy.default;
             row.invariants = verdicts.as_ref().map(|v| v.iter().all(|v| v.pass));
             row.verdicts = verdicts.clone().unwrap_or_default();
         }
         Ok(rows)
+    }
+
+    /// The closed loop of `load`'s requests, and for the hot SKU under `batched` the open
+    /// loop; their rows and the requests sent in every phase.
+    async fn requests(
+        &self,
+        admin: &PgPool,
+        load: &Load,
+        workload: Workload,
+        strategy: &str,
+    ) -> (Row, Option<Row>, u64) {
+        let plan = self.plan;
+        let label = format!("{} · {strategy}", workload.name());
+        let closed = self
+            .phases(admin, load, plan.connections, Schedule::Closed, label)
+            .await;
+        let mut answered = closed.requests();
+        let closed_row = closed.row(workload, strategy, None);
+        let open = if workload == Workload::HotSku && strategy == "batched" {
+            let rate = plan.open_loop_rate.unwrap_or(0.8 * closed_row.rate);
+            // Connections kept open between requests, and a warm-up at the same rate.
+            let label = format!("hot-sku · batched · open loop {rate:.0}/s");
+            let schedule = Schedule::Open { rate };
+            let open = self
+                .phases(admin, load, OPEN_LOOP_CONNECTIONS, schedule, label)
+                .await;
+            answered += open.requests();
+            Some(open.row(workload, strategy, Some(rate)))
+        } else {
+            None
+        };
+        (closed_row, open, answered)
     }
 
     /// A warm-up, then the measured phase, on `connections` connections kept from one to

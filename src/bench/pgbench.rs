@@ -217,7 +217,9 @@ pub fn script(workload: Workload, skus: usize) -> Option<(String, String)> {
             "product-page",
             PRODUCT_PAGE.replace("{sku}", &quoted(super::HOT_SKU)),
         ),
-        Workload::Refused => return None,
+        // The storefront's requests are pages around a hold and a confirmation, which
+        // `hold-hot-sku` and `confirm` measure; the refused ones do no SQL at all.
+        Workload::Refused | Workload::Storefront => return None,
     };
     Some((
         name.to_string(),

@@ -9,7 +9,7 @@ use askama::Template;
 use serde::Serialize;
 
 use super::load::Measured;
-use super::pgbench::{self, PgbenchResult};
+use super::pgbench::PgbenchResult;
 use super::{Plan, Workload};
 use crate::loadtest::check::Verdict;
 
@@ -25,7 +25,10 @@ pub struct PostgresInfo {
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
     pub workload: Workload,
+    /// The strategy served with (`redis-lock`, `pg-atomic`, `batched`).
     pub strategy: String,
+    /// Whether it was named as the build's `default` (shown as `default (batched)`).
+    pub default_strategy: bool,
     /// `closed` (fixed connections) or `open` (fixed rate).
     pub mode: String,
     pub offered_rate: Option<f64>,
@@ -56,6 +59,34 @@ pub struct Row {
     /// Whether every invariant held afterwards (`None`: not an order workload).
     pub invariants: Option<bool>,
     pub verdicts: Vec<Verdict>,
+    /// The storefront's steps, each measured on its own (empty for other workloads, whose
+    /// rows measure single requests).
+    pub steps: Vec<Step>,
+}
+
+/// One step of the storefront's checkout: its own requests and latency.
+#[derive(Debug, Clone, Serialize)]
+pub struct Step {
+    pub name: String,
+    pub requests: u64,
+    /// Answers with another status than the step's own, or none.
+    pub errors: u64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+impl Step {
+    pub fn of(name: &str, expected_status: u16, m: &Measured) -> Self {
+        Self {
+            name: name.to_string(),
+            requests: m.requests(),
+            errors: m.requests() - m.expected(expected_status),
+            p50_ms: m.ms(0.5),
+            p99_ms: m.ms(0.99),
+            max_ms: m.ms(1.0),
+        }
+    }
 }
 
 impl Row {
@@ -71,6 +102,7 @@ impl Row {
         Self {
             workload,
             strategy: strategy.to_string(),
+            default_strategy: false,
             mode: mode.to_string(),
             offered_rate,
             seconds: m.seconds,
@@ -94,13 +126,22 @@ impl Row {
             wal_per_request: None,
             invariants: None,
             verdicts: Vec::new(),
+            steps: Vec::new(),
         }
     }
 
-    fn label(&self) -> String {
+    /// The strategy as the report shows it: `batched`, `default (batched)`.
+    pub fn strategy_label(&self) -> String {
+        super::args::label(&self.strategy, self.default_strategy)
+    }
+
+    /// The strategy column: the strategy, and an open loop's rate.
+    pub fn label(&self) -> String {
         match self.offered_rate {
-            Some(rate) if self.mode == "open" => format!("{} (open {rate:.0}/s)", self.strategy),
-            _ => self.strategy.clone(),
+            Some(rate) if self.mode == "open" => {
+                format!("{} (open {rate:.0}/s)", self.strategy_label())
+            }
+            _ => self.strategy_label(),
         }
     }
 }
@@ -160,9 +201,17 @@ pub fn summary(report: &BenchReport) -> String {
         "\n{} (PostgreSQL {}, fsync {}, synchronous_commit {})",
         report.title, p.version, p.fsync, p.synchronous_commit
     );
+    // Wide enough for the longest label (`default (batched) (open 680/s)`).
+    let w = report
+        .rows
+        .iter()
+        .map(|r| r.label().chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(22);
     let _ = writeln!(
         out,
-        "{:<13} {:<22} {:>9} {:>8} {:>8} {:>7} {:>9} {:>7} {:>9} {:>8} {:>7} {:>10}",
+        "{:<13} {:<w$} {:>9} {:>8} {:>8} {:>7} {:>9} {:>7} {:>9} {:>8} {:>7} {:>10}",
         "workload",
         "strategy",
         "req/s",
@@ -179,7 +228,7 @@ pub fn summary(report: &BenchReport) -> String {
     for r in &report.rows {
         let _ = writeln!(
             out,
-            "{:<13} {:<22} {:>9.0} {:>8.1} {:>8.1} {:>7} {:>9} {:>7} {:>9} {:>8} {:>7} {:>10}",
+            "{:<13} {:<w$} {:>9.0} {:>8.1} {:>8.1} {:>7} {:>9} {:>7} {:>9} {:>8} {:>7} {:>10}",
             r.workload.name(),
             r.label(),
             r.rate,
@@ -194,10 +243,38 @@ pub fn summary(report: &BenchReport) -> String {
             verdict(r.invariants),
         );
     }
+    let stepped: Vec<&Row> = report.rows.iter().filter(|r| !r.steps.is_empty()).collect();
+    if let Some(first) = stepped.first() {
+        let _ = write!(
+            out,
+            "\n{:<w$}",
+            "storefront steps, p50 / p99 ms",
+            w = w + 14
+        );
+        for step in &first.steps {
+            let _ = write!(out, " {:>15}", step.name);
+        }
+        let _ = writeln!(out);
+        for r in stepped {
+            let _ = write!(out, "{:<w$}", r.label(), w = w + 14);
+            for step in &r.steps {
+                let cell = format!("{:.1} / {:.1}", step.p50_ms, step.p99_ms);
+                let _ = write!(out, " {cell:>15}");
+            }
+            let _ = writeln!(out);
+        }
+    }
     if !report.derived.is_empty() {
         let _ = writeln!(out);
+        let w = report
+            .derived
+            .iter()
+            .map(|d| d.name.chars().count())
+            .max()
+            .unwrap_or(0)
+            .max(44);
         for d in &report.derived {
-            let _ = writeln!(out, "{:<44} {:>12}   {}", d.name, d.shown, d.detail);
+            let _ = writeln!(out, "{:<w$} {:>12}   {}", d.name, d.shown, d.detail);
         }
     }
     out
@@ -234,6 +311,10 @@ struct RowView {
 struct ReportPage<'a> {
     report: &'a BenchReport,
     rows: Vec<RowView>,
+    /// The storefront's step names, and per row with steps its label and each step's
+    /// `p50 / p99`.
+    step_names: Vec<String>,
+    steps: Vec<(String, Vec<String>)>,
     parameters: String,
     failures: Vec<String>,
 }
@@ -278,196 +359,25 @@ pub fn html(report: &BenchReport) -> anyhow::Result<String> {
             })
         })
         .collect();
+    let stepped = || report.rows.iter().filter(|r| !r.steps.is_empty());
+    let step_names = stepped()
+        .next()
+        .map(|r| r.steps.iter().map(|s| s.name.clone()).collect())
+        .unwrap_or_default();
+    let steps = stepped()
+        .map(|r| {
+            let cells = r.steps.iter();
+            let cells = cells.map(|s| format!("{:.1} / {:.1}", s.p50_ms, s.p99_ms));
+            (r.label(), cells.collect())
+        })
+        .collect();
     let page = ReportPage {
         report,
         rows,
+        step_names,
+        steps,
         parameters: serde_json::to_string_pretty(&report.parameters)?,
         failures,
     };
     Ok(page.render()?)
-}
-
-/// The comparisons the table does not show at a glance.
-pub(super) fn derived_lines(rows: &[Row], pgbench: &[pgbench::PgbenchResult]) -> Vec<Derived> {
-    let rate = |workload: Workload, strategy: &str| {
-        rows.iter()
-            .find(|r| r.workload == workload && r.strategy == strategy && r.mode == "closed")
-            .map(|r| r.rate)
-    };
-    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
-        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
-        _ => None,
-    };
-    // The refused workload runs once, under the first strategy: its rate is the ceiling of
-    // every strategy's order requests.
-    let ceiling = rows
-        .iter()
-        .find(|r| r.workload == Workload::Refused && r.mode == "closed")
-        .map(|r| r.rate);
-    let mut lines = Vec::new();
-    if let Some(value) = ratio(
-        rate(Workload::HotSku, "batched"),
-        rate(Workload::HotSku, "redis-lock"),
-    ) {
-        lines.push(Derived::ratio(
-            "hot SKU: batched ÷ redis-lock",
-            value,
-            "orders/s with group commit over orders/s with a lease per order",
-        ));
-    }
-    let mut strategies: Vec<&str> = Vec::new();
-    for row in rows {
-        if !strategies.contains(&row.strategy.as_str()) {
-            strategies.push(&row.strategy);
-        }
-    }
-    for strategy in strategies {
-        // Each of these workloads' rate over the hot SKU's orders, under one strategy.
-        let beside_orders = [
-            (
-                Workload::HoldHot,
-                "hold-hot",
-                "holds/s (the checkout button) over orders/s of the same SKU",
-            ),
-            (
-                Workload::Confirm,
-                "confirm",
-                "confirmations/s (\"Place order\") over orders/s of the same SKU",
-            ),
-            (
-                Workload::SoldOut,
-                "sold-out",
-                "409 answers/s over orders/s: what refusing costs next to selling",
-            ),
-        ];
-        for (workload, name, meaning) in beside_orders {
-            if let Some(value) = ratio(rate(workload, strategy), rate(Workload::HotSku, strategy)) {
-                lines.push(Derived::ratio(
-                    &format!("{name} ÷ hot SKU ({strategy})"),
-                    value,
-                    meaning,
-                ));
-            }
-        }
-        if let Some(value) = ratio(rate(Workload::SoldOut, strategy), ceiling) {
-            lines.push(Derived::ratio(
-                &format!("sold-out ÷ refused ({strategy})"),
-                value,
-                "409 answers/s over requests refused before any database or Redis work \
-                 (the app's ceiling for an order request on this machine)",
-            ));
-        }
-        if let Some(value) = ratio(ceiling, rate(Workload::HotSku, strategy)) {
-            lines.push(Derived::ratio(
-                &format!("refused ÷ hot SKU ({strategy})"),
-                value,
-                "the most any sold-out ÷ hot SKU ratio can reach here: a sold-out answer \
-                 cannot be cheaper than a request refused with no work at all",
-            ));
-        }
-    }
-    if let Some(row) = rows
-        .iter()
-        .find(|r| r.workload == Workload::ProductPage && r.ratio_to_pgbench.is_some())
-    {
-        lines.push(Derived::ratio(
-            "product page ÷ pgbench select",
-            row.ratio_to_pgbench.unwrap_or_default(),
-            "HTML pages/s over the page's query alone",
-        ));
-    }
-    for row in rows.iter().filter(|r| r.mode == "open") {
-        lines.push(Derived {
-            name: format!(
-                "open loop: hot SKU, {} at {:.0}/s",
-                row.strategy,
-                row.offered_rate.unwrap_or_default()
-            ),
-            value: row.p99_ms,
-            shown: format!("p99 {:.1} ms", row.p99_ms),
-            detail: "latency from each request's scheduled start, at 80 % of the closed-loop \
-                     rate unless --rate says otherwise"
-                .into(),
-        });
-        let own = pgbench
-            .iter()
-            .find(|p| p.script == "order-hot-sku" && p.offered_rate.is_some());
-        if let Some((pg, pg_p99)) = own.and_then(|p| Some((p, p.p99_ms?)))
-            && pg_p99 > 0.0
-        {
-            lines.push(Derived {
-                name: format!("open loop p99: hot SKU, {} ÷ pgbench", row.strategy),
-                value: row.p99_ms / pg_p99,
-                shown: format!("{:.2}×", row.p99_ms / pg_p99),
-                detail: format!(
-                    "each at the same share of its own closed-loop peak: the app {:.1} ms at \
-                     {:.0}/s, pgbench {pg_p99:.1} ms at {:.0}/s on the same server and disk",
-                    row.p99_ms,
-                    row.offered_rate.unwrap_or_default(),
-                    pg.offered_rate.unwrap_or_default()
-                ),
-            });
-        }
-    }
-    lines
-}
-
-#[cfg(test)]
-mod derived_tests {
-    use super::*;
-    use crate::bench::{Workload, load};
-
-    #[test]
-    fn each_strategy_gets_its_sold_out_lines_against_orders_and_the_ceiling() {
-        let measured = |status: u16| load::Measured {
-            seconds: 1.0,
-            statuses: [(status, 10)].into(),
-            latency: hdrhistogram::Histogram::new(3).unwrap(),
-        };
-        let mut rows = Vec::new();
-        for workload in [Workload::HotSku, Workload::SoldOut] {
-            for strategy in ["redis-lock", "batched"] {
-                let m = measured(workload.expected_status());
-                rows.push(Row::of(workload, strategy, "closed", None, &m));
-            }
-        }
-        let names: Vec<String> = derived_lines(&rows, &[])
-            .into_iter()
-            .map(|d| d.name)
-            .collect();
-        assert_eq!(
-            names,
-            [
-                "hot SKU: batched ÷ redis-lock",
-                "sold-out ÷ hot SKU (redis-lock)",
-                "sold-out ÷ hot SKU (batched)"
-            ]
-        );
-
-        // The refused workload runs under the first strategy and serves every strategy.
-        let refused = measured(Workload::Refused.expected_status());
-        rows.push(Row::of(
-            Workload::Refused,
-            "redis-lock",
-            "closed",
-            None,
-            &refused,
-        ));
-        let names: Vec<String> = derived_lines(&rows, &[])
-            .into_iter()
-            .map(|d| d.name)
-            .collect();
-        assert_eq!(
-            names,
-            [
-                "hot SKU: batched ÷ redis-lock",
-                "sold-out ÷ hot SKU (redis-lock)",
-                "sold-out ÷ refused (redis-lock)",
-                "refused ÷ hot SKU (redis-lock)",
-                "sold-out ÷ hot SKU (batched)",
-                "sold-out ÷ refused (batched)",
-                "refused ÷ hot SKU (batched)"
-            ]
-        );
-    }
 }

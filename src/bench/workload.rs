@@ -26,6 +26,10 @@ pub enum Workload {
     /// Carts: orders of one unit of the hot SKU and one of a SKU picked uniformly from
     /// `--skus`.
     Cart,
+    /// Shoppers in a hot drop, through the shop's HTML forms with cookies and CSRF
+    /// tokens: product page, add to cart, cart, "Checkout", checkout page, "Place order";
+    /// measured in completed checkouts.
+    Storefront,
     /// Orders for a SKU with no stock: every answer is 409.
     SoldOut,
     /// GET /products/{sku}, the HTML page.
@@ -43,6 +47,7 @@ impl Workload {
             Self::Confirm => "confirm",
             Self::Uniform => "uniform",
             Self::Cart => "cart",
+            Self::Storefront => "storefront",
             Self::SoldOut => "sold-out",
             Self::ProductPage => "product-page",
             Self::Refused => "refused",
@@ -58,14 +63,16 @@ impl Workload {
                 | Self::Confirm
                 | Self::Uniform
                 | Self::Cart
+                | Self::Storefront
                 | Self::SoldOut
         )
     }
 
     /// What each request of this workload sends (`skus`: how many the uniform one spreads
-    /// over).
-    pub fn work(self, skus: usize) -> Work {
-        match self {
+    /// over); `None` for the storefront, whose shoppers send a flow of requests
+    /// ([`super::storefront`]).
+    pub fn work(self, skus: usize) -> Option<Work> {
+        let work = match self {
             Self::HotSku => Work::Order {
                 path: ORDERS,
                 skus: Arc::new(vec![HOT_SKU.to_string()]),
@@ -106,12 +113,16 @@ impl Workload {
             Self::ProductPage => Work::Page {
                 path: format!("/products/{HOT_SKU}"),
             },
-        }
+            Self::Storefront => return None,
+        };
+        Some(work)
     }
 
-    /// The status every answer should have.
+    /// The status every answer should have (the storefront's: that of "Place order", a
+    /// 303 to the order's page, which completes a checkout).
     pub fn expected_status(self) -> u16 {
         match self {
+            Self::Storefront => 303,
             Self::HotSku | Self::HoldHot | Self::Confirm | Self::Uniform | Self::Cart => 201,
             Self::SoldOut => 409,
             Self::ProductPage => 200,
@@ -154,6 +165,7 @@ pub(super) async fn seed(db: &PgPool, workload: Workload, skus: usize) -> anyhow
         Workload::HotSku
         | Workload::HoldHot
         | Workload::Confirm
+        | Workload::Storefront
         | Workload::ProductPage
         | Workload::Refused => (vec![HOT_SKU.into()], HOT_STOCK),
         Workload::Uniform => ((1..=skus).map(uniform_sku).collect(), UNIFORM_STOCK),

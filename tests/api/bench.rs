@@ -1,17 +1,18 @@
 //! `stockade bench` end to end: its own durable PostgreSQL and Redis, a server process,
-//! pgbench, the checker, and the report.
+//! pgbench, the checker, and the report; the build's `default` strategy, and shoppers
+//! through the storefront's pages.
 
 use std::process::Command;
 
 #[test]
-fn a_quick_bench_measures_the_app_and_pgbench_and_passes_the_checker() {
+fn a_quick_bench_measures_the_app_its_storefront_and_pgbench_and_passes_the_checker() {
     let out = tempfile::tempdir().unwrap();
     let started = std::time::Instant::now();
     let run = Command::new(env!("CARGO_BIN_EXE_stockade"))
-        .args(["bench", "--quick", "--quiet", "--strategies", "batched"])
+        .args(["bench", "--quick", "--quiet", "--strategies", "default"])
         .args([
             "--workloads",
-            "hot-sku,hold-hot,confirm,cart,sold-out,refused",
+            "hot-sku,hold-hot,confirm,cart,storefront,sold-out,refused",
             "--out",
         ])
         .arg(out.path())
@@ -51,6 +52,15 @@ fn a_quick_bench_measures_the_app_and_pgbench_and_passes_the_checker() {
     let wal = hot["wal_per_request"].as_f64().unwrap();
     assert!(wal > 1000.0, "{hot}");
     assert_eq!(hot["invariants"], true);
+    // `default` is the build's default strategy, served as itself and shown as the default.
+    assert_eq!(hot["strategy"], "batched", "{hot}");
+    assert_eq!(hot["default_strategy"], true, "{hot}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("hot-sku") && l.contains(" default (batched) ")),
+        "{stdout}"
+    );
     // The storefront's steps and a cart: placed by the app and by pgbench's scripts, and
     // checked.
     for workload in ["hold-hot", "confirm", "cart"] {
@@ -62,6 +72,67 @@ fn a_quick_bench_measures_the_app_and_pgbench_and_passes_the_checker() {
         assert!(row["pgbench_tps"].as_f64().unwrap() > 0.0, "{row}");
         assert_eq!(row["invariants"], true, "{row}");
     }
+    // Shoppers through the pages and forms: checkouts completed, each step measured, the
+    // checker run after them, an open loop beside the closed one, and the ratio printed.
+    assert!(
+        stdout.contains("invariants after storefront with default (batched):"),
+        "{stdout}"
+    );
+    for mode in ["closed", "open"] {
+        let row = rows
+            .iter()
+            .find(|r| r["workload"] == "storefront" && r["mode"] == mode)
+            .unwrap_or_else(|| panic!("no {mode} storefront row in {report}"));
+        assert!(row["rate"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(row["statuses"]["303"].as_u64().unwrap() > 0, "{row}");
+        assert_eq!(row["invariants"], true, "{row}");
+        let steps: Vec<&str> = row["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .inspect(|s| assert!(s["requests"].as_u64().unwrap() > 0, "{row}"))
+            .inspect(|s| assert!(s["p99_ms"].as_f64().unwrap() > 0.0, "{row}"))
+            .map(|s| s["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            steps,
+            [
+                "product",
+                "add-to-cart",
+                "cart",
+                "checkout",
+                "checkout-page",
+                "place-order"
+            ]
+        );
+    }
+    let storefront_line = stdout
+        .lines()
+        .find(|l| l.starts_with("storefront    default (batched) "))
+        .unwrap_or_else(|| panic!("no storefront line in {stdout}"));
+    assert!(storefront_line.ends_with("PASS"), "{storefront_line}");
+    let checkouts_per_s: f64 = storefront_line
+        .split_whitespace()
+        .nth(3)
+        .and_then(|rate| rate.parse().ok())
+        .unwrap_or_else(|| panic!("no rate in {storefront_line}"));
+    assert!(checkouts_per_s > 0.0, "{storefront_line}");
+    assert!(
+        stdout.contains("storefront steps, p50 / p99 ms"),
+        "{stdout}"
+    );
+    let derived = report["derived"].as_array().unwrap();
+    let ratio = derived
+        .iter()
+        .find(|d| d["name"] == "storefront ÷ hot SKU (default (batched))")
+        .unwrap_or_else(|| panic!("no storefront ratio in {stdout}"));
+    assert!(ratio["value"].as_f64().unwrap() > 0.0, "{ratio}");
+    assert!(
+        derived
+            .iter()
+            .any(|d| d["name"] == "open loop: storefront place-order, default (batched)"),
+        "{stdout}"
+    );
     let sold_out = rows.iter().find(|r| r["workload"] == "sold-out").unwrap();
     assert!(sold_out["rate"].as_f64().unwrap() > 0.0, "{sold_out}");
     // Orders refused before any work: the ceiling, every answer a 422, no pgbench.
@@ -76,8 +147,9 @@ fn a_quick_bench_measures_the_app_and_pgbench_and_passes_the_checker() {
     );
     assert!(refused["pgbench_tps"].is_null(), "{refused}");
     assert!(
-        rows.iter().any(|r| r["mode"] == "open"),
-        "the open-loop line is there"
+        rows.iter()
+            .any(|r| r["mode"] == "open" && r["workload"] == "hot-sku"),
+        "the hot SKU's open-loop line is there"
     );
     // pgbench runs the same open loop on the same server, for its own p99.
     let pgbench_open = report["pgbench"]
