@@ -26,12 +26,14 @@ pub enum ConfigError {
 /// How an order decrements stock (the README compares them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OrderStrategy {
-    /// Redis lease per SKU, then the conditional update (the default).
+    /// Redis lease per SKU, then the conditional update, per request: the original
+    /// design, and the reference the benchmark compares against.
     RedisLock,
     /// The conditional update alone.
     PgAtomic,
-    /// Group commit per SKU: concurrent single-SKU orders queue behind one leader, which
-    /// takes the lease once and applies the whole batch in one transaction.
+    /// Group commit per SKU (the default): concurrent orders and holds of a SKU, one SKU
+    /// or a cart of several, queue behind one leader, which takes the leases once and
+    /// applies the whole batch in one transaction.
     Batched,
     /// Read, check in Rust, write back. Oversells; only for demonstrations.
     NaiveUnsafe,
