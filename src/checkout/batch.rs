@@ -553,6 +553,10 @@ fn copy_error(error: &OrderError) -> OrderError {
     match error {
         OrderError::UnknownSkus(skus) => OrderError::UnknownSkus(skus.clone()),
         OrderError::TimedOut => OrderError::TimedOut,
+        // Kept as it is: it proves the batch sent nothing, so each job answers at once.
+        OrderError::Database(sqlx::Error::PoolTimedOut) => {
+            OrderError::Database(sqlx::Error::PoolTimedOut)
+        }
         OrderError::Database(e) if crate::pg::is_transient(e) => OrderError::Busy,
         OrderError::Database(e) => {
             OrderError::Database(sqlx::Error::Protocol(format!("batch failed: {e}")))

@@ -146,12 +146,15 @@ pub(super) fn from_redis<K>(
 /// `placed`, unless it failed in a way that may hide a decision: the transaction may have
 /// committed after all (the timeout fired during COMMIT, or the connection broke after
 /// it), or a retry elsewhere placed it while this request stalled; then what was done.
+/// No connection from the pool within its wait hides nothing (no statement was sent), and
+/// reading the key would queue for the pool a second time: it is answered (503) at once.
 pub(super) async fn answer_or_settled<K: Kind>(
     deps: OrderDeps<'_>,
     keyed: &Keyed<'_>,
     placed: Result<Outcome<K>, OrderError>,
 ) -> Result<Outcome<K>, OrderError> {
     let error = match placed {
+        Err(error @ OrderError::Database(sqlx::Error::PoolTimedOut)) => return Err(error),
         Err(error @ (OrderError::TimedOut | OrderError::Database(_) | OrderError::Busy)) => error,
         decided => return decided,
     };

@@ -146,7 +146,8 @@ impl OrderError {
             Self::OverLimit(_) => "over_limit",
             Self::KeyReused => "key_reused",
             Self::InFlight => "in_flight",
-            Self::Busy | Self::TimedOut => "busy",
+            // Shed for want of a connection, as a 503 says.
+            Self::Busy | Self::TimedOut | Self::Database(sqlx::Error::PoolTimedOut) => "busy",
             Self::Database(_) => "error",
         }
     }

@@ -10,6 +10,7 @@ pub mod sale;
 mod late;
 mod process;
 mod scenarios;
+mod shed;
 
 use sqlx::PgExecutor;
 

@@ -1,0 +1,90 @@
+//! A pool with no free connection sheds an order within its acquire timeout, under each
+//! strategy that queues orders: a request that never got a connection sent nothing, so it
+//! answers 503 at once instead of queueing a second time to read its key.
+
+use std::time::{Duration, Instant};
+
+use stockade::config::{OrderStrategy, Settings};
+
+use crate::helpers::{spawn_app_with, test_settings};
+
+/// Connections of the app's pool (by the application name it sets) waiting on a lock.
+async fn app_backends_waiting(db: &sqlx::PgPool) -> i64 {
+    // Runtime: a test's own look at the server.
+    sqlx::query_scalar(
+        "select count(*) from pg_stat_activity
+          where datname = current_database() and application_name = 'stockade'
+            and wait_event_type = 'Lock'",
+    )
+    .fetch_one(db)
+    .await
+    .unwrap()
+}
+
+async fn an_order_on_an_exhausted_pool_is_shed_within_its_acquire_timeout(strategy: OrderStrategy) {
+    let acquire = Duration::from_millis(500);
+    let app = spawn_app_with(Settings {
+        order_strategy: strategy,
+        db_pool_size: 2,
+        db_acquire_timeout: acquire,
+        // The listings below keep their connections while they wait on the lock.
+        statement_timeout: Duration::from_secs(4),
+        tx_timeout: Duration::from_secs(4),
+        ..test_settings().await
+    })
+    .await;
+    app.add_product("SHED-1", "Shed", 100, 10).await;
+
+    // Every connection of the pool waits on a table only the catalogue reads.
+    let mut lock = app.db.begin().await.unwrap();
+    sqlx::query("lock table product_images in access exclusive mode")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let listings: Vec<_> = (0..2)
+        .map(|_| {
+            let (client, url) = (app.client.clone(), app.url("/api/v1/products"));
+            tokio::spawn(async move { client.get(url).send().await.map(|r| r.status()) })
+        })
+        .collect();
+    let since = Instant::now();
+    while app_backends_waiting(&app.db).await < 2 {
+        assert!(
+            since.elapsed() < Duration::from_secs(5),
+            "listings not waiting"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let started = Instant::now();
+    let res = app.post_order("shed-1", &[("SHED-1", 1)]).await;
+    let took = started.elapsed();
+    let status = res.status().as_u16();
+    eprintln!("{strategy:?}: shed after {took:?}");
+    lock.rollback().await.unwrap();
+    for listing in listings {
+        let _ = listing.await;
+    }
+
+    assert_eq!(status, 503, "{strategy:?}: {}", res.text().await.unwrap());
+    // The acquire timeout, and half as much again for the rest of the request on two
+    // shared cores: not a second wait for the pool.
+    let within = acquire * 3 / 2;
+    assert!(
+        took < within,
+        "{strategy:?}: shed after {took:?}, more than {within:?} for an acquire timeout of {acquire:?}"
+    );
+    assert_eq!(app.stock("SHED-1").await, (10, 0), "{strategy:?}");
+    assert_eq!(app.count("select count(*) from orders").await, 0);
+}
+
+#[tokio::test]
+async fn an_order_on_an_exhausted_pool_is_shed_within_its_acquire_timeout_under_redis_lock() {
+    an_order_on_an_exhausted_pool_is_shed_within_its_acquire_timeout(OrderStrategy::RedisLock)
+        .await;
+}
+
+#[tokio::test]
+async fn an_order_on_an_exhausted_pool_is_shed_within_its_acquire_timeout_under_batched() {
+    an_order_on_an_exhausted_pool_is_shed_within_its_acquire_timeout(OrderStrategy::Batched).await;
+}
