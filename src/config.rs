@@ -274,6 +274,10 @@ environment {
     statement_timeout: Duration, "STOCKADE_STATEMENT_TIMEOUT_MS" = "1500", millis;
     /// An order transaction is abandoned (rolled back) after this.
     tx_timeout: Duration, "STOCKADE_TX_TIMEOUT_MS" = "2000", millis;
+    /// PostgreSQL `idle_in_transaction_session_timeout` of the app's sessions: a session
+    /// that sends nothing this long inside a transaction (its process stopped) is ended,
+    /// and its row locks go back to other buyers. The app never waits inside one.
+    idle_in_tx_timeout: Duration, "STOCKADE_IDLE_IN_TX_TIMEOUT_MS" = "500", millis;
     /// Every request answers within this, whatever the database or Redis do; what is still
     /// waiting then is cut off and answered 503.
     request_budget: Duration, "STOCKADE_REQUEST_BUDGET_MS" = "5000", millis;
@@ -463,6 +467,14 @@ impl Settings {
             return Err(ConfigError::Inconsistent(format!(
                 "STOCKADE_STATEMENT_TIMEOUT_MS ({} ms) must not exceed STOCKADE_TX_TIMEOUT_MS ({} ms)",
                 self.statement_timeout.as_millis(),
+                self.tx_timeout.as_millis()
+            )));
+        }
+        // Zero would turn the server's timeout off.
+        if self.idle_in_tx_timeout.is_zero() || self.idle_in_tx_timeout > self.tx_timeout {
+            return Err(ConfigError::Inconsistent(format!(
+                "STOCKADE_IDLE_IN_TX_TIMEOUT_MS ({} ms) must be from 1 to STOCKADE_TX_TIMEOUT_MS ({} ms)",
+                self.idle_in_tx_timeout.as_millis(),
                 self.tx_timeout.as_millis()
             )));
         }
