@@ -366,8 +366,13 @@ environment {
     /// How long a checkout hold keeps stock for the shopper.
     hold_ttl: Duration, "STOCKADE_HOLD_SECONDS" = "600",
         |var, v| bounded(var, v, 1, 86_400).map(Duration::from_secs);
-    /// Most units of one SKU a checkout may hold.
+    /// Most units of one SKU a checkout may hold, and one shopper (API client, browser,
+    /// email) in all their live holds together.
     hold_max_per_sku: i32, "STOCKADE_HOLD_MAX_PER_SKU" = "5",
+        |var, v| bounded(var, v, 1, 1_000_000);
+    /// Most units of one SKU the live holds from one client address may keep together
+    /// (larger: one address may be a whole office or a carrier's NAT).
+    hold_max_per_sku_per_address: i32, "STOCKADE_HOLD_MAX_PER_SKU_PER_ADDRESS" = "20",
         |var, v| bounded(var, v, 1, 1_000_000);
     /// How often each process releases expired holds.
     sweep_interval: Duration, "STOCKADE_SWEEP_INTERVAL_MS" = "1000", millis;
