@@ -276,6 +276,10 @@ environment {
     statement_timeout: Duration, "STOCKADE_STATEMENT_TIMEOUT_MS" = "1500", millis;
     /// An order transaction is abandoned (rolled back) after this.
     tx_timeout: Duration, "STOCKADE_TX_TIMEOUT_MS" = "2000", millis;
+    /// PostgreSQL `idle_in_transaction_session_timeout` of the app's sessions: a session
+    /// that sends nothing this long inside a transaction (its process stopped) is ended,
+    /// and its row locks go back to other buyers. The app never waits inside one.
+    idle_in_tx_timeout: Duration, "STOCKADE_IDLE_IN_TX_TIMEOUT_MS" = "500", millis;
     /// Every request answers within this, whatever the database or Redis do; what is still
     /// waiting then is cut off and answered 503.
     request_budget: Duration, "STOCKADE_REQUEST_BUDGET_MS" = "5000", millis;
@@ -364,8 +368,13 @@ environment {
     /// How long a checkout hold keeps stock for the shopper.
     hold_ttl: Duration, "STOCKADE_HOLD_SECONDS" = "600",
         |var, v| bounded(var, v, 1, 86_400).map(Duration::from_secs);
-    /// Most units of one SKU a checkout may hold.
+    /// Most units of one SKU a checkout may hold, and one shopper (API client, browser,
+    /// email) in all their live holds together.
     hold_max_per_sku: i32, "STOCKADE_HOLD_MAX_PER_SKU" = "5",
+        |var, v| bounded(var, v, 1, 1_000_000);
+    /// Most units of one SKU the live holds from one client address may keep together
+    /// (larger: one address may be a whole office or a carrier's NAT).
+    hold_max_per_sku_per_address: i32, "STOCKADE_HOLD_MAX_PER_SKU_PER_ADDRESS" = "20",
         |var, v| bounded(var, v, 1, 1_000_000);
     /// How often each process releases expired holds.
     sweep_interval: Duration, "STOCKADE_SWEEP_INTERVAL_MS" = "1000", millis;
@@ -465,6 +474,14 @@ impl Settings {
             return Err(ConfigError::Inconsistent(format!(
                 "STOCKADE_STATEMENT_TIMEOUT_MS ({} ms) must not exceed STOCKADE_TX_TIMEOUT_MS ({} ms)",
                 self.statement_timeout.as_millis(),
+                self.tx_timeout.as_millis()
+            )));
+        }
+        // Zero would turn the server's timeout off.
+        if self.idle_in_tx_timeout.is_zero() || self.idle_in_tx_timeout > self.tx_timeout {
+            return Err(ConfigError::Inconsistent(format!(
+                "STOCKADE_IDLE_IN_TX_TIMEOUT_MS ({} ms) must be from 1 to STOCKADE_TX_TIMEOUT_MS ({} ms)",
+                self.idle_in_tx_timeout.as_millis(),
                 self.tx_timeout.as_millis()
             )));
         }

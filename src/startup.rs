@@ -242,7 +242,14 @@ const FIRST_CONNECTION_WITHIN: Duration = Duration::from_secs(10);
 /// How this process's sessions are opened: with the statement, lock and idle-transaction
 /// timeouts as startup options, or, through PgBouncer (which refuses startup options),
 /// without: PgBouncer sets them on its server connections (`connect_query`).
-fn connect_options(settings: &Settings, url: &str, var: &str) -> anyhow::Result<PgConnectOptions> {
+/// How the app connects to the database at `url` (named by its variable `var`): its
+/// application name and session timeouts. Public so tests can open a session exactly as
+/// the app's.
+pub fn connect_options(
+    settings: &Settings,
+    url: &str,
+    var: &str,
+) -> anyhow::Result<PgConnectOptions> {
     let options: PgConnectOptions = url
         .parse()
         .with_context(|| format!("{var} cannot be parsed"))?;
@@ -251,9 +258,11 @@ fn connect_options(settings: &Settings, url: &str, var: &str) -> anyhow::Result<
         return Ok(options);
     }
     // Every statement ends before the transaction's own deadline; a session left idle in a
-    // transaction (a frozen process) is ended by the server, releasing its row locks.
+    // transaction (a frozen process) is ended by the server, releasing its row locks. The
+    // app sends a transaction's statements back to back (nothing inside one waits for
+    // Redis, a hash or a picture), so a short idle timeout ends only stopped ones.
     let statement_ms = settings.statement_timeout.as_millis().to_string();
-    let tx_ms = settings.tx_timeout.as_millis().to_string();
+    let tx_ms = settings.idle_in_tx_timeout.as_millis().to_string();
     // The server also probes an idle client and drops one that stops acknowledging, so a
     // vanished process does not keep its backend and locks for TCP's default minutes.
     Ok(options.options([

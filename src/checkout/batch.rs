@@ -362,8 +362,16 @@ impl Batcher {
             self.metrics.batch_size.observe(now.len() as f64);
             let fence = lease.as_ref().map(|l| l.fence);
             let jobs: Vec<&Job> = now.iter().map(|q| &q.job).collect();
-            let work =
-                tokio::time::timeout(s.tx_timeout, transact(&self.db, &jobs, fence, s.hold_ttl));
+            let work = tokio::time::timeout(
+                s.tx_timeout,
+                transact(
+                    &self.db,
+                    &jobs,
+                    fence,
+                    s.hold_ttl,
+                    crate::holds::cap::Caps::of(s),
+                ),
+            );
             let result = self
                 .redis
                 .while_held(lease.as_ref(), s.lease_ttl, work)

@@ -58,6 +58,16 @@ pub(super) trait Kind: Serialize + DeserializeOwned + Send + Sync + Sized {
         keyed: &Keyed<'_>,
     ) -> sqlx::Result<Option<Self>>;
 
+    /// Why the shopper may not have this one on top of what they keep already (a hold:
+    /// their live holds of a product counted together, [`holds::cap`]); run under the
+    /// stock rows' locks. `None`: they may.
+    async fn over_cap(
+        tx: &mut PgConnection,
+        settings: &Settings,
+        request: &OrderRequest,
+        products: &[order_rows::OrderProduct],
+    ) -> sqlx::Result<Option<String>>;
+
     /// The event told to the outside world when one is made.
     fn event(&self) -> Event;
 
@@ -116,6 +126,15 @@ impl Kind for Order {
             Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Ok(None),
             other => other.map(|()| Some(order)),
         }
+    }
+
+    async fn over_cap(
+        _: &mut PgConnection,
+        _: &Settings,
+        _: &OrderRequest,
+        _: &[order_rows::OrderProduct],
+    ) -> sqlx::Result<Option<String>> {
+        Ok(None)
     }
 
     fn event(&self) -> Event {
@@ -183,6 +202,34 @@ impl Kind for Hold {
                 Ok(Some(hold))
             }
         }
+    }
+
+    async fn over_cap(
+        tx: &mut PgConnection,
+        settings: &Settings,
+        request: &OrderRequest,
+        products: &[order_rows::OrderProduct],
+    ) -> sqlx::Result<Option<String>> {
+        use holds::cap::{Ask, Caps, held_by, refusal};
+        let (persons, addresses) = request.shopper().hold_identities();
+        let lines = request.lines();
+        let asks: Vec<Ask> = lines
+            .iter()
+            .map(|l| Ask {
+                sku: l.sku.as_str(),
+                persons: &persons,
+                addresses: &addresses,
+            })
+            .collect();
+        let held = held_by(tx, &asks).await?;
+        let caps = Caps::of(settings);
+        Ok(lines.iter().zip(held).find_map(|(line, held)| {
+            let name = products
+                .iter()
+                .find(|p| p.sku == line.sku.as_str())
+                .map_or(line.sku.as_str(), |p| p.name.as_str());
+            refusal(name, line.quantity.get(), held, caps)
+        }))
     }
 
     fn event(&self) -> Event {

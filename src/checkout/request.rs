@@ -76,13 +76,30 @@ pub struct OrderRequest {
 /// address is what stops a bot that throws its cookies away; what it costs is that
 /// shoppers behind one shared address (an office, a campus, a carrier's NAT) share one
 /// allowance of a limited product.
+///
+/// Live holds of a product are counted together too (see [`crate::holds::cap`]): by the
+/// identities that name one shopper (client, browser, email) against
+/// `STOCKADE_HOLD_MAX_PER_SKU`, and by the address alone against the larger
+/// `STOCKADE_HOLD_MAX_PER_SKU_PER_ADDRESS`, so a whole NAT is not capped as one shopper.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Shopper(Vec<String>);
+pub struct Shopper {
+    ids: Vec<String>,
+    /// An API client that stands for many shoppers (one without a rate limit: a load
+    /// tool, a trusted backend): its holds are capped one by one, not counted together
+    /// by client or address.
+    many: bool,
+}
 
 impl Shopper {
     /// The API client with this id.
     pub fn client(mut self, id: &str) -> Self {
-        self.0.push(format!("client:{id}"));
+        self.ids.push(format!("client:{id}"));
+        self
+    }
+
+    /// The API client stands for many shoppers (it has no rate limit).
+    pub fn for_many(mut self) -> Self {
+        self.many = true;
         self
     }
 
@@ -90,7 +107,7 @@ impl Shopper {
     pub fn browser(mut self, token: &str) -> Self {
         use sha2::Digest;
         let hash = hex::encode(&sha2::Sha256::digest(token.as_bytes())[..12]);
-        self.0.push(format!("browser:{hash}"));
+        self.ids.push(format!("browser:{hash}"));
         self
     }
 
@@ -111,13 +128,28 @@ impl Shopper {
     }
 
     fn with(mut self, identity: String) -> Self {
-        self.0.push(identity);
+        self.ids.push(identity);
         self
     }
 
     /// Every identity, the email's included.
     pub fn identities(&self) -> &[String] {
-        &self.0
+        &self.ids
+    }
+
+    /// The identities live holds are counted under: those that name one shopper, and
+    /// the address, apart (a client that stands for many is counted by email alone).
+    pub fn hold_identities(&self) -> (Vec<String>, Vec<String>) {
+        let (addresses, persons): (Vec<String>, Vec<String>) = self
+            .ids
+            .iter()
+            .cloned()
+            .partition(|id| id.starts_with("addr:"));
+        if self.many {
+            let emails = persons.into_iter().filter(|id| id.starts_with("email:"));
+            return (emails.collect(), Vec::new());
+        }
+        (persons, addresses)
     }
 }
 

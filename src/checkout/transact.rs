@@ -1,7 +1,7 @@
 //! Step 4, the one transaction of an order or hold and its one commit: the key claimed,
-//! conditional stock changes in SKU order, purchase limits counted under the stock rows'
-//! locks, the order or hold and its lines, the ledger rows, the outbox event, and the key
-//! completed with the answer.
+//! conditional stock changes in SKU order, purchase limits (and a hold's cap across the
+//! shopper's holds) counted under the stock rows' locks, the order or hold and its lines,
+//! the ledger rows, the outbox event, and the key completed with the answer.
 
 use chrono::Utc;
 use sqlx::{Acquire as _, PgConnection};
@@ -109,6 +109,11 @@ pub(super) async fn transact<K: Kind>(
     let products = order_rows::products_for(&mut *tx, &request.skus()).await?;
     // Purchase limits, counted under the stock rows' locks taken above.
     if let Some(refusal) = over_limit(&mut tx, request, &products).await? {
+        tx.rollback().await?;
+        return Err(OrderError::OverLimit(refusal));
+    }
+    // A hold: the shopper's live holds of each product counted together, likewise.
+    if let Some(refusal) = K::over_cap(&mut tx, deps.settings, request, &products).await? {
         tx.rollback().await?;
         return Err(OrderError::OverLimit(refusal));
     }

@@ -477,7 +477,7 @@ fn start_pgbouncer(
         "set statement_timeout = {st}; set lock_timeout = {st}; \
          set idle_in_transaction_session_timeout = {tx}",
         st = s.statement_timeout.as_millis(),
-        tx = s.tx_timeout.as_millis()
+        tx = s.idle_in_tx_timeout.as_millis()
     );
     let config = dir.join("pgbouncer.ini");
     write_owned(

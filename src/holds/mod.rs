@@ -18,6 +18,7 @@
 //!   in batches and returns their stock, so several processes never release one twice.
 
 mod batch;
+pub mod cap;
 pub mod db;
 pub mod reports;
 

@@ -6,7 +6,8 @@
 //!   (`{"lines": […], "lines": […]}`): parsers disagree on which one counts (serde keeps
 //!   the last, others the first), so an ambiguous body is refused rather than guessed at;
 //! - well-formed JSON that does not fit the request (not an object, a missing or mistyped
-//!   field) is 422.
+//!   field, a fraction where a whole number goes) is 422; a whole-valued number (`1.0`) is
+//!   the integer it equals, as JSON Schema counts it.
 //!
 //! Handlers take [`Json<T>`] instead of actix's `web::Json`, whose `serde_json::Value`
 //! silently keeps the last of two members of one name.
@@ -176,6 +177,13 @@ impl<'de> Visitor<'de> for StrictVisitor {
     }
 
     fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        // A whole-valued number (`1.0`, `1e2`) is the integer it equals, as JSON Schema
+        // counts it: a field that wants a whole number takes it, and `1.5` stays a fraction
+        // it refuses. (Beyond i64 it stays as written, and is out of every field's range.)
+        let beyond = 2f64.powi(63);
+        if v.fract() == 0.0 && (-beyond..beyond).contains(&v) {
+            return Ok(Value::from(v as i64));
+        }
         // JSON has no NaN or infinity, so every number read is finite.
         Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
     }
@@ -250,6 +258,16 @@ mod tests {
             read(body).unwrap(),
             serde_json::from_str::<Value>(body).unwrap()
         );
+    }
+
+    #[test]
+    fn a_whole_valued_number_reads_as_the_integer_it_equals() {
+        let read = read(r#"{"a":[1.0,-2.0,1e2,0.0,-0.0,1.5,1e300]}"#).unwrap();
+        assert_eq!(
+            read,
+            serde_json::json!({"a": [1, -2, 100, 0, 0, 1.5, 1e300]})
+        );
+        assert_eq!(read["a"][0].as_i64(), Some(1));
     }
 
     #[test]

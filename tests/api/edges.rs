@@ -457,3 +457,63 @@ async fn wrong_api_keys_from_one_address_are_throttled_before_any_lookup() {
     assert_eq!(res.status().as_u16(), 401);
     assert_eq!(get(good, guesser).await.unwrap().status(), 404);
 }
+
+#[tokio::test]
+async fn a_whole_valued_number_counts_as_the_integer_it_is_and_a_fraction_is_refused() {
+    let app = app_with_product().await;
+    // JSON Schema calls `1.0` an integer: an order and a hold take it as 1.
+    let res = post_raw(
+        &app,
+        "/api/v1/orders",
+        r#"{"lines": [{"sku": "EDGE-1", "quantity": 2.0}]}"#,
+    )
+    .await;
+    assert_eq!(res.status().as_u16(), 201);
+    let order: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(order["lines"][0]["quantity"], 2);
+    let res = post_raw(
+        &app,
+        "/api/v1/holds",
+        r#"{"lines": [{"sku": "EDGE-1", "quantity": 1e0}]}"#,
+    )
+    .await;
+    assert_eq!(res.status().as_u16(), 201);
+    assert_eq!(app.stock(SKU).await, (98, 1));
+
+    // A fraction is no whole number: refused in a sentence, nothing taken.
+    let res = post_raw(
+        &app,
+        "/api/v1/orders",
+        r#"{"lines": [{"sku": "EDGE-1", "quantity": 1.5}]}"#,
+    )
+    .await;
+    assert_eq!(res.status().as_u16(), 422);
+    let said = detail(res).await;
+    assert!(
+        said.contains("quantity must be a whole number (got 1.5)"),
+        "{said}"
+    );
+
+    // The admin's numbers read the same way.
+    let csrf = app.login_admin().await;
+    let restock = |body: &'static str| {
+        app.client
+            .post(app.url("/api/v1/admin/stock/EDGE-1/restock"))
+            .header("Content-Type", "application/json")
+            .header("X-CSRF-Token", csrf.clone())
+            .header("Idempotency-Key", uuid::Uuid::new_v4().to_string())
+            .body(body)
+            .send()
+    };
+    let res = restock(r#"{"units": 5.0, "reason": "count"}"#)
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 200, "{}", res.text().await.unwrap());
+    let res = restock(r#"{"units": 5.5, "reason": "count"}"#)
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 422);
+    let said = detail(res).await;
+    assert!(!said.contains("f64") && !said.contains("i64"), "{said}");
+    assert_eq!(app.stock(SKU).await, (103, 1));
+}

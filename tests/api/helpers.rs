@@ -137,6 +137,9 @@ pub async fn test_settings() -> Settings {
         api_anonymous_orders: true,
         rate_limit_per_minute: UNLIMITED_RATE,
         rate_limit_burst: UNLIMITED_RATE,
+        // Likewise their holds: many shoppers' from one address (`hoarding.rs` tests the
+        // cap per address; the cap per shopper stays as shipped).
+        hold_max_per_sku_per_address: UNLIMITED_HOLDS,
         // Webhook receivers in tests listen on 127.0.0.1, and events go out quickly (but an
         // idle dispatcher, one per test app, costs the shared machine little).
         webhook_allow_private: true,
@@ -152,6 +155,8 @@ pub async fn test_settings() -> Settings {
 pub const METRICS_TOKEN: &str = "test-metrics-token-0123456789";
 /// A rate limit no test reaches by accident.
 pub const UNLIMITED_RATE: u32 = 1_000_000;
+/// A cap on one address's holds no test reaches by accident.
+pub const UNLIMITED_HOLDS: i32 = 1_000_000;
 
 pub const ADMIN_USER: &str = "ada";
 pub const ADMIN_PASSWORD: &str = "correct horse battery staple";
@@ -555,6 +560,10 @@ pub async fn serve_app(app: &TestApp, extra: &[(&str, String)], args: &[&str]) -
         ("STOCKADE_API_ANONYMOUS_ORDERS", "true".into()),
         ("STOCKADE_RATE_LIMIT_PER_MINUTE", UNLIMITED_RATE.to_string()),
         ("STOCKADE_RATE_LIMIT_BURST", UNLIMITED_RATE.to_string()),
+        (
+            "STOCKADE_HOLD_MAX_PER_SKU_PER_ADDRESS",
+            UNLIMITED_HOLDS.to_string(),
+        ),
         ("STOCKADE_METRICS_TOKEN", METRICS_TOKEN.into()),
         // As in `test_settings`.
         ("STOCKADE_WEBHOOK_ALLOW_PRIVATE", "true".into()),

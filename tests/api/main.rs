@@ -15,6 +15,7 @@ mod events;
 mod faults;
 mod health;
 mod helpers;
+mod hoarding;
 mod holds;
 mod images;
 mod limits;

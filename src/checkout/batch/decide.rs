@@ -1,5 +1,6 @@
 //! Deciding a batch: its transaction, the allocation of each SKU's units to its jobs in
-//! arrival order (purchase limits counted on the way), and the columns of its one write.
+//! arrival order (purchase limits, and holds' caps across a shopper's holds, counted on
+//! the way), and the columns of its one write.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -12,6 +13,7 @@ use super::db;
 use super::{BatchAnswer, Job, Want};
 use crate::catalog::Sku;
 use crate::checkout::{Order, OrderError, OrderLine, Shortage};
+use crate::holds::cap::{self, Ask, Caps, Held, held_by};
 use crate::holds::{Hold, HoldState};
 use crate::inventory::db as stock;
 
@@ -54,6 +56,7 @@ pub(super) async fn transact(
     jobs: &[&Job],
     fence: Option<i64>,
     hold_ttl: Duration,
+    caps: Caps,
 ) -> sqlx::Result<Applied> {
     let mut skus: Vec<&str> = jobs
         .iter()
@@ -64,19 +67,23 @@ pub(super) async fn transact(
     let scopes: Vec<&str> = jobs.iter().map(|j| j.scope.as_str()).collect();
     let keys: Vec<&str> = jobs.iter().map(|j| j.key.as_str()).collect();
     let mut conn = db.acquire().await?;
-    if fence.is_some() {
+    // A hold is counted with its shopper's other holds ([`crate::holds::cap`]), which
+    // may be placed without a lease (the breaker open, another process's strategy): a
+    // batch with a hold locks its rows, as one with a limited SKU does.
+    let has_hold = jobs.iter().any(|j| j.want == Want::Hold);
+    if fence.is_some() && !has_hold {
         // The lease keeps every other batch of these SKUs out, and the write re-checks
         // stock and fence. A purchase limit also counts holds and orders of several SKUs,
         // which take no lease: batches with a limited SKU lock their rows instead.
         let rows = db::read(&mut conn, &skus, &scopes, &keys).await?;
         if !rows.iter().any(|r| r.purchase_limit.is_some()) {
-            return decide(&mut conn, jobs, rows, fence, hold_ttl).await;
+            return decide(&mut conn, jobs, rows, fence, hold_ttl, caps).await;
         }
     }
     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
     stock::lock_for_sale(&mut tx, &skus).await?;
     let rows = db::read(&mut tx, &skus, &scopes, &keys).await?;
-    let applied = decide(&mut tx, jobs, rows, fence, hold_ttl).await?;
+    let applied = decide(&mut tx, jobs, rows, fence, hold_ttl, caps).await?;
     if matches!(applied, Applied::Done(_)) {
         tx.commit().await?;
     }
@@ -90,6 +97,7 @@ async fn decide(
     rows: Vec<db::Row>,
     fence: Option<i64>,
     hold_ttl: Duration,
+    caps: Caps,
 ) -> sqlx::Result<Applied> {
     // 1. A row a newer lease wrote refuses the batch. A SKU without an active product
     //    (gone, or no longer sold) refuses its own orders.
@@ -163,6 +171,33 @@ async fn decide(
         .zip(counted)
         .collect();
 
+    // Holds: what each hold's shopper keeps in live holds of its SKUs already (the rows
+    //    are locked), plus what the batch holds for them on the way.
+    let identities: Vec<(Vec<String>, Vec<String>)> = jobs
+        .iter()
+        .map(|j| match j.want {
+            Want::Hold => j.request.shopper().hold_identities(),
+            Want::Order => Default::default(),
+        })
+        .collect();
+    let holding: Vec<(usize, &str)> = jobs
+        .iter()
+        .enumerate()
+        .filter(|(_, j)| j.want == Want::Hold)
+        .flat_map(|(i, j)| j.skus().map(move |sku| (i, sku.as_str())))
+        .collect();
+    let asks: Vec<Ask> = holding
+        .iter()
+        .map(|(i, sku)| Ask {
+            sku,
+            persons: &identities[*i].0,
+            addresses: &identities[*i].1,
+        })
+        .collect();
+    let counted = held_by(conn, &asks).await?;
+    drop(asks);
+    let mut held: HashMap<(usize, &str), Held> = holding.into_iter().zip(counted).collect();
+
     let now = chrono::DateTime::from_timestamp_micros(Utc::now().timestamp_micros())
         .expect("now is representable");
     let mut each = Vec::with_capacity(jobs.len());
@@ -189,6 +224,14 @@ async fn decide(
                 .then(|| crate::orders::limits::refusal(&stock.name, limit, q, already))
         });
         if let Some(refusal) = over {
+            each.push(BatchAnswer::Failed(OrderError::OverLimit(refusal)));
+            continue;
+        }
+        let over_cap = job.request.lines().iter().find_map(|line| {
+            let (sku, q) = (line.sku.as_str(), line.quantity.get());
+            cap::refusal(&stocked[sku].name, q, *held.get(&(i, sku))?, caps)
+        });
+        if let Some(refusal) = over_cap {
             each.push(BatchAnswer::Failed(OrderError::OverLimit(refusal)));
             continue;
         }
@@ -237,6 +280,17 @@ async fn decide(
                     && let Some(count) = bought.get_mut(&(j, sku))
                 {
                     *count += i64::from(q);
+                }
+                // And later holds of it by the same shopper, or from the same address.
+                if let Some(count) = held.get_mut(&(j, sku)).filter(|_| job.want == Want::Hold) {
+                    let shares = |a: &[String], b: &[String]| a.iter().any(|id| b.contains(id));
+                    let (mine, theirs) = (&identities[i], &identities[j]);
+                    if shares(&mine.0, &theirs.0) {
+                        count.by_shopper += i64::from(q);
+                    }
+                    if shares(&mine.1, &theirs.1) {
+                        count.by_address += i64::from(q);
+                    }
                 }
             }
         }

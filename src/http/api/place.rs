@@ -79,6 +79,9 @@ pub(super) async fn place(
     let key = IdempotencyKey::scoped(&caller.owner(), &super::idempotency_key(&req)?);
     let shopper = Shopper::default().address(crate::http::client_addr(&req, &state.settings));
     let shopper = match &caller {
+        Caller::Client(client) if client.limit == crate::clients::Limit::Unlimited => {
+            shopper.client(&client.id.to_string()).for_many()
+        }
         Caller::Client(client) => shopper.client(&client.id.to_string()),
         Caller::Anonymous => shopper,
     };

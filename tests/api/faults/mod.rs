@@ -7,6 +7,7 @@
 pub mod proxy;
 pub mod sale;
 
+mod idle;
 mod late;
 mod process;
 mod scenarios;
