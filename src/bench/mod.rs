@@ -316,6 +316,12 @@ impl Bench<'_> {
             // client is unlimited; these are the shop's highest limits.
             env.push(("STOCKADE_RATE_LIMIT_PER_MINUTE", "1000000".to_string()));
             env.push(("STOCKADE_RATE_LIMIT_BURST", "1000000".to_string()));
+            // Likewise the live holds one address may keep of a product: every shopper
+            // holds the hot SKU from 127.0.0.1 (each shopper's own cap stays).
+            env.push((
+                "STOCKADE_HOLD_MAX_PER_SKU_PER_ADDRESS",
+                "1000000".to_string(),
+            ));
         }
         env.extend(plan.settings.iter().map(|(k, v)| (k.as_str(), v.clone())));
         let commits_before = commit_count(admin, &name).await?;
