@@ -43,8 +43,10 @@ done
 
 echo
 echo "The ten slowest tests:"
+# (awk reads all its input: `head` would leave `sort` writing to a closed pipe, which
+# pipefail turns into a failed run.)
 sed -n 's/^test \(.*\) \.\.\. [a-zA-Z]* <\([0-9.]*\)s>$/\2 \1/p' "$log" |
-  sort -rn | head -10 | awk '{ printf "  %7.1f s  %s\n", $1, $2 }'
+  sort -rn | awk 'NR <= 10 { printf "  %7.1f s  %s\n", $1, $2 }'
 
 # What is still running with this run's mark (this script and its pipeline aside).
 leftovers=()
@@ -53,7 +55,8 @@ for environ in /proc/[0-9]*/environ; do
   pid=${pid%/environ}
   [ "$pid" = $$ ] && continue
   # (Kernel threads and processes that just ended cannot be read: skipped.)
-  if { tr '\0' '\n' <"$environ"; } 2>/dev/null | grep -qxF "SUITE_RUN_ID=$run_id"; then
+  # (No pipe: `grep -q` leaving early would fail it under pipefail.)
+  if grep -qzxF "SUITE_RUN_ID=$run_id" "$environ" 2>/dev/null; then
     leftovers+=("$pid")
   fi
 done
