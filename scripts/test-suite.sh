@@ -29,6 +29,10 @@ for line in sys.stdin:
 '
 )
 
+# Four tests at a time on any machine: most of a test's time is spent waiting on the
+# servers it started, not on a core. (RUST_TEST_THREADS or --test-threads say otherwise.)
+export RUST_TEST_THREADS="${RUST_TEST_THREADS:-4}"
+
 status=0
 for exe in "${executables[@]}"; do
   echo "     Running ${exe#"$PWD"/}"

@@ -154,6 +154,13 @@ pub struct Plan {
     pub quiet: bool,
 }
 
+impl Plan {
+    /// Holds seeded for the `confirm` workload: enough for a run (and pgbench's) this long.
+    pub fn confirm_holds(&self) -> i64 {
+        super::workload::confirm_holds(self.duration_s as f64 + self.warmup_s)
+    }
+}
+
 impl BenchArgs {
     pub(super) fn plan(&self) -> anyhow::Result<Plan> {
         let quick = self.quick;

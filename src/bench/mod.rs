@@ -263,7 +263,7 @@ impl Bench<'_> {
             );
         }
         let db = PgPool::connect(&url).await?;
-        seed(&db, workload, self.plan.skus).await?;
+        seed(&db, workload, self.plan.skus, self.plan.confirm_holds()).await?;
         let api_key =
             match crate::clients::create(&db, "bench", crate::clients::Limit::Unlimited).await {
                 Ok((client, key)) => {
@@ -336,7 +336,8 @@ impl Bench<'_> {
         }
         let targets: Vec<String> = servers.iter().map(|s| s.address.clone()).collect();
         // Every request of the server's life counts: commits are counted over all of it.
-        let (mut closed_row, open, answered) = match workload.work(plan.skus) {
+        let (mut closed_row, open, answered) = match workload.work(plan.skus, plan.confirm_holds())
+        {
             Some(work) => {
                 let load = Load {
                     targets,

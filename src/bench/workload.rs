@@ -69,9 +69,9 @@ impl Workload {
     }
 
     /// What each request of this workload sends (`skus`: how many the uniform one spreads
-    /// over); `None` for the storefront, whose shoppers send a flow of requests
+    /// over; `holds`: how many the confirmations go through); `None` for the storefront, whose shoppers send a flow of requests
     /// ([`super::storefront`]).
-    pub fn work(self, skus: usize) -> Option<Work> {
+    pub fn work(self, skus: usize, holds: i64) -> Option<Work> {
         let work = match self {
             Self::HotSku => Work::Order {
                 path: ORDERS,
@@ -85,7 +85,7 @@ impl Workload {
             },
             Self::Confirm => Work::Confirm {
                 paths: Arc::new(
-                    (1..=CONFIRM_HOLDS)
+                    (1..=holds)
                         .map(|n| format!("/api/v1/holds/{}/confirm", bench_hold(n)))
                         .collect(),
                 ),
@@ -131,8 +131,16 @@ impl Workload {
     }
 }
 
-/// Holds the `confirm` workload's database starts with: more than a run confirms.
-pub const CONFIRM_HOLDS: i64 = 300_000;
+/// Confirmations a second that the `confirm` workload's seeded holds are enough for,
+/// over a whole run (warm-up included): well above what one server confirms.
+const CONFIRMS_PER_SECOND_SEEDED: f64 = 20_000.0;
+
+/// Holds the `confirm` workload's database starts with, for a run of `seconds` (warm-up
+/// included): more than it confirms, and no more, as seeding them is most of a short
+/// run's time.
+pub fn confirm_holds(seconds: f64) -> i64 {
+    (seconds * CONFIRMS_PER_SECOND_SEEDED).ceil().max(1_000.0) as i64
+}
 
 /// The id of the `n`th hold seeded for `confirm` (1-based), as the seed's SQL makes it.
 pub fn bench_hold(n: i64) -> uuid::Uuid {
@@ -159,8 +167,14 @@ pub fn uniform_sku(n: usize) -> String {
 }
 
 /// Products and stock for `workload`, each with its `initial` ledger row (as
-/// `inventory::db::create_stock` writes it), set-based so 10,000 SKUs take one commit.
-pub(super) async fn seed(db: &PgPool, workload: Workload, skus: usize) -> anyhow::Result<()> {
+/// `inventory::db::create_stock` writes it), set-based so 10,000 SKUs take one commit;
+/// for `confirm`, `holds` holds as well.
+pub(super) async fn seed(
+    db: &PgPool,
+    workload: Workload,
+    skus: usize,
+    holds: i64,
+) -> anyhow::Result<()> {
     let (names, units): (Vec<String>, i32) = match workload {
         Workload::HotSku
         | Workload::HoldHot
@@ -201,16 +215,16 @@ pub(super) async fn seed(db: &PgPool, workload: Workload, skus: usize) -> anyhow
     .execute(&mut *tx)
     .await?;
     if workload == Workload::Confirm {
-        seed_holds(&mut tx).await?;
+        seed_holds(&mut tx, holds).await?;
     }
     tx.commit().await?;
     Ok(())
 }
 
-/// [`CONFIRM_HOLDS`] active holds of one unit of the hot SKU ([`bench_hold`] names them),
-/// with their lines, their stock reserved and a ledger row each, as placing them writes.
-async fn seed_holds(tx: &mut sqlx::PgConnection) -> anyhow::Result<()> {
-    let (n, sku, price) = (CONFIRM_HOLDS, HOT_SKU, pgbench::PRICE_CENTS);
+/// `n` active holds of one unit of the hot SKU ([`bench_hold`] names them), with their
+/// lines, their stock reserved and a ledger row each, as placing them writes.
+async fn seed_holds(tx: &mut sqlx::PgConnection, n: i64) -> anyhow::Result<()> {
+    let (sku, price) = (HOT_SKU, pgbench::PRICE_CENTS);
     sqlx::query!(
         r#"insert into holds (id, state, expires_at, idempotency_scope, idempotency_key)
            select lpad(to_hex(n), 32, '0')::uuid, 'active', now() + interval '1 day',
