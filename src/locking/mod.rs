@@ -40,7 +40,7 @@ pub mod decisions;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, LazyLock, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
@@ -421,15 +421,17 @@ pub enum Acquire {
 }
 
 /// KEYS: n lease keys (sorted), n sold-out keys, the fence counter. ARGV: token, ttl, n.
-/// Returns {1, fence} when granted, {0, i} when lease i is held, {-1, i} when SKU i is
-/// hinted sold out.
+/// Returns {1, fence} when granted, {0, i} when lease i is held by another token, {-1, i}
+/// when SKU i is hinted sold out. A lease already held by this token (an earlier try whose
+/// answer was lost) is granted again.
 const ACQUIRE: &str = r#"
 local n = tonumber(ARGV[3])
 for i = 1, n do
   if redis.call('EXISTS', KEYS[n + i]) == 1 then return {-1, i} end
 end
 for i = 1, n do
-  if redis.call('EXISTS', KEYS[i]) == 1 then return {0, i} end
+  local owner = redis.call('GET', KEYS[i])
+  if owner and owner ~= ARGV[1] then return {0, i} end
 end
 for i = 1, n do
   redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
@@ -474,6 +476,17 @@ for _, key in ipairs(KEYS) do
 end
 return released
 "#;
+
+/// [`RELEASE`] of `keys` for `token`.
+fn release_script(keys: &[String], token: &str) -> redis::ScriptInvocation<'static> {
+    static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
+    let mut invocation = SCRIPT.prepare_invoke();
+    for key in keys {
+        invocation.key(key);
+    }
+    invocation.arg(token);
+    invocation
+}
 
 /// Raises the fence counter to at least ARGV[1] (after Redis lost it, e.g. a restart).
 /// Callers add a wide margin, past any token a holder from before the restart may still
@@ -528,9 +541,18 @@ impl Redis {
 
         let deadline = Instant::now() + wait;
         let mut backoff = Duration::from_millis(2);
+        // Whether a try went unanswered: Redis may still run it, and grant this token
+        // leases nobody waits for any more.
+        let mut unanswered = false;
+        let gave_up = |unanswered: bool, outcome: Acquire| {
+            if unanswered {
+                self.release_later(lease_keys.clone(), token.clone());
+            }
+            outcome
+        };
         loop {
             if self.is_degraded() {
-                return Acquire::Degraded;
+                return gave_up(unanswered, Acquire::Degraded);
             }
             let mut conn = self.conn();
             let answer = self
@@ -550,19 +572,20 @@ impl Redis {
                 Some((-1, i)) => {
                     let sku = &skus[(i - 1) as usize];
                     self.believe_sold_out(sku, true);
-                    return Acquire::SoldOutHint(sku.clone());
+                    return gave_up(unanswered, Acquire::SoldOutHint(sku.clone()));
                 }
-                // Busy, or the call failed: a lease this token may have got before its
-                // answer was lost expires with its TTL.
-                _ => {}
+                Some(_) => {}
+                // The next try, under the same token, gets what this one may have got.
+                None => unanswered = true,
             }
             let now = Instant::now();
             if now >= deadline {
-                return if self.is_degraded() {
+                let outcome = if self.is_degraded() {
                     Acquire::Degraded
                 } else {
                     Acquire::Busy
                 };
+                return gave_up(unanswered, outcome);
             }
             // Full jitter: sleep a random time up to the current backoff.
             let sleep = rand::rng().random_range(Duration::from_micros(500)..=backoff);
@@ -593,6 +616,8 @@ impl Redis {
             )
             .await
         else {
+            // Redis may still run the script: what it grants this token is freed after.
+            self.release_later(lease_keys, token);
             return AcquireFree::Degraded;
         };
         let fence = answer.first().copied().unwrap_or(0);
@@ -651,19 +676,39 @@ impl Redis {
     }
 
     /// Releases what `lease` still owns; a lease that expired and was re-granted to someone
-    /// else is left alone. Returns how many keys were released.
+    /// else is left alone. Returns how many keys were released (0 when Redis did not
+    /// answer: the release is then sent again in the background, see
+    /// [`Redis::release_later`]).
     pub async fn release(&self, lease: &Lease) -> usize {
-        let script = Script::new(RELEASE);
-        let mut invocation = script.prepare_invoke();
-        for key in &lease.keys {
-            invocation.key(key);
-        }
-        invocation.arg(&lease.token);
         let mut conn = self.conn();
-        // On failure the TTL frees the lease anyway.
-        self.call("lease release", invocation.invoke_async::<usize>(&mut conn))
-            .await
-            .unwrap_or(0)
+        let released = self
+            .call(
+                "lease release",
+                release_script(&lease.keys, &lease.token).invoke_async::<usize>(&mut conn),
+            )
+            .await;
+        released.unwrap_or_else(|| {
+            self.release_later(lease.keys.clone(), lease.token.clone());
+            0
+        })
+    }
+
+    /// Sends a release of whatever `token` holds of `keys`, in the background and past an
+    /// open breaker. Redis that stops answering (paused, stopped, a stalled host) keeps
+    /// the calls it was sent and runs them when it wakes, in the order each connection
+    /// sent them: a lease script its caller gave up on then grants leases nobody holds,
+    /// which would stop orders of those SKUs for a whole lease TTL just as Redis is
+    /// back. A release sent after the script runs right after it. (Over a connection
+    /// that was replaced in between, the order is not kept; the TTL frees such a lease.)
+    fn release_later(&self, keys: Vec<String>, token: String) {
+        let (mut conn, timeout) = (self.conn(), self.timeout);
+        tokio::spawn(async move {
+            let script = release_script(&keys, &token);
+            let release = script.invoke_async::<usize>(&mut conn);
+            if !matches!(tokio::time::timeout(timeout, release).await, Ok(Ok(_))) {
+                tracing::debug!("a lease release sent in the background was not answered");
+            }
+        });
     }
 
     /// Makes every later fencing token greater than `seen` by a wide margin

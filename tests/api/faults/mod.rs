@@ -10,6 +10,7 @@ pub mod sale;
 mod idle;
 mod late;
 mod process;
+mod redis_pause;
 mod scenarios;
 mod shed;
 

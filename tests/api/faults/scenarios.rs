@@ -250,8 +250,8 @@ async fn orders_stay_fast_on_the_database_guard_while_redis_stops_answering() {
             .unwrap_or(0)
     };
     let before = fence().await;
-    // Lease scripts held up in the network reach Redis when it heals; the leases they
-    // took for nobody lapse within their TTL.
+    // Lease scripts held up in the network reach Redis when it heals; the releases sent
+    // after them free what they took for nobody (see `faults::redis_pause`).
     let healed = Instant::now();
     while post(&app, "after").await.0 != 201 {
         assert!(
