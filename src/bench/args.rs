@@ -32,7 +32,8 @@ pub struct BenchArgs {
     /// Concurrent request loops (closed loop) [default: 64; --quick: 16].
     #[arg(long)]
     pub connections: Option<usize>,
-    /// Seconds of measured load per workload and strategy [default: 15; --quick: 3].
+    /// Seconds of measured load per workload and strategy [default: 15; --quick: 3]
+    /// (pgbench runs at least 3).
     #[arg(long)]
     pub duration: Option<u64>,
     /// Seconds of unmeasured load before each measurement [default: 2; --quick: 0.5].
@@ -154,10 +155,22 @@ pub struct Plan {
     pub quiet: bool,
 }
 
+/// The shortest pgbench run: its `-T` includes connecting its clients, which on a loaded
+/// machine can take most of a second or two, and a run that ends before its first
+/// transaction reports no rate at all.
+const PGBENCH_MIN_SECONDS: u64 = 3;
+
 impl Plan {
-    /// Holds seeded for the `confirm` workload: enough for a run (and pgbench's) this long.
+    /// How long each pgbench run lasts: the app's measured time, or longer for a short run.
+    pub fn pgbench_seconds(&self) -> u64 {
+        self.duration_s.max(PGBENCH_MIN_SECONDS)
+    }
+
+    /// Holds seeded for the `confirm` workload: enough for the app's run (warm-up
+    /// included) and pgbench's.
     pub fn confirm_holds(&self) -> i64 {
-        super::workload::confirm_holds(self.duration_s as f64 + self.warmup_s)
+        let seconds = self.duration_s.max(self.pgbench_seconds()) as f64 + self.warmup_s;
+        super::workload::confirm_holds(seconds)
     }
 }
 

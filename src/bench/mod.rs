@@ -467,7 +467,7 @@ impl Bench<'_> {
         std::fs::write(&script, text)?;
         let (name, url, _) = self.database(workload, "pgbench").await?;
         let live = Arc::new(Live::default());
-        let duration = Duration::from_secs(self.plan.duration_s);
+        let duration = Duration::from_secs(self.plan.pgbench_seconds());
         let label = match open_loop_rate {
             Some(rate) => format!("pgbench · {script_name} · open loop {rate:.0}/s"),
             None => format!("pgbench · {script_name}"),
@@ -481,7 +481,7 @@ impl Bench<'_> {
             &script_name,
             &script,
             self.plan.pgbench_clients,
-            self.plan.duration_s,
+            self.plan.pgbench_seconds(),
             open_loop_rate.map(|rate| (rate, logs.as_path())),
         )
         .await;
