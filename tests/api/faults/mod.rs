@@ -9,6 +9,7 @@ pub mod sale;
 
 mod idle;
 mod late;
+mod latency;
 mod process;
 mod redis_pause;
 mod scenarios;
