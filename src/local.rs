@@ -357,6 +357,9 @@ impl LocalRedis {
         cmd.arg(&config)
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            // The process keeps its command line and environment as started (Redis would
+            // write its title over them), so tools and test harnesses can tell whose it is.
+            .args(["--set-proc-title", "no"])
             .arg("--dir")
             .arg(&dir)
             .arg("--pidfile")

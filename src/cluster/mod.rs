@@ -588,6 +588,7 @@ fn start_sentinel(
             "port {port}\n\
              bind 127.0.0.1\n\
              daemonize no\n\
+             set-proc-title no\n\
              dir {dir}\n\
              logfile {log}\n\
              sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} {QUORUM}\n\

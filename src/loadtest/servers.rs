@@ -22,6 +22,9 @@ pub struct ServerProcess {
     child: Option<Child>,
 }
 
+/// The environment variable the test suite marks its processes with.
+const SUITE_MARK: &str = "SUITE_RUN_ID";
+
 impl ServerProcess {
     /// Runs `exe serve args…` with exactly `env` (plus `PATH`) and waits until it serves.
     pub async fn start(exe: &Path, env: &[(&str, String)], args: &[&str]) -> anyhow::Result<Self> {
@@ -34,6 +37,12 @@ impl ServerProcess {
             .stderr(Stdio::inherit());
         for (k, v) in env {
             cmd.env(k, v);
+        }
+        // The one variable kept through the cleared environment: the mark the test suite
+        // (scripts/test-suite.sh) gives every process a run starts, so a server started by
+        // a bench or load test under test is found as that run's if it outlives it.
+        if let Some(mark) = std::env::var_os(SUITE_MARK) {
+            cmd.env(SUITE_MARK, mark);
         }
         let mut child = cmd
             .spawn()
