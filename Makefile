@@ -9,7 +9,7 @@ VENV := .venv
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: run test test-stress deps-stress bench cluster build deps-run deps-test deps-bench deps-cluster deps-schemathesis \
-	lint clean sqlx-cli sqlx-prepare
+	deps-axe lint clean sqlx-cli sqlx-prepare
 
 ## run: install PostgreSQL and Redis if missing, build, start the shop in local mode
 run: deps-run
@@ -63,7 +63,8 @@ clean:
 
 # Installs what is missing with one apt-get run (Debian/Ubuntu); elsewhere names it.
 # $(1): "run" (servers), "bench" (servers, pgbench), "cluster" (servers, HAProxy, PgBouncer,
-# Redis Sentinel) or "test" (all of these, browser, docker-compose, python3-venv for schemathesis). pgbench comes with the server on Debian 12; newer releases ship it in
+# Redis Sentinel) or "test" (all of these, browser, docker-compose, python3-venv for schemathesis,
+# npm for axe-core). pgbench comes with the server on Debian 12; newer releases ship it in
 # postgresql-client.
 define install_missing
 	@missing=""; \
@@ -81,6 +82,7 @@ define install_missing
 	  ( command -v chromium && command -v chromedriver ) >/dev/null 2>&1 || missing="$$missing chromium chromium-driver"; \
 	  command -v docker-compose >/dev/null 2>&1 || missing="$$missing docker-compose"; \
 	  python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing="$$missing python3-venv"; \
+	  command -v npm >/dev/null 2>&1 || missing="$$missing npm"; \
 	fi; \
 	if [ -n "$$missing" ]; then \
 	  if command -v apt-get >/dev/null 2>&1; then \
@@ -102,7 +104,14 @@ deps-run:
 
 deps-test:
 	$(call install_missing,test)
-	@$(MAKE) --no-print-directory deps-schemathesis
+	@$(MAKE) --no-print-directory deps-schemathesis deps-axe
+
+# axe-core for the browser tests' accessibility checks, as tools/axe/package-lock.json pins
+# it (npm ci), unless that lock is already installed.
+deps-axe: tools/axe/node_modules/.package-lock.json
+tools/axe/node_modules/.package-lock.json: tools/axe/package-lock.json
+	@echo "Installing axe-core into tools/axe/ (npm ci)"
+	@npm ci --prefix tools/axe --no-audit --no-fund --ignore-scripts --loglevel=error
 
 # schemathesis $(SCHEMATHESIS_VERSION) in $(VENV)/ (from PyPI), unless that version is there.
 deps-schemathesis:

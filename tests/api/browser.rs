@@ -1,6 +1,7 @@
 //! Pages in a real headless Chromium.
 
 mod admin;
+mod axe;
 mod layout;
 mod markup;
 mod shop;
