@@ -296,3 +296,41 @@ async fn every_demo_product_shows_a_picture_of_its_own() {
         "no letters left"
     );
 }
+
+#[tokio::test]
+async fn a_hidden_products_picture_shows_in_the_admin_but_not_in_the_shop() {
+    let app = spawn_app().await;
+    app.add_product("PIC-OFF", "Retired Mug", 1_500, 2).await;
+    let csrf = app.login_admin().await;
+    let res = upload(&app, "PIC-OFF", &csrf, &png(400, 400)).await;
+    assert_eq!(res.status().as_u16(), 303);
+    sqlx::query("update products set active = false where sku = 'PIC-OFF'")
+        .execute(&app.db)
+        .await
+        .unwrap();
+
+    assert_eq!(app.get("/products/PIC-OFF/thumb").await.status(), 404);
+    let (_, html) = app.get_text("/admin/products/PIC-OFF").await;
+    assert!(
+        html.contains(r#"<img class="admin-thumb" src="/admin/products/PIC-OFF/thumb""#),
+        "{html}"
+    );
+    let thumb = app.get("/admin/products/PIC-OFF/thumb").await;
+    assert_eq!(thumb.status().as_u16(), 200);
+    // Asked again each time: a replaced picture shows at once under the same address.
+    assert_eq!(thumb.headers()["cache-control"], "private, no-cache");
+    let thumb = image::load_from_memory(&thumb.bytes().await.unwrap()).unwrap();
+    assert_eq!((thumb.width(), thumb.height()), (320, 320));
+
+    // Only to the admin.
+    let stranger = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let res = stranger
+        .get(app.url("/admin/products/PIC-OFF/thumb"))
+        .send()
+        .await
+        .unwrap();
+    assert_ne!(res.status().as_u16(), 200);
+}
