@@ -2,6 +2,7 @@
 
 mod admin;
 mod axe;
+mod keyboard;
 mod layout;
 mod markup;
 mod shop;

@@ -90,9 +90,37 @@ pub async fn violations(b: &fantoccini::Client) -> Vec<Violation> {
     serde_json::from_value(found["violations"].clone()).unwrap()
 }
 
+/// What every page has besides axe-core's rules: the skip link as its first Tab stop,
+/// leading to the content, and a label on every form field.
+async fn structure(b: &fantoccini::Client) -> Vec<String> {
+    let found = b
+        .execute(
+            r##"
+            const out = [];
+            const stops = [...document.querySelectorAll(
+              'a[href], button, input:not([type=hidden]), select, textarea, [tabindex]')]
+              .filter(el => el.tabIndex >= 0 && !el.disabled);
+            const first = stops[0];
+            if (!first || !first.matches('a.skip[href="#main"]') ||
+                first.textContent.trim() !== 'Skip to content')
+              out.push(`the first Tab stop is ${first ? first.outerHTML.slice(0, 100) : 'missing'}`);
+            if (!document.getElementById('main')) out.push('no #main to skip to');
+            for (const field of document.querySelectorAll('input:not([type=hidden]), select, textarea'))
+              if (field.labels.length === 0 && !field.getAttribute('aria-label'))
+                out.push(`${field.outerHTML.slice(0, 100)} has no label`);
+            return out;
+            "##,
+            vec![],
+        )
+        .await
+        .unwrap();
+    serde_json::from_value(found).unwrap()
+}
+
 /// Runs axe-core on the page shown as `page`, prints what it finds, and returns the
-/// serious and critical violations as lines of a report.
+/// serious and critical violations, and what [`structure`] misses, as lines of a report.
 pub async fn audit(b: &fantoccini::Client, page: &str) -> Vec<String> {
+    let missing = structure(b).await;
     let found = violations(b).await;
     let counts = |blocking: bool| found.iter().filter(|v| v.blocks() == blocking).count();
     println!(
@@ -106,6 +134,8 @@ pub async fn audit(b: &fantoccini::Client, page: &str) -> Vec<String> {
     found
         .iter()
         .filter(|v| v.blocks())
+        .map(|v| v.to_string())
+        .chain(missing)
         .map(|v| format!("{page}: {v}"))
         .collect()
 }
