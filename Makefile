@@ -9,7 +9,7 @@ VENV := .venv
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: run test test-stress deps-stress bench cluster build deps-run deps-test deps-bench deps-cluster deps-schemathesis \
-	deps-axe lint clean sqlx-cli sqlx-prepare
+	deps-axe deps-lighthouse lighthouse lint clean sqlx-cli sqlx-prepare
 
 ## run: install PostgreSQL and Redis if missing, build, start the shop in local mode
 run: deps-run
@@ -34,6 +34,12 @@ cluster: deps-cluster
 bench: deps-bench
 	cargo build --release --locked
 	./target/release/stockade bench
+
+## lighthouse: Lighthouse's four scores (mobile) for the catalogue, a product and a checkout
+## of the release build, with the HTML and JSON reports in lighthouse-report/
+lighthouse: deps-run deps-lighthouse
+	cargo build --release --locked
+	scripts/lighthouse.sh
 
 ## lint: formatting, clippy, the docker-compose file, and .sqlx/ matching the queries
 lint: sqlx-cli
@@ -120,6 +126,18 @@ deps-schemathesis:
 	  python3 -m venv $(VENV) && \
 	  $(VENV)/bin/pip install -q --disable-pip-version-check "schemathesis==$(SCHEMATHESIS_VERSION)"; \
 	}
+
+# Lighthouse as tools/lighthouse/package-lock.json pins it (12.2.3: 13 needs Node 22), and
+# Chromium to run it in.
+deps-lighthouse:
+	@( command -v chromium && command -v npm && command -v curl ) >/dev/null 2>&1 || { \
+	  echo "Installing: chromium npm curl (apt-get)"; \
+	  $(SUDO) $(APT) update -qq && $(SUDO) $(APT) install -y -q chromium npm curl >/dev/null; \
+	}
+	@$(MAKE) -s --no-print-directory tools/lighthouse/node_modules/.package-lock.json
+tools/lighthouse/node_modules/.package-lock.json: tools/lighthouse/package-lock.json
+	@echo "Installing Lighthouse into tools/lighthouse/ (npm ci)"
+	@npm ci --prefix tools/lighthouse --no-audit --no-fund --ignore-scripts --loglevel=error
 
 deps-bench:
 	$(call install_missing,bench)

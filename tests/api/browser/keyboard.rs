@@ -203,7 +203,7 @@ async fn a_shopper_checks_out_with_the_keyboard_alone() {
     assert!(text_of(&b, "h1").await.contains("Thank you, Ada!"));
     assert!(text_of(&b, "table.lines").await.contains("350\u{a0}ml"));
     tab_to(&b, "a.skip[href='#main']").await;
-    let email = sqlx::query_scalar!("select email from orders")
+    let email: Option<String> = sqlx::query_scalar("select email from orders")
         .fetch_one(&app.db)
         .await
         .unwrap();
