@@ -100,14 +100,18 @@ async fn skip_to_content(b: &fantoccini::Client) {
     assert_eq!(on_main, true, "the skip link moved the focus to <main>");
 }
 
-/// The text of the element `css`.
+/// The text of the element `css`, as the page holds it (WebDriver's own text turns
+/// no-break spaces into spaces).
 async fn text_of(b: &fantoccini::Client, css: &str) -> String {
-    b.find(Locator::Css(css))
+    b.wait().for_element(Locator::Css(css)).await.unwrap();
+    let text = b
+        .execute(
+            "return document.querySelector(arguments[0]).textContent;",
+            vec![serde_json::json!(css)],
+        )
         .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+        .unwrap();
+    text.as_str().unwrap().to_string()
 }
 
 #[tokio::test]
