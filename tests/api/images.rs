@@ -317,8 +317,8 @@ async fn a_hidden_products_picture_shows_in_the_admin_but_not_in_the_shop() {
     );
     let thumb = app.get("/admin/products/PIC-OFF/thumb").await;
     assert_eq!(thumb.status().as_u16(), 200);
-    // Asked again each time: a replaced picture shows at once under the same address.
-    assert_eq!(thumb.headers()["cache-control"], "private, no-cache");
+    // Never kept: a replaced picture shows at once under the same address.
+    assert_eq!(thumb.headers()["cache-control"], "no-store");
     let thumb = image::load_from_memory(&thumb.bytes().await.unwrap()).unwrap();
     assert_eq!((thumb.width(), thumb.height()), (320, 320));
 

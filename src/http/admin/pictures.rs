@@ -2,7 +2,7 @@
 //! [`crate::catalog::images`]), and the thumbnail the product's page shows, which the
 //! admin sees while the product is hidden from the shop too.
 
-use actix_web::http::{StatusCode, header};
+use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 
 use super::products::{ProductPage, load_product};
@@ -12,9 +12,9 @@ use crate::catalog::images;
 use crate::error::AppError;
 use crate::http::{AppState, csrf, html, see_other};
 
-/// A product's thumbnail, on sale or not (`/admin/products/{sku}/thumb`). Its address
-/// stays when the picture is replaced, so the browser asks each time (a 304 while the
-/// ETag holds).
+/// A product's thumbnail, on sale or not (`/admin/products/{sku}/thumb`). Like every
+/// admin answer it is `no-store` (`http::middleware`), so a replaced picture shows at once
+/// under the same address.
 #[tracing::instrument(skip_all, fields(sku = %path))]
 pub async fn get_product_thumb(
     req: HttpRequest,
@@ -23,12 +23,7 @@ pub async fn get_product_thumb(
     path: web::Path<String>,
 ) -> Result<HttpResponse, AppError> {
     let (size, shown) = (images::Size::Thumb, images::Shown::Any);
-    let mut res = crate::http::shop::product::picture(&req, &state, &path, size, shown).await?;
-    res.headers_mut().insert(
-        header::CACHE_CONTROL,
-        header::HeaderValue::from_static("private, no-cache"),
-    );
-    Ok(res)
+    crate::http::shop::product::picture(&req, &state, &path, size, shown).await
 }
 
 /// Uploads a product's picture (a multipart form: `csrf`, then `image`). A refused file
