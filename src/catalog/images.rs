@@ -252,6 +252,12 @@ pub async fn save(
     Ok(saved == 1)
 }
 
+/// A picture's version in its address (`?v=…`): the first 12 characters of its ETag.
+pub fn version(etag: &str) -> &str {
+    let etag = etag.trim_matches('"');
+    etag.get(..12).unwrap_or(etag)
+}
+
 /// Whose pictures [`find`] serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shown {

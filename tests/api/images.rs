@@ -142,10 +142,11 @@ async fn an_uploaded_picture_is_resized_and_served_with_an_etag_and_304() {
         .unwrap();
     assert_eq!(stale.status().as_u16(), 200);
 
-    // The pages show it, named for the product, in place of the letter.
+    // The pages show it in place of the letter: in the catalogue beside the name (so
+    // without a text of its own), on the product's page named for the product.
     let (_, html) = app.get_text("/").await;
     assert!(
-        html.contains(r#"src="/products/PIC-1/thumb?v="#) && html.contains(r#"alt="Walnut Tray"#),
+        html.contains(r#"src="/products/PIC-1/thumb?v="#) && html.contains(r#"alt="""#),
         "{html}"
     );
     assert!(!html.contains(r#"aria-hidden="true">W</span>"#));
@@ -155,6 +156,15 @@ async fn an_uploaded_picture_is_resized_and_served_with_an_etag_and_304() {
     );
     let (_, html) = app.get_text("/products/PIC-1").await;
     assert!(html.contains(r#"src="/products/PIC-1/image?v="#), "{html}");
+    assert!(html.contains(r#"alt="Walnut Tray, 30 cm""#), "{html}");
+    // Asked for by its current version, it is kept a year.
+    let version = html.split(r#"/products/PIC-1/image?v="#).nth(1).unwrap();
+    let version = &version[..version.find('"').unwrap()];
+    let res = app.get(&format!("/products/PIC-1/image?v={version}")).await;
+    assert_eq!(
+        res.headers()["cache-control"],
+        "public, max-age=31536000, immutable"
+    );
 
     let api: serde_json::Value = app
         .get("/api/v1/products/PIC-1")

@@ -76,8 +76,8 @@ pub async fn get_product_thumb(
 }
 
 /// The stored bytes with their ETag; 304 when the client already has them. Pages link
-/// with `?v=` (the picture's version), so a replaced picture is a new address and an
-/// hour's caching never shows a stale one there.
+/// with `?v=` (the picture's version), so a replaced picture is a new address: one asked
+/// for by its current version is kept a year, any other an hour.
 pub(crate) async fn picture(
     req: &HttpRequest,
     state: &AppState,
@@ -104,8 +104,9 @@ pub(crate) async fn picture(
         true => HttpResponse::NotModified(),
         false => HttpResponse::Ok(),
     };
+    let cache = crate::http::assets::cache_control(req, images::version(&stored.etag));
     res.insert_header((header::ETAG, stored.etag))
-        .insert_header((header::CACHE_CONTROL, "public, max-age=3600"));
+        .insert_header((header::CACHE_CONTROL, cache));
     Ok(match fresh {
         true => res.finish(),
         false => res.content_type(stored.content_type).body(stored.bytes),
