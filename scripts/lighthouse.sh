@@ -5,7 +5,7 @@
 # lighthouse-report/. `make lighthouse` builds the binary and installs Lighthouse first.
 #
 #   scripts/lighthouse.sh     CHROME_PATH: the browser (/usr/bin/chromium by default);
-#                             STOCKADE_BIN: the binary (./target/release/stockade)
+#                             SERVER_BIN: the binary (./target/release/stockade)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,7 +23,7 @@ port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0));
 base="http://127.0.0.1:$port"
 # Anonymous API holds: only this throwaway shop, to open a checkout without a key.
 STOCKADE_LISTEN="127.0.0.1:$port" STOCKADE_DATA_DIR="$data" STOCKADE_API_ANONYMOUS_ORDERS=true \
-  STOCKADE_LOG=warn "${STOCKADE_BIN:-./target/release/stockade}" serve >"$reports/server.log" 2>&1 &
+  STOCKADE_LOG=warn "${SERVER_BIN:-./target/release/stockade}" serve >"$reports/server.log" 2>&1 &
 server=$!
 stop() {
   kill -INT "$server" 2>/dev/null && wait "$server" 2>/dev/null || true
