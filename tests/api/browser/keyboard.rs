@@ -215,11 +215,13 @@ async fn a_shopper_checks_out_with_the_keyboard_alone() {
     b.close().await.unwrap();
 }
 
-#[tokio::test]
-async fn the_hold_countdown_speaks_once_a_minute_not_every_second() {
+/// A checkout page for a hold of `ttl`, counting every change of its ticking figure and
+/// of its status region from when it opened; returns the seconds it showed then.
+async fn watched_checkout(
+    ttl: std::time::Duration,
+) -> (crate::helpers::TestApp, fantoccini::Client, u64) {
     let mut settings = test_settings().await;
-    // Past a minute's mark a few seconds after the page opens.
-    settings.hold_ttl = std::time::Duration::from_secs(75);
+    settings.hold_ttl = ttl;
     let app = spawn_app_with(settings).await;
     app.add_product("KB-CLOCK", "Desk Clock", 4_000, 2).await;
     let hold: serde_json::Value = app
@@ -237,8 +239,6 @@ async fn the_hold_countdown_speaks_once_a_minute_not_every_second() {
     b.goto(&app.url(&format!("/checkout/{}", hold["id"].as_str().unwrap())))
         .await
         .unwrap();
-
-    // Count every change of the ticking figure and of the status region from now on.
     let start = b
         .execute(
             "window.changes = {ticks: 0, spoken: []};
@@ -252,11 +252,20 @@ async fn the_hold_countdown_speaks_once_a_minute_not_every_second() {
         )
         .await
         .unwrap();
-    let seconds = |t: &str| {
-        let (m, s) = t.split_once(':').unwrap();
-        m.parse::<u64>().unwrap() * 60 + s.parse::<u64>().unwrap()
-    };
     let start = seconds(start.as_str().unwrap());
+    (app, b, start)
+}
+
+/// `"1:05"` → 65.
+fn seconds(shown: &str) -> u64 {
+    let (m, s) = shown.split_once(':').unwrap();
+    m.parse::<u64>().unwrap() * 60 + s.parse::<u64>().unwrap()
+}
+
+#[tokio::test]
+async fn the_hold_countdown_speaks_once_a_minute_not_every_second() {
+    // Past a minute's mark a few seconds after the page opens.
+    let (_app, b, start) = watched_checkout(std::time::Duration::from_secs(75)).await;
     assert!(
         start > 60,
         "the page opened {start} s before the hold's end"
@@ -304,6 +313,26 @@ async fn the_hold_countdown_speaks_once_a_minute_not_every_second() {
     assert_eq!(
         spoken_at_first, "2 minutes",
         "whole minutes for a screen reader"
+    );
+    b.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_hold_countdown_says_once_when_the_hold_runs_out() {
+    let (_app, b, start) = watched_checkout(std::time::Duration::from_secs(8)).await;
+    assert!(start > 0, "the page opened after the hold's end");
+    b.wait()
+        .at_most(std::time::Duration::from_secs(start + 30))
+        .for_element(Locator::Css("#countdown-expired:not([hidden])"))
+        .await
+        .unwrap();
+    let changes = b.execute("return window.changes;", vec![]).await.unwrap();
+    let expired = text_of(&b, "#countdown-expired").await;
+    assert!(expired.starts_with("Your reservation has expired."));
+    assert_eq!(
+        changes["spoken"],
+        serde_json::json!([expired]),
+        "said once, when it ran out: {changes}"
     );
     b.close().await.unwrap();
 }
