@@ -88,9 +88,17 @@ async fn assert_focused(b: &fantoccini::Client, expected: &str) {
 /// The page's first Tab stop is the skip link; Enter on it moves the focus to the
 /// page's content, from where the next Tab goes on.
 async fn skip_to_content(b: &fantoccini::Client) {
+    skip_to_content_pictured(b, None).await;
+}
+
+/// [`skip_to_content`], saving a screenshot (`name`) while the skip link has the focus.
+async fn skip_to_content_pictured(b: &fantoccini::Client, name: Option<&str>) {
     tab_to(b, "a.skip[href='#main']").await;
     let text = b.active_element().await.unwrap().text().await.unwrap();
     assert_eq!(text, "Skip to content");
+    if let Some(name) = name {
+        save_screenshot(b, name).await;
+    }
     press(b, &[Key::Enter.into()]).await;
     // The content is a landmark, not a control: it takes the focus without a ring.
     let on_main = b
@@ -123,8 +131,7 @@ async fn a_shopper_checks_out_with_the_keyboard_alone() {
 
     // The catalogue: past the header, through the search form, to the product.
     b.goto(&app.url("/")).await.unwrap();
-    skip_to_content(&b).await;
-    save_screenshot(&b, "focus-skip-link.png").await;
+    skip_to_content_pictured(&b, Some("focus-skip-link.png")).await;
     for field in ["#q", "#category", "#sort", "#search"] {
         tab_to(&b, field).await;
     }
