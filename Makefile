@@ -99,7 +99,7 @@ define install_missing
 	    $(SUDO) $(APT) install -y -q $$missing | (grep --line-buffered '^Setting up ' | sed 's/^/  /' || true) || exit 1; \
 	  else \
 	    echo "Please install:$$missing"; \
-	    echo "(a PostgreSQL server with postgres and initdb; a Redis server; for the tests and the bench pgbench; for the tests and the cluster HAProxy, PgBouncer and Redis Sentinel; for the tests Chromium with ChromeDriver and docker-compose)"; \
+	    echo "(a PostgreSQL server with postgres and initdb; a Redis server; for the tests and the bench pgbench; for the tests and the cluster HAProxy, PgBouncer and Redis Sentinel; for the tests Chromium with ChromeDriver, docker-compose and npm)"; \
 	    exit 1; \
 	  fi; \
 	fi
