@@ -9,7 +9,7 @@ VENV := .venv
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: run test test-stress deps-stress bench cluster build deps-run deps-test deps-bench deps-cluster deps-schemathesis \
-	lint clean sqlx-cli sqlx-prepare
+	deps-axe deps-lighthouse lighthouse lint clean sqlx-cli sqlx-prepare
 
 ## run: install PostgreSQL and Redis if missing, build, start the shop in local mode
 run: deps-run
@@ -34,6 +34,12 @@ cluster: deps-cluster
 bench: deps-bench
 	cargo build --release --locked
 	./target/release/stockade bench
+
+## lighthouse: Lighthouse's four scores (mobile) for the catalogue, a product and a checkout
+## of the release build, with the HTML and JSON reports in lighthouse-report/
+lighthouse: deps-run deps-lighthouse
+	cargo build --release --locked
+	scripts/lighthouse.sh
 
 ## lint: formatting, clippy, the docker-compose file, and .sqlx/ matching the queries
 lint: sqlx-cli
@@ -63,7 +69,8 @@ clean:
 
 # Installs what is missing with one apt-get run (Debian/Ubuntu); elsewhere names it.
 # $(1): "run" (servers), "bench" (servers, pgbench), "cluster" (servers, HAProxy, PgBouncer,
-# Redis Sentinel) or "test" (all of these, browser, docker-compose, python3-venv for schemathesis). pgbench comes with the server on Debian 12; newer releases ship it in
+# Redis Sentinel) or "test" (all of these, browser, docker-compose, python3-venv for schemathesis,
+# npm for axe-core). pgbench comes with the server on Debian 12; newer releases ship it in
 # postgresql-client.
 define install_missing
 	@missing=""; \
@@ -81,6 +88,7 @@ define install_missing
 	  ( command -v chromium && command -v chromedriver ) >/dev/null 2>&1 || missing="$$missing chromium chromium-driver"; \
 	  command -v docker-compose >/dev/null 2>&1 || missing="$$missing docker-compose"; \
 	  python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing="$$missing python3-venv"; \
+	  command -v npm >/dev/null 2>&1 || missing="$$missing npm"; \
 	fi; \
 	if [ -n "$$missing" ]; then \
 	  if command -v apt-get >/dev/null 2>&1; then \
@@ -91,7 +99,7 @@ define install_missing
 	    $(SUDO) $(APT) install -y -q $$missing | (grep --line-buffered '^Setting up ' | sed 's/^/  /' || true) || exit 1; \
 	  else \
 	    echo "Please install:$$missing"; \
-	    echo "(a PostgreSQL server with postgres and initdb; a Redis server; for the tests and the bench pgbench; for the tests and the cluster HAProxy, PgBouncer and Redis Sentinel; for the tests Chromium with ChromeDriver and docker-compose)"; \
+	    echo "(a PostgreSQL server with postgres and initdb; a Redis server; for the tests and the bench pgbench; for the tests and the cluster HAProxy, PgBouncer and Redis Sentinel; for the tests Chromium with ChromeDriver, docker-compose and npm)"; \
 	    exit 1; \
 	  fi; \
 	fi
@@ -102,7 +110,14 @@ deps-run:
 
 deps-test:
 	$(call install_missing,test)
-	@$(MAKE) --no-print-directory deps-schemathesis
+	@$(MAKE) --no-print-directory deps-schemathesis deps-axe
+
+# axe-core for the browser tests' accessibility checks, as tools/axe/package-lock.json pins
+# it (npm ci), unless that lock is already installed.
+deps-axe: tools/axe/node_modules/.package-lock.json
+tools/axe/node_modules/.package-lock.json: tools/axe/package-lock.json
+	@echo "Installing axe-core into tools/axe/ (npm ci)"
+	@npm ci --prefix tools/axe --no-audit --no-fund --ignore-scripts --loglevel=error
 
 # schemathesis $(SCHEMATHESIS_VERSION) in $(VENV)/ (from PyPI), unless that version is there.
 deps-schemathesis:
@@ -111,6 +126,18 @@ deps-schemathesis:
 	  python3 -m venv $(VENV) && \
 	  $(VENV)/bin/pip install -q --disable-pip-version-check "schemathesis==$(SCHEMATHESIS_VERSION)"; \
 	}
+
+# Lighthouse as tools/lighthouse/package-lock.json pins it (12.2.3: 13 needs Node 22), and
+# Chromium to run it in.
+deps-lighthouse:
+	@( command -v chromium && command -v npm && command -v curl ) >/dev/null 2>&1 || { \
+	  echo "Installing: chromium npm curl (apt-get)"; \
+	  $(SUDO) $(APT) update -qq && $(SUDO) $(APT) install -y -q chromium npm curl >/dev/null; \
+	}
+	@$(MAKE) -s --no-print-directory tools/lighthouse/node_modules/.package-lock.json
+tools/lighthouse/node_modules/.package-lock.json: tools/lighthouse/package-lock.json
+	@echo "Installing Lighthouse into tools/lighthouse/ (npm ci)"
+	@npm ci --prefix tools/lighthouse --no-audit --no-fund --ignore-scripts --loglevel=error
 
 deps-bench:
 	$(call install_missing,bench)

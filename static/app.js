@@ -27,17 +27,31 @@ window.addEventListener("pageshow", (event) => {
 document.addEventListener("DOMContentLoaded", guardForms);
 
 // The checkout countdown: "Held for you for 9:41", counting down to the hold's expiry.
+// The ticking figure is hidden from screen readers; they read the whole minutes left, and
+// the status region says so once a minute, and once when the hold runs out.
 document.addEventListener("DOMContentLoaded", () => {
   const countdown = document.getElementById("countdown");
   if (!countdown) return;
   const deadline = Date.now() + Number(countdown.dataset.seconds) * 1000;
   const label = document.getElementById("time-left");
+  const spoken = document.getElementById("minutes-left");
+  const status = document.getElementById("countdown-status");
+  const words = (minutes) => (minutes === 1 ? "1 minute" : `${minutes} minutes`);
+  let minutes = Math.ceil(Number(countdown.dataset.seconds) / 60);
   const tick = () => {
     const left = Math.max(0, Math.round((deadline - Date.now()) / 1000));
     label.textContent = `${Math.floor(left / 60)}:${String(left % 60).padStart(2, "0")}`;
+    const now = Math.ceil(left / 60);
+    if (now < minutes && left > 0) {
+      minutes = now;
+      spoken.textContent = words(now);
+      status.textContent = `${words(now)} left to place your order.`;
+    }
     if (left === 0) {
       countdown.hidden = true;
-      document.getElementById("countdown-expired").hidden = false;
+      const expired = document.getElementById("countdown-expired");
+      expired.hidden = false;
+      status.textContent = expired.textContent;
       clearInterval(timer);
     }
   };

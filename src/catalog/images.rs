@@ -252,17 +252,39 @@ pub async fn save(
     Ok(saved == 1)
 }
 
-/// An active product's picture, if it has one.
+/// A picture's version in its address (`?v=…`): the first 12 characters of its ETag.
+pub fn version(etag: &str) -> &str {
+    let etag = etag.trim_matches('"');
+    etag.get(..12).unwrap_or(etag)
+}
+
+/// Whose pictures [`find`] serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shown {
+    /// Products on sale only: the shop's pictures.
+    OnSale,
+    /// Any product's, hidden ones too: the admin's.
+    Any,
+}
+
+/// A product's picture, if it has one (and it is on sale, for [`Shown::OnSale`]).
 #[tracing::instrument(skip_all, fields(sku = %sku))]
-pub async fn find(pool: &PgPool, sku: &Sku, size: Size) -> sqlx::Result<Option<Stored>> {
+pub async fn find(
+    pool: &PgPool,
+    sku: &Sku,
+    size: Size,
+    shown: Shown,
+) -> sqlx::Result<Option<Stored>> {
+    let hidden_too = shown == Shown::Any;
     match size {
         Size::Full => {
             sqlx::query_as!(
                 Stored,
                 r#"select i.image as bytes, i.image_etag as etag, i.content_type
                      from product_images i join products p on p.sku = i.sku
-                    where i.sku = $1 and p.active"#,
+                    where i.sku = $1 and (p.active or $2)"#,
                 sku.as_str(),
+                hidden_too,
             )
             .fetch_optional(pool)
             .await
@@ -272,8 +294,9 @@ pub async fn find(pool: &PgPool, sku: &Sku, size: Size) -> sqlx::Result<Option<S
                 Stored,
                 r#"select i.thumb as bytes, i.thumb_etag as etag, i.content_type
                      from product_images i join products p on p.sku = i.sku
-                    where i.sku = $1 and p.active"#,
+                    where i.sku = $1 and (p.active or $2)"#,
                 sku.as_str(),
+                hidden_too,
             )
             .fetch_optional(pool)
             .await

@@ -95,9 +95,7 @@ impl ProductView {
     /// A short version of the picture for its address, so a new picture is a new URL:
     /// `/products/{sku}/image?v=…`.
     pub fn image_version(&self) -> Option<&str> {
-        self.image
-            .as_deref()
-            .map(|etag| etag.trim_matches('"').get(..12).unwrap_or(etag))
+        self.image.as_deref().map(images::version)
     }
 
     pub fn sold_out(&self) -> bool {

@@ -96,6 +96,15 @@ impl Hold {
         format!("{}:{:02}", s / 60, s % 60)
     }
 
+    /// The time left as a screen reader says it: whole minutes, rounded up
+    /// (`"10 minutes"` from 9:01 to 10:00, `"1 minute"` in the last one).
+    pub fn minutes_left(&self) -> String {
+        match (self.seconds_left() + 59) / 60 {
+            1 => "1 minute".into(),
+            m => format!("{m} minutes"),
+        }
+    }
+
     pub fn is_active(&self) -> bool {
         self.state == HoldState::Active && self.expires_at > Utc::now()
     }

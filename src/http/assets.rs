@@ -1,7 +1,15 @@
 //! Static files, compiled into the binary so it runs from any folder.
+//!
+//! Pages link each file with its version, a digest of its bytes
+//! (`/static/style.css?v=…`, [`url`]), so a browser may keep it for a year: a changed file
+//! is a new address. A request without the current version (an old page, a hand-typed
+//! address) gets the file too, kept for an hour only.
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
 
 use actix_web::http::header;
-use actix_web::{HttpResponse, web};
+use actix_web::{HttpRequest, HttpResponse, web};
 
 use crate::error::AppError;
 
@@ -28,13 +36,75 @@ const ASSETS: &[(&str, &str, &str)] = &[
     ),
 ];
 
-pub async fn get_asset(file: web::Path<String>) -> Result<HttpResponse, AppError> {
-    let (_, content_type, body) = ASSETS
+/// Each file's version: the first 12 hex digits of its SHA-256.
+fn versions() -> &'static HashMap<&'static str, String> {
+    static VERSIONS: OnceLock<HashMap<&'static str, String>> = OnceLock::new();
+    VERSIONS.get_or_init(|| {
+        use sha2::{Digest, Sha256};
+        ASSETS
+            .iter()
+            .map(|(name, _, body)| (*name, hex::encode(Sha256::digest(body))[..12].to_string()))
+            .collect()
+    })
+}
+
+/// The address pages link `file` by: `/static/{file}?v={version}`.
+pub fn url(file: &str) -> String {
+    match versions().get(file) {
+        Some(v) => format!("/static/{file}?v={v}"),
+        None => format!("/static/{file}"),
+    }
+}
+
+/// `public, max-age=…, immutable` for an address naming the current version (`?v=`),
+/// an hour's caching for any other.
+pub fn cache_control(req: &HttpRequest, version: &str) -> &'static str {
+    let current = web::Query::<HashMap<String, String>>::from_query(req.query_string())
+        .is_ok_and(|q| q.get("v").is_some_and(|v| v == version));
+    match current {
+        true => "public, max-age=31536000, immutable",
+        false => "public, max-age=3600",
+    }
+}
+
+pub async fn get_asset(
+    req: HttpRequest,
+    file: web::Path<String>,
+) -> Result<HttpResponse, AppError> {
+    let (name, content_type, body) = ASSETS
         .iter()
         .find(|(name, _, _)| *name == file.as_str())
         .ok_or_else(|| AppError::not_found("No such file."))?;
     Ok(HttpResponse::Ok()
         .content_type(*content_type)
-        .insert_header((header::CACHE_CONTROL, "public, max-age=3600"))
+        .insert_header((
+            header::CACHE_CONTROL,
+            cache_control(&req, &versions()[name]),
+        ))
         .body(*body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_linked_with_its_version_is_kept_a_year_and_otherwise_an_hour() {
+        let link = url("style.css");
+        let version = link.strip_prefix("/static/style.css?v=").unwrap();
+        assert_eq!(version.len(), 12);
+        let ask = |query: &str| {
+            let req = actix_web::test::TestRequest::get()
+                .uri(&format!("/static/style.css{query}"))
+                .to_http_request();
+            cache_control(&req, version)
+        };
+        assert_eq!(
+            ask(&format!("?v={version}")),
+            "public, max-age=31536000, immutable"
+        );
+        assert_eq!(ask("?v=000000000000"), "public, max-age=3600");
+        assert_eq!(ask(""), "public, max-age=3600");
+        assert_eq!(url("no-such-file"), "/static/no-such-file");
+    }
 }

@@ -451,6 +451,11 @@ pub struct Chrome {
 }
 
 impl Chrome {
+    /// A static file's address, with its version ([`assets::url`]).
+    pub fn asset(&self, file: &str) -> String {
+        assets::url(file)
+    }
+
     pub fn new(req: &HttpRequest) -> Self {
         let strategy = req
             .app_data::<web::Data<AppState>>()

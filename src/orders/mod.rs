@@ -135,6 +135,12 @@ impl Order {
 }
 
 impl OrderLine {
+    /// The name as shown: numbers and their units never split across lines, as in the
+    /// catalogue.
+    pub fn display_name(&self) -> String {
+        crate::text::keep_units_together(&self.name)
+    }
+
     pub fn unit_price(&self) -> String {
         format_cents(self.unit_price_cents)
     }

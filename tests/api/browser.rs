@@ -1,6 +1,8 @@
 //! Pages in a real headless Chromium.
 
 mod admin;
+mod axe;
+mod keyboard;
 mod layout;
 mod markup;
 mod shop;

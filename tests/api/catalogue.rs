@@ -65,7 +65,9 @@ async fn catalogue_lists_every_seeded_product_with_price_and_stock_badge() {
     let (status, html) = app.get_text("/").await;
     assert_eq!(status, 200);
     for (sku, name, _, _, _) in DEMO_CATALOGUE {
-        let escaped = name.replace('&', "&amp;").replace('\'', "&#39;");
+        // As the card shows it: numbers and their units kept together.
+        let shown = stockade::text::keep_units_together(name);
+        let escaped = shown.replace('&', "&amp;").replace('\'', "&#39;");
         assert!(html.contains(&escaped), "{name} missing");
         assert!(
             html.contains(&format!("/products/{sku}")),

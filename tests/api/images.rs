@@ -142,10 +142,11 @@ async fn an_uploaded_picture_is_resized_and_served_with_an_etag_and_304() {
         .unwrap();
     assert_eq!(stale.status().as_u16(), 200);
 
-    // The pages show it, named for the product, in place of the letter.
+    // The pages show it in place of the letter: in the catalogue beside the name (so
+    // without a text of its own), on the product's page named for the product.
     let (_, html) = app.get_text("/").await;
     assert!(
-        html.contains(r#"src="/products/PIC-1/thumb?v="#) && html.contains(r#"alt="Walnut Tray"#),
+        html.contains(r#"src="/products/PIC-1/thumb?v="#) && html.contains(r#"alt="""#),
         "{html}"
     );
     assert!(!html.contains(r#"aria-hidden="true">W</span>"#));
@@ -155,6 +156,15 @@ async fn an_uploaded_picture_is_resized_and_served_with_an_etag_and_304() {
     );
     let (_, html) = app.get_text("/products/PIC-1").await;
     assert!(html.contains(r#"src="/products/PIC-1/image?v="#), "{html}");
+    assert!(html.contains(r#"alt="Walnut Tray, 30 cm""#), "{html}");
+    // Asked for by its current version, it is kept a year.
+    let version = html.split(r#"/products/PIC-1/image?v="#).nth(1).unwrap();
+    let version = &version[..version.find('"').unwrap()];
+    let res = app.get(&format!("/products/PIC-1/image?v={version}")).await;
+    assert_eq!(
+        res.headers()["cache-control"],
+        "public, max-age=31536000, immutable"
+    );
 
     let api: serde_json::Value = app
         .get("/api/v1/products/PIC-1")
@@ -295,4 +305,42 @@ async fn every_demo_product_shows_a_picture_of_its_own() {
         !html.contains(r#"class="card-art" aria-hidden"#),
         "no letters left"
     );
+}
+
+#[tokio::test]
+async fn a_hidden_products_picture_shows_in_the_admin_but_not_in_the_shop() {
+    let app = spawn_app().await;
+    app.add_product("PIC-OFF", "Retired Mug", 1_500, 2).await;
+    let csrf = app.login_admin().await;
+    let res = upload(&app, "PIC-OFF", &csrf, &png(400, 400)).await;
+    assert_eq!(res.status().as_u16(), 303);
+    sqlx::query("update products set active = false where sku = 'PIC-OFF'")
+        .execute(&app.db)
+        .await
+        .unwrap();
+
+    assert_eq!(app.get("/products/PIC-OFF/thumb").await.status(), 404);
+    let (_, html) = app.get_text("/admin/products/PIC-OFF").await;
+    assert!(
+        html.contains(r#"<img class="admin-thumb" src="/admin/products/PIC-OFF/thumb""#),
+        "{html}"
+    );
+    let thumb = app.get("/admin/products/PIC-OFF/thumb").await;
+    assert_eq!(thumb.status().as_u16(), 200);
+    // Never kept: a replaced picture shows at once under the same address.
+    assert_eq!(thumb.headers()["cache-control"], "no-store");
+    let thumb = image::load_from_memory(&thumb.bytes().await.unwrap()).unwrap();
+    assert_eq!((thumb.width(), thumb.height()), (320, 320));
+
+    // Only to the admin.
+    let stranger = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let res = stranger
+        .get(app.url("/admin/products/PIC-OFF/thumb"))
+        .send()
+        .await
+        .unwrap();
+    assert_ne!(res.status().as_u16(), 200);
 }

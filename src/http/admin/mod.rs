@@ -106,6 +106,11 @@ pub fn routes() -> Vec<(Method, &'static str, actix_web::Route)> {
             web::post().to(products::post_product),
         ),
         (
+            Method::GET,
+            "/admin/products/{sku}/thumb",
+            super::get().to(pictures::get_product_thumb),
+        ),
+        (
             Method::POST,
             "/admin/products/{sku}/image",
             web::post().to(pictures::post_product_image),

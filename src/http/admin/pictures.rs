@@ -1,5 +1,6 @@
 //! A product's picture: the upload form's handler (decoded, resized and stored by
-//! [`crate::catalog::images`]).
+//! [`crate::catalog::images`]), and the thumbnail the product's page shows, which the
+//! admin sees while the product is hidden from the shop too.
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -10,6 +11,20 @@ use crate::admin::Admin;
 use crate::catalog::images;
 use crate::error::AppError;
 use crate::http::{AppState, csrf, html, see_other};
+
+/// A product's thumbnail, on sale or not (`/admin/products/{sku}/thumb`). Like every
+/// admin answer it is `no-store` (`http::middleware`), so a replaced picture shows at once
+/// under the same address.
+#[tracing::instrument(skip_all, fields(sku = %path))]
+pub async fn get_product_thumb(
+    req: HttpRequest,
+    _admin: Admin,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, AppError> {
+    let (size, shown) = (images::Size::Thumb, images::Shown::Any);
+    crate::http::shop::product::picture(&req, &state, &path, size, shown).await
+}
 
 /// Uploads a product's picture (a multipart form: `csrf`, then `image`). A refused file
 /// leaves the product as it was and says why on its page.

@@ -115,8 +115,21 @@ struct CheckoutPage {
     hold: Hold,
     name: String,
     email: String,
+    /// What went wrong with the checkout as a whole, shown above it.
     error: Option<String>,
     shortages: Vec<Shortage>,
+    /// A field the shopper must correct (`name` or `email`) and why, shown beside it.
+    wrong: Option<(&'static str, String)>,
+}
+
+impl CheckoutPage {
+    /// Why `field` was refused, if it was.
+    fn wrong(&self, field: &str) -> Option<&str> {
+        self.wrong
+            .as_ref()
+            .filter(|(wrong, _)| *wrong == field)
+            .map(|(_, why)| why.as_str())
+    }
 }
 
 fn parse_hold_id(raw: &str) -> Result<Uuid, AppError> {
@@ -145,6 +158,7 @@ pub async fn get_checkout_hold(
         hold,
         error: None,
         shortages: Vec::new(),
+        wrong: None,
     };
     html(StatusCode::OK, &page)
 }
@@ -170,37 +184,36 @@ pub async fn post_checkout_confirm(
     csrf::check_storefront(&req, &form.csrf)?;
     let id = parse_hold_id(&path)?;
     let again = |status, error: &str, shortages| {
+        let problem = Problem::Checkout(error.to_string(), shortages);
+        checkout_again(&req, &state, id, &form, status, problem)
+    };
+    // A field to correct: the page again, with the reason beside it.
+    let wrong = |field, why: &str| {
+        let problem = Problem::Field(field, why.to_string());
         checkout_again(
             &req,
             &state,
             id,
             &form,
-            status,
-            error.to_string(),
-            shortages,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            problem,
         )
     };
     if form.name.trim().is_empty() {
-        return again(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "Please tell us your name.",
-            vec![],
-        )
-        .await;
+        return wrong("name", "Please tell us your name.").await;
     }
     if form.email.trim().is_empty() {
-        return again(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "Please give an email address, so we can reach you about your order.",
-            vec![],
-        )
-        .await;
+        let why = "Please give an email address, so we can reach you about your order.";
+        return wrong("email", why).await;
     }
     let contact = match OrderRequest::check_contact(Some(&form.email), Some(&form.name)) {
         Ok(contact) => contact,
         Err(e) => {
-            let message = crate::error::sentence(&e.0);
-            return again(StatusCode::UNPROCESSABLE_ENTITY, &message, vec![]).await;
+            let field = match OrderRequest::check_contact(Some(&form.email), None) {
+                Err(_) => "email",
+                Ok(_) => "name",
+            };
+            return wrong(field, &crate::error::sentence(&e.0)).await;
         }
     };
     let answer_by = answer_by(&req, state.settings.request_budget);
@@ -230,6 +243,14 @@ pub async fn post_checkout_confirm(
     }
 }
 
+/// Why a checkout was shown again.
+enum Problem {
+    /// The order could not be placed: why, and the products short.
+    Checkout(String, Vec<Shortage>),
+    /// A field (`name`, `email`) to correct, and why.
+    Field(&'static str, String),
+}
+
 /// The checkout page again, with what went wrong.
 async fn checkout_again(
     req: &HttpRequest,
@@ -237,16 +258,20 @@ async fn checkout_again(
     id: Uuid,
     form: &ConfirmForm,
     status: StatusCode,
-    error: String,
-    shortages: Vec<Shortage>,
+    problem: Problem,
 ) -> Result<HttpResponse, AppError> {
+    let (error, shortages, wrong) = match problem {
+        Problem::Checkout(error, shortages) => (Some(error), shortages, None),
+        Problem::Field(field, why) => (None, Vec::new(), Some((field, why))),
+    };
     let page = CheckoutPage {
         chrome: Chrome::new(req),
         hold: find_hold(state, id).await?,
         name: form.name.clone(),
         email: form.email.clone(),
-        error: Some(error),
+        error,
         shortages,
+        wrong,
     };
     html(status, &page)
 }

@@ -48,7 +48,14 @@ pub async fn get_product_image(
     state: web::Data<AppState>,
     path: web::Path<String>,
 ) -> Result<HttpResponse, AppError> {
-    picture(&req, &state, &path, images::Size::Full).await
+    picture(
+        &req,
+        &state,
+        &path,
+        images::Size::Full,
+        images::Shown::OnSale,
+    )
+    .await
 }
 
 /// A product's thumbnail (`/products/{sku}/thumb`), for the catalogue.
@@ -58,17 +65,25 @@ pub async fn get_product_thumb(
     state: web::Data<AppState>,
     path: web::Path<String>,
 ) -> Result<HttpResponse, AppError> {
-    picture(&req, &state, &path, images::Size::Thumb).await
+    picture(
+        &req,
+        &state,
+        &path,
+        images::Size::Thumb,
+        images::Shown::OnSale,
+    )
+    .await
 }
 
 /// The stored bytes with their ETag; 304 when the client already has them. Pages link
-/// with `?v=` (the picture's version), so a replaced picture is a new address and an
-/// hour's caching never shows a stale one there.
-async fn picture(
+/// with `?v=` (the picture's version), so a replaced picture is a new address: one asked
+/// for by its current version is kept a year, any other an hour.
+pub(crate) async fn picture(
     req: &HttpRequest,
     state: &AppState,
     raw: &str,
     size: images::Size,
+    shown: images::Shown,
 ) -> Result<HttpResponse, AppError> {
     let not_found = || {
         AppError::not_found(format!(
@@ -77,7 +92,7 @@ async fn picture(
         ))
     };
     let sku = Sku::parse(raw).map_err(|_| not_found())?;
-    let stored = images::find(&state.db, &sku, size)
+    let stored = images::find(&state.db, &sku, size, shown)
         .await?
         .ok_or_else(not_found)?;
     let fresh = req
@@ -89,8 +104,9 @@ async fn picture(
         true => HttpResponse::NotModified(),
         false => HttpResponse::Ok(),
     };
+    let cache = crate::http::assets::cache_control(req, images::version(&stored.etag));
     res.insert_header((header::ETAG, stored.etag))
-        .insert_header((header::CACHE_CONTROL, "public, max-age=3600"));
+        .insert_header((header::CACHE_CONTROL, cache));
     Ok(match fresh {
         true => res.finish(),
         false => res.content_type(stored.content_type).body(stored.bytes),
