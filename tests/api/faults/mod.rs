@@ -8,6 +8,7 @@ pub mod proxy;
 pub mod sale;
 
 mod idle;
+mod kill_lot;
 mod late;
 mod latency;
 mod process;

@@ -18,7 +18,7 @@ use crate::helpers::{
 
 /// Production-sized budgets, a little tighter so scenarios stay short: every request
 /// answers within two seconds.
-fn tight(s: Settings) -> Settings {
+pub(super) fn tight(s: Settings) -> Settings {
     Settings {
         request_budget: Duration::from_secs(2),
         // Twice production's, as tests share two cores with each other.
@@ -33,7 +33,7 @@ fn tight(s: Settings) -> Settings {
 }
 
 /// [`tight`] for a `stockade serve` process.
-fn tight_env() -> Vec<(&'static str, String)> {
+pub(super) fn tight_env() -> Vec<(&'static str, String)> {
     let s = tight(Settings::default());
     let ms = |d: Duration| d.as_millis().to_string();
     vec![
