@@ -467,7 +467,15 @@ async fn sweeping_ten_thousand_expired_holds_while_shoppers_keep_buying() {
 async fn confirmations_and_releases_racing_across_two_processes_settle_each_hold_once() {
     let app = spawn_app().await;
     app.add_product("RACE-60", "Sixty of them", 2_500, 60).await;
-    let extra = [("STOCKADE_REQUEST_BUDGET_MS", "30000".to_string())];
+    // Eighty requests at once on two processes whose pools are smaller: on a loaded
+    // machine some wait seconds for a connection or a row lock. That is shed with 503 in
+    // production; this test is about how the races settle, so it waits.
+    let extra = [
+        ("STOCKADE_REQUEST_BUDGET_MS", "30000".to_string()),
+        ("STOCKADE_DB_ACQUIRE_TIMEOUT_MS", "15000".to_string()),
+        ("STOCKADE_STATEMENT_TIMEOUT_MS", "10000".to_string()),
+        ("STOCKADE_TX_TIMEOUT_MS", "10000".to_string()),
+    ];
     let servers = [
         serve_app(&app, &extra, &[]).await,
         serve_app(&app, &extra, &[]).await,

@@ -28,10 +28,10 @@ async fn app_with_a_drop(strategy: OrderStrategy) -> TestApp {
     app
 }
 
-/// One fresh browser from `address` at `base`: a new cookie jar, the product page (for
-/// its CSRF cookie), one unit into the cart, and "Checkout". Returns where it went.
-async fn browser_checkout(base: &str, address: &str) -> (u16, String) {
-    let browser = client();
+/// One fresh browser (`browser`, a client with a new cookie jar) from `address` at `base`:
+/// the product page (for its CSRF cookie), one unit into the cart, and "Checkout".
+/// Returns where it went.
+async fn browser_checkout(browser: reqwest::Client, base: &str, address: &str) -> (u16, String) {
     let page = |path: &str| {
         browser
             .get(format!("{base}{path}"))
@@ -104,7 +104,19 @@ async fn a_bot_with_fifty_cookies_from_one_address_gets_one_unit_of_a_limited_dr
     let (one, two) = tokio::join!(serve_app(&app, &extra, &[]), serve_app(&app, &extra, &[]));
     let bases = [one.address.clone(), two.address.clone()];
 
-    let tries = join_all((0..50).map(|i| browser_checkout(&bases[i % 2], BOT))).await;
+    // The browsers are made before any connects: making one takes a while (its TLS roots),
+    // and made inside the concurrent checkouts they kept the test's one thread from
+    // sending the requests of connections already open, for longer than the server waits
+    // for a request's head (5 s; it then answers 408, which the client, not having sent
+    // its request yet, takes for an unexpected message).
+    let browsers: Vec<reqwest::Client> = (0..50).map(|_| client()).collect();
+    let tries = join_all(
+        browsers
+            .into_iter()
+            .enumerate()
+            .map(|(i, browser)| browser_checkout(browser, &bases[i % 2], BOT)),
+    )
+    .await;
     let held: Vec<&(u16, String)> = tries
         .iter()
         .filter(|(status, location)| *status == 303 && location.starts_with("/checkout/"))
@@ -136,7 +148,7 @@ async fn a_bot_with_fifty_cookies_from_one_address_gets_one_unit_of_a_limited_dr
     );
 
     // Another shopper still buys.
-    let (status, location) = browser_checkout(&bases[0], HONEST).await;
+    let (status, location) = browser_checkout(client(), &bases[0], HONEST).await;
     assert_eq!((status, &location[..10]), (303, "/checkout/"), "{location}");
     assert_eq!(taken(&app).await, 2);
     app.assert_invariants().await;
