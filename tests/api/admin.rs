@@ -320,9 +320,7 @@ fn cookie_value(res: &reqwest::Response, name: &str) -> Option<String> {
 #[tokio::test]
 async fn sessions_are_new_at_login_and_dead_after_logout() {
     let app = spawn_app().await;
-    stockade::admin::create_admin(&app.db, ADMIN_USER, ADMIN_PASSWORD)
-        .await
-        .unwrap();
+    app.create_admin().await;
     let first = app.login(ADMIN_USER, ADMIN_PASSWORD).await;
     let first_token = cookie_value(&first, "stockade_admin").expect("session cookie");
     let set_cookie = first.headers()["set-cookie"]
@@ -373,9 +371,7 @@ async fn unknown_users_and_wrong_passwords_get_the_same_answer_and_brute_force_g
     settings.login_max_failures = 3;
     settings.login_max_failures_per_client = 6;
     let app = spawn_app_with(settings).await;
-    stockade::admin::create_admin(&app.db, ADMIN_USER, ADMIN_PASSWORD)
-        .await
-        .unwrap();
+    app.create_admin().await;
     let unknown = app.login("nobody", "whatever-it-is").await;
     let (unknown_status, unknown_body) = (unknown.status().as_u16(), unknown.text().await.unwrap());
     let wrong = app.login(ADMIN_USER, "not the password").await;
@@ -662,9 +658,7 @@ async fn guesses_sent_all_at_once_are_throttled_like_guesses_in_a_row() {
     let mut settings = test_settings().await;
     settings.login_max_failures = 3;
     let app = spawn_app_with(settings).await;
-    stockade::admin::create_admin(&app.db, ADMIN_USER, ADMIN_PASSWORD)
-        .await
-        .unwrap();
+    app.create_admin().await;
     let answers = join_all((0..20).map(|i| {
         let app = &app;
         async move {

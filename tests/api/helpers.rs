@@ -265,12 +265,24 @@ impl TestApp {
         html[start..start + 64].to_string()
     }
 
-    /// Creates admin `ada` (once) and logs this client in; returns the session's CSRF token.
-    pub async fn login_admin(&self) -> String {
+    /// Creates the test admin ([`ADMIN_USER`]), unless it exists.
+    pub async fn create_admin(&self) {
         match stockade::admin::create_admin(&self.db, ADMIN_USER, ADMIN_PASSWORD).await {
             Ok(()) | Err(stockade::admin::AccountError::Exists(_)) => {}
             Err(e) => panic!("{e}"),
         }
+    }
+
+    /// Places a hold of `lines` under `key` through the API; the hold's JSON.
+    pub async fn place_hold(&self, key: &str, lines: &[(&str, i64)]) -> serde_json::Value {
+        let res = post_lines(&self.client, &self.url("/api/v1/holds"), key, lines).await;
+        assert_eq!(res.status().as_u16(), 201, "hold {key} placed");
+        res.json().await.unwrap()
+    }
+
+    /// Creates admin `ada` (once) and logs this client in; returns the session's CSRF token.
+    pub async fn login_admin(&self) -> String {
+        self.create_admin().await;
         let res = self.login(ADMIN_USER, ADMIN_PASSWORD).await;
         assert_eq!(res.status().as_u16(), 303, "login works");
         self.admin_csrf().await

@@ -131,9 +131,7 @@ async fn schemathesis_finds_no_server_error_and_no_response_off_the_contract() {
         .await
         .unwrap();
     // An admin session, so the admin API is fuzzed past its login.
-    stockade::admin::create_admin(&app.db, ADMIN_USER, ADMIN_PASSWORD)
-        .await
-        .unwrap();
+    app.create_admin().await;
     let admin_id = stockade::admin::authenticate(&app.db, ADMIN_USER, ADMIN_PASSWORD)
         .await
         .unwrap()
@@ -251,16 +249,7 @@ async fn schemathesis_finds_no_server_error_and_no_response_off_the_contract() {
 async fn confirming_a_hold_with_a_body_that_is_not_an_object_is_refused_and_changes_nothing() {
     let app = spawn_app().await;
     app.add_product("CONFIRM-1", "Confirmable", 1_000, 5).await;
-    let hold: serde_json::Value = client()
-        .post(app.url("/api/v1/holds"))
-        .header("Idempotency-Key", "hold-1")
-        .json(&serde_json::json!({"lines": [{"sku": "CONFIRM-1", "quantity": 2}]}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let hold = app.place_hold("hold-1", &[("CONFIRM-1", 2)]).await;
     let id = hold["id"].as_str().expect("the hold was placed");
     // serde reads `[email, name]` as the struct too; the API takes an object or nothing.
     for body in [

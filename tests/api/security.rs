@@ -15,9 +15,7 @@ async fn proxied_app(max: i64, per_client: i64, window: Duration) -> TestApp {
     settings.login_max_failures_per_client = per_client;
     settings.login_window = window;
     let app = spawn_app_with(settings).await;
-    stockade::admin::create_admin(&app.db, ADMIN_USER, ADMIN_PASSWORD)
-        .await
-        .unwrap();
+    app.create_admin().await;
     app
 }
 
@@ -135,9 +133,7 @@ async fn rotating_spoofed_forwarded_for_hops_do_not_escape_the_throttle() {
     let mut settings = test_settings().await;
     settings.login_max_failures = 2;
     let app = spawn_app_with(settings).await;
-    stockade::admin::create_admin(&app.db, ADMIN_USER, ADMIN_PASSWORD)
-        .await
-        .unwrap();
+    app.create_admin().await;
     let mut statuses = Vec::new();
     for i in 0..4 {
         let forwarded = format!("203.0.113.{i}");
@@ -608,9 +604,7 @@ async fn with_secure_cookies_every_cookie_is_secure_and_host_prefixed() {
     settings.secure_cookies = true;
     let app = spawn_app_with(settings).await;
     app.add_product("GOOD-1", "Good", 1_000, 50).await;
-    stockade::admin::create_admin(&app.db, ADMIN_USER, ADMIN_PASSWORD)
-        .await
-        .unwrap();
+    app.create_admin().await;
     // Cookies are handled by hand: a cookie store would not send Secure ones over http.
     let plain = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())

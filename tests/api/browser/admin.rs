@@ -9,13 +9,7 @@ use crate::helpers::{browser, spawn_app};
 async fn an_admin_restocks_the_drop_and_watches_the_dashboard_follow_an_order() {
     let app = spawn_app().await;
     app.seed_demo().await;
-    stockade::admin::create_admin(
-        &app.db,
-        crate::helpers::ADMIN_USER,
-        crate::helpers::ADMIN_PASSWORD,
-    )
-    .await
-    .unwrap();
+    app.create_admin().await;
     // The limited drop sells out (to one buyer: its one-per-customer limit lifted).
     sqlx::query!("update products set purchase_limit = null where sku = 'KB-DROP-ORCA'")
         .execute(&app.db)
@@ -172,13 +166,7 @@ async fn an_admin_watches_a_flash_sale_live_on_the_dashboard() {
     }
     let app = spawn_app().await;
     app.seed_demo().await;
-    stockade::admin::create_admin(
-        &app.db,
-        crate::helpers::ADMIN_USER,
-        crate::helpers::ADMIN_PASSWORD,
-    )
-    .await
-    .unwrap();
+    app.create_admin().await;
     let b = browser().await;
     b.goto(&app.url("/admin")).await.unwrap();
     log_in(&b).await;
@@ -310,13 +298,7 @@ async fn an_admin_restock_refreshed_resubmitted_and_double_clicked_adds_once_per
     let app = spawn_app().await;
     app.add_product("FORM-1", "Restocked by hand", 1_000, 65)
         .await;
-    stockade::admin::create_admin(
-        &app.db,
-        crate::helpers::ADMIN_USER,
-        crate::helpers::ADMIN_PASSWORD,
-    )
-    .await
-    .unwrap();
+    app.create_admin().await;
     let restocks = "select count(*) from stock_movements where reason = 'restock'";
     let b = browser().await;
     b.goto(&app.url("/admin/products/FORM-1")).await.unwrap();

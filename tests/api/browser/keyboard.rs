@@ -231,17 +231,7 @@ async fn watched_checkout(
     settings.hold_ttl = ttl;
     let app = spawn_app_with(settings).await;
     app.add_product("KB-CLOCK", "Desk Clock", 4_000, 2).await;
-    let hold: serde_json::Value = app
-        .client
-        .post(app.url("/api/v1/holds"))
-        .header("Idempotency-Key", "clock-hold")
-        .json(&serde_json::json!({"lines": [{"sku": "KB-CLOCK", "quantity": 1}]}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let hold = app.place_hold("clock-hold", &[("KB-CLOCK", 1)]).await;
     let b = browser().await;
     b.goto(&app.url(&format!("/checkout/{}", hold["id"].as_str().unwrap())))
         .await

@@ -109,13 +109,7 @@ async fn every_page_fits_a_phone_and_a_desktop() {
 /// The demo catalogue, an admin, an order of two products and a hold of two.
 async fn shop_with_an_order_and_a_hold(app: &TestApp) -> (String, String) {
     app.seed_demo().await;
-    stockade::admin::create_admin(
-        &app.db,
-        crate::helpers::ADMIN_USER,
-        crate::helpers::ADMIN_PASSWORD,
-    )
-    .await
-    .unwrap();
+    app.create_admin().await;
     let order: serde_json::Value = app
         .post_order("fit-order", &[("CB-BRAID-2M", 1), ("MS-DRIFT-WL", 2)])
         .await
@@ -123,19 +117,8 @@ async fn shop_with_an_order_and_a_hold(app: &TestApp) -> (String, String) {
         .await
         .unwrap();
     let hold: serde_json::Value = app
-        .client
-        .post(app.url("/api/v1/holds"))
-        .header("Idempotency-Key", "fit-hold")
-        .json(
-            &serde_json::json!({"lines": [{"sku": "LT-ARC-LAMP", "quantity": 1},
-                                            {"sku": "CF-BEANS-ETH", "quantity": 3}]}),
-        )
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .place_hold("fit-hold", &[("LT-ARC-LAMP", 1), ("CF-BEANS-ETH", 3)])
+        .await;
     (
         order["id"].as_str().unwrap().to_string(),
         hold["id"].as_str().unwrap().to_string(),

@@ -15,13 +15,7 @@ async fn product_names_that_look_like_markup_show_as_text_everywhere() {
     for (sku, name) in names {
         app.add_product(sku, name, 1_000, 3).await;
     }
-    stockade::admin::create_admin(
-        &app.db,
-        crate::helpers::ADMIN_USER,
-        crate::helpers::ADMIN_PASSWORD,
-    )
-    .await
-    .unwrap();
+    app.create_admin().await;
     assert_eq!(
         app.post_order("x", &[("XSS-1", 1), ("XSS-2", 1)])
             .await
