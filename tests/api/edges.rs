@@ -251,15 +251,7 @@ async fn a_confirmation_body_that_is_not_json_is_415_and_confirms_nothing() {
 async fn a_missing_field_is_422_and_malformed_json_400_in_the_admin_api() {
     let app = app_with_product().await;
     let csrf = app.login_admin().await;
-    let restock = |body: &'static str| {
-        app.client
-            .post(app.url("/api/v1/admin/stock/EDGE-1/restock"))
-            .header("Content-Type", "application/json")
-            .header("X-CSRF-Token", csrf.clone())
-            .header("Idempotency-Key", uuid::Uuid::new_v4().to_string())
-            .body(body)
-            .send()
-    };
+    let restock = |body: &'static str| admin_restock(&app, &csrf, body);
     let res = restock(r#"{"units": 5}"#).await.unwrap();
     assert_eq!(res.status().as_u16(), 422);
     assert_eq!(
@@ -496,15 +488,7 @@ async fn a_whole_valued_number_counts_as_the_integer_it_is_and_a_fraction_is_ref
 
     // The admin's numbers read the same way.
     let csrf = app.login_admin().await;
-    let restock = |body: &'static str| {
-        app.client
-            .post(app.url("/api/v1/admin/stock/EDGE-1/restock"))
-            .header("Content-Type", "application/json")
-            .header("X-CSRF-Token", csrf.clone())
-            .header("Idempotency-Key", uuid::Uuid::new_v4().to_string())
-            .body(body)
-            .send()
-    };
+    let restock = |body: &'static str| admin_restock(&app, &csrf, body);
     let res = restock(r#"{"units": 5.0, "reason": "count"}"#)
         .await
         .unwrap();
@@ -516,4 +500,19 @@ async fn a_whole_valued_number_counts_as_the_integer_it_is_and_a_fraction_is_ref
     let said = detail(res).await;
     assert!(!said.contains("f64") && !said.contains("i64"), "{said}");
     assert_eq!(app.stock(SKU).await, (103, 1));
+}
+
+/// POSTs `body` as a JSON restock of EDGE-1 through the admin API, with a fresh key.
+fn admin_restock(
+    app: &TestApp,
+    csrf: &str,
+    body: &'static str,
+) -> impl Future<Output = reqwest::Result<reqwest::Response>> {
+    app.client
+        .post(app.url("/api/v1/admin/stock/EDGE-1/restock"))
+        .header("Content-Type", "application/json")
+        .header("X-CSRF-Token", csrf)
+        .header("Idempotency-Key", uuid::Uuid::new_v4().to_string())
+        .body(body)
+        .send()
 }

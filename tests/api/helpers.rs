@@ -387,6 +387,23 @@ impl TestApp {
             .unwrap()
     }
 
+    /// Waits until no lease is held under this app's prefix; panics, naming them, if some
+    /// still are after `within` (a release may come just after an answer).
+    pub async fn wait_for_no_leases(&self, within: Duration) {
+        let since = std::time::Instant::now();
+        loop {
+            let left = self.leftover_leases().await;
+            if left.is_empty() {
+                return;
+            }
+            assert!(
+                since.elapsed() < within,
+                "leases still held after {within:?}: {left:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// The app's `/metrics`, read with the test token.
     pub async fn metrics(&self) -> String {
         let res = self

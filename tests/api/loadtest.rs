@@ -308,14 +308,8 @@ async fn the_checker_names_each_kind_of_violation() {
     // after its answer).
     let placed = app.post_order("fine", &[("CHK-1", 1)]).await;
     let placed: serde_json::Value = placed.json().await.unwrap();
-    let released_by = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !app.leftover_leases().await.is_empty() {
-        assert!(
-            std::time::Instant::now() < released_by,
-            "the order's lease is still held 10 s after its answer"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    app.wait_for_no_leases(std::time::Duration::from_secs(10))
+        .await;
     let order_id = placed["id"].as_str().unwrap().to_string();
     let good_log = vec![entry(
         "order",

@@ -104,15 +104,7 @@ async fn orders_are_answered_soon_after_redis_comes_back(strategy: OrderStrategy
          {longest_gap:?} (a lease TTL is {LEASE_TTL:?})"
     );
     // Whatever the lease calls that Redis ran late did, nothing was left held.
-    let since = Instant::now();
-    while !app.leftover_leases().await.is_empty() {
-        assert!(
-            since.elapsed() < Duration::from_secs(2),
-            "leases left: {:?}",
-            app.leftover_leases().await
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    app.wait_for_no_leases(Duration::from_secs(2)).await;
     app.assert_invariants().await;
 }
 
