@@ -39,8 +39,8 @@ pub enum Work {
         paths: Arc<Vec<String>>,
         next: Arc<std::sync::atomic::AtomicUsize>,
     },
-    /// GET this path.
-    Page { path: String },
+    /// GET one of these paths, picked at random per request.
+    Page { paths: Arc<Vec<String>> },
 }
 
 /// Where and what to send.
@@ -124,7 +124,7 @@ fn url_for(load: &Load, base: &str) -> reqwest::Url {
         Work::Order { path, .. } => *path,
         Work::Confirm { .. } => "/",
         Work::Cart { .. } => "/api/v1/orders",
-        Work::Page { path } => path.as_str(),
+        Work::Page { .. } => "/",
     };
     reqwest::Url::parse(&format!("{base}{path}")).expect("bench targets are valid URLs")
 }
@@ -231,7 +231,10 @@ impl Connection {
                     .method(Method::POST);
                 self.authorised(builder).body(Full::default())
             }
-            Work::Page { .. } => builder.method(Method::GET).body(Full::default()),
+            Work::Page { paths } => builder
+                .uri(paths[rng.random_range(0..paths.len())].as_str())
+                .method(Method::GET)
+                .body(Full::default()),
         };
         request.expect("bench requests are well formed")
     }

@@ -12,9 +12,10 @@
 //! for it: the checkout button), `confirm` (confirmations of holds placed beforehand:
 //! "Place order"), `cart`, `storefront` (shoppers through the shop's pages and forms,
 //! product page to "Place order": `storefront.rs`), `uniform` (orders spread over many
-//! SKUs), `sold-out` (every answer is 409), `product-page` (GET /products/{sku}) and
-//! `refused` (orders refused before any database or Redis work: the app's own ceiling for
-//! an order request, the limit no strategy can pass on this machine).
+//! SKUs), `sold-out` (every answer is 409), `product-page` (GET /products/{sku} of a random
+//! SKU, with the page cache off) and `refused` (orders refused before any database or
+//! Redis work: the app's own ceiling for an order request, the limit no strategy can pass
+//! on this machine).
 //!
 //! The files: `args.rs` the options and the plan (`default` resolved to the build's
 //! strategy), `workload.rs` what each workload sends and seeds, `load.rs` the request
@@ -322,6 +323,11 @@ impl Bench<'_> {
                 "STOCKADE_HOLD_MAX_PER_SKU_PER_ADDRESS",
                 "1000000".to_string(),
             ));
+        }
+        if workload == Workload::ProductPage {
+            // The page's cost when it misses the cache, which is what a drop's first
+            // visitors and a crawler's random pages meet.
+            env.push(("STOCKADE_PAGE_CACHE_MS", "0".to_string()));
         }
         env.extend(plan.settings.iter().map(|(k, v)| (k.as_str(), v.clone())));
         let commits_before = commit_count(admin, &name).await?;

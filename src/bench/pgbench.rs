@@ -174,10 +174,13 @@ values ('api', 'pgbench-' || :client_id::text || '-' || :k::text, 'pgbench', 'co
     on conflict (scope, key) do nothing;
 "#;
 
-/// The product page's one query (`catalog::db::find_product`).
-const PRODUCT_PAGE: &str = r#"-- The product page's query.
-select p.sku, p.name, p.description, p.price_cents, coalesce(s.on_hand - s.reserved, 0) as available
+/// The product page's one query (`catalog::db::find_product`), of a random product.
+const PRODUCT_PAGE: &str = r#"-- The product page's query, of a SKU picked at random.
+\set n random(1, {skus})
+select p.sku, p.name, p.description, p.price_cents, p.purchase_limit, p.category,
+       i.image_etag, coalesce(s.on_hand - s.reserved, 0) as available
   from products p left join stock s on s.sku = p.sku
+  left join product_images i on i.sku = p.sku
  where p.active and p.sku = {sku};
 "#;
 
@@ -215,7 +218,9 @@ pub fn script(workload: Workload, skus: usize) -> Option<(String, String)> {
         ),
         Workload::ProductPage => (
             "product-page",
-            PRODUCT_PAGE.replace("{sku}", &quoted(super::HOT_SKU)),
+            PRODUCT_PAGE
+                .replace("{skus}", &skus.to_string())
+                .replace("{sku}", super::UNIFORM_SKU_SQL),
         ),
         // The storefront's requests are pages around a hold and a confirmation, which
         // `hold-hot-sku` and `confirm` measure; the refused ones do no SQL at all.
@@ -418,5 +423,14 @@ mod tests {
                 assert!(!text.contains(placeholder), "{placeholder} left in {text}");
             }
         }
+    }
+
+    #[test]
+    fn the_product_page_script_reads_a_random_product_through_the_pages_joins() {
+        let (_, text) = script(Workload::ProductPage, 10_000).expect("pages have a script");
+        assert!(text.contains(r"\set n random(1, 10000)"), "{text}");
+        assert!(text.contains("left join product_images"), "{text}");
+        assert!(text.contains(crate::bench::UNIFORM_SKU_SQL), "{text}");
+        assert!(!text.contains('{'), "a placeholder left in {text}");
     }
 }

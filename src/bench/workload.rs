@@ -32,7 +32,8 @@ pub enum Workload {
     Storefront,
     /// Orders for a SKU with no stock: every answer is 409.
     SoldOut,
-    /// GET /products/{sku}, the HTML page.
+    /// GET /products/{sku}, the HTML page, of a SKU picked uniformly from `--skus`, from a
+    /// server whose page cache is off: every page is a cold read.
     ProductPage,
     /// Orders of quantity 0, refused (422) before any database or Redis work: HTTP, the API
     /// key, JSON and validation alone.
@@ -111,7 +112,11 @@ impl Workload {
                 quantity: 0,
             },
             Self::ProductPage => Work::Page {
-                path: format!("/products/{HOT_SKU}"),
+                paths: Arc::new(
+                    (1..=skus)
+                        .map(|n| format!("/products/{}", uniform_sku(n)))
+                        .collect(),
+                ),
             },
             Self::Storefront => return None,
         };
@@ -180,9 +185,10 @@ pub(super) async fn seed(
         | Workload::HoldHot
         | Workload::Confirm
         | Workload::Storefront
-        | Workload::ProductPage
         | Workload::Refused => (vec![HOT_SKU.into()], HOT_STOCK),
-        Workload::Uniform => ((1..=skus).map(uniform_sku).collect(), UNIFORM_STOCK),
+        Workload::Uniform | Workload::ProductPage => {
+            ((1..=skus).map(uniform_sku).collect(), UNIFORM_STOCK)
+        }
         Workload::Cart => {
             let mut names: Vec<String> = (1..=skus).map(uniform_sku).collect();
             names.push(HOT_SKU.into());
