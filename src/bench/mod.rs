@@ -311,24 +311,7 @@ impl Bench<'_> {
             ("STOCKADE_ORDER_STRATEGY", strategy.name.clone()),
             ("STOCKADE_LOG", "error".to_string()),
         ];
-        if workload == Workload::Storefront {
-            // Checkout forms have no API client: they count against their address's
-            // bucket, and every shopper here comes from 127.0.0.1. The API workloads'
-            // client is unlimited; these are the shop's highest limits.
-            env.push(("STOCKADE_RATE_LIMIT_PER_MINUTE", "1000000".to_string()));
-            env.push(("STOCKADE_RATE_LIMIT_BURST", "1000000".to_string()));
-            // Likewise the live holds one address may keep of a product: every shopper
-            // holds the hot SKU from 127.0.0.1 (each shopper's own cap stays).
-            env.push((
-                "STOCKADE_HOLD_MAX_PER_SKU_PER_ADDRESS",
-                "1000000".to_string(),
-            ));
-        }
-        if workload == Workload::ProductPage {
-            // The page's cost when it misses the cache, which is what a drop's first
-            // visitors and a crawler's random pages meet.
-            env.push(("STOCKADE_PAGE_CACHE_MS", "0".to_string()));
-        }
+        env.extend(workload.server_settings());
         env.extend(plan.settings.iter().map(|(k, v)| (k.as_str(), v.clone())));
         let commits_before = commit_count(admin, &name).await?;
         let statements_before = if statements {

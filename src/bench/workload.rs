@@ -123,6 +123,27 @@ impl Workload {
         Some(work)
     }
 
+    /// The settings this workload's servers get beyond the bench's own.
+    pub fn server_settings(self) -> Vec<(&'static str, String)> {
+        let setting = |name, value: &str| (name, value.to_string());
+        match self {
+            // Checkout forms have no API client: they count against their address's
+            // bucket, and every shopper here comes from 127.0.0.1. The API workloads'
+            // client is unlimited; these are the shop's highest limits. Likewise the live
+            // holds one address may keep of a product: every shopper holds the hot SKU
+            // from 127.0.0.1 (each shopper's own cap stays).
+            Self::Storefront => vec![
+                setting("STOCKADE_RATE_LIMIT_PER_MINUTE", "1000000"),
+                setting("STOCKADE_RATE_LIMIT_BURST", "1000000"),
+                setting("STOCKADE_HOLD_MAX_PER_SKU_PER_ADDRESS", "1000000"),
+            ],
+            // The page's cost when it misses the cache, which is what a drop's first
+            // visitors and a crawler's random pages meet.
+            Self::ProductPage => vec![setting("STOCKADE_PAGE_CACHE_MS", "0")],
+            _ => Vec::new(),
+        }
+    }
+
     /// The status every answer should have (the storefront's: that of "Place order", a
     /// 303 to the order's page, which completes a checkout).
     pub fn expected_status(self) -> u16 {
