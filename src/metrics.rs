@@ -22,6 +22,10 @@ pub struct Metrics {
     pub stale_fences: IntCounter,
     /// 1 while Redis is unreachable and orders run on the database guard alone.
     pub degraded: IntGauge,
+    /// The primary pool's connections, open or opening, and how many of them are idle
+    /// (read when `/metrics` is served).
+    pub db_pool_connections: IntGauge,
+    pub db_pool_idle: IntGauge,
     /// Orders applied per `batched` transaction.
     pub batch_size: Histogram,
     /// Orders and holds refused by the rate limit (429), by the limiter that refused them
@@ -75,6 +79,16 @@ impl Metrics {
             "1 while Redis is unreachable and orders use the database guard alone",
         )
         .expect("valid metric");
+        let db_pool_connections = IntGauge::new(
+            "db_pool_connections",
+            "Connections of the primary database pool, open or opening",
+        )
+        .expect("valid metric");
+        let db_pool_idle = IntGauge::new(
+            "db_pool_idle",
+            "Idle connections of the primary database pool",
+        )
+        .expect("valid metric");
         let batch_size = Histogram::with_opts(
             HistogramOpts::new("batch_size", "Orders applied per batched transaction")
                 .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]),
@@ -123,6 +137,8 @@ impl Metrics {
             Box::new(idempotent_replays.clone()),
             Box::new(stale_fences.clone()),
             Box::new(degraded.clone()),
+            Box::new(db_pool_connections.clone()),
+            Box::new(db_pool_idle.clone()),
             Box::new(batch_size.clone()),
             Box::new(rate_limited.clone()),
             Box::new(events_pending.clone()),
@@ -140,6 +156,8 @@ impl Metrics {
             idempotent_replays,
             stale_fences,
             degraded,
+            db_pool_connections,
+            db_pool_idle,
             batch_size,
             rate_limited,
             events_pending,

@@ -1,5 +1,13 @@
 //! PostgreSQL's answers that callers at every layer ask about: which failures a retry may
-//! not meet. Below the domain modules, so that they and [`crate::error`] can both ask.
+//! not meet. Below the domain modules, so that they and [`crate::error`] can both ask. Also whether
+//! the database's network is suspect: a call was cut off by its time limit lately.
+
+use std::future::Future;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::time::error::Elapsed;
 
 /// Database failures that load or a passing fault causes, and a retry may not meet: no
 /// free connection, a timeout, a lock or serialisation conflict, the server out of reach.
@@ -33,5 +41,48 @@ pub fn is_unreachable(e: &sqlx::Error) -> bool {
             Some("57P01" | "57P02" | "57P03" | "08000" | "08001" | "08003" | "08004" | "08006")
         ),
         _ => false,
+    }
+}
+
+/// Until when (milliseconds on [`clock`]) a released connection is pinged with a time
+/// limit before it goes back to the pool; 0: not suspect.
+static SUSPECT_UNTIL_MS: AtomicU64 = AtomicU64::new(0);
+
+/// The most a background round (event dispatch, the hold sweeper, the purges) may take
+/// before it is given up and run again next time: far above what one takes, it only
+/// bounds a round stuck on a network that stopped answering.
+pub const ROUND_LIMIT: Duration = Duration::from_secs(30);
+
+/// How long after a database call was cut off released connections stay suspect.
+pub const SUSPECT_FOR: Duration = Duration::from_secs(10);
+
+fn clock() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
+}
+
+/// Marks the database's network suspect for [`SUSPECT_FOR`]: a call was cut off, so the
+/// connection it held may sit behind a network that stopped answering. (Process-wide: a
+/// false alarm costs only a few pings.)
+pub fn mark_suspect() {
+    SUSPECT_UNTIL_MS.fetch_max(clock() + SUSPECT_FOR.as_millis() as u64, Ordering::Relaxed);
+}
+
+/// Whether a call was cut off (or a ping went unanswered) within [`SUSPECT_FOR`].
+pub fn suspect() -> bool {
+    SUSPECT_UNTIL_MS.load(Ordering::Relaxed) > clock()
+}
+
+/// `tokio::time::timeout` for work that may hold a database connection: when the time is
+/// up the network is marked suspect *before* the work, and the connection with it, is
+/// dropped, so the connection's release already pings it with a time limit.
+pub async fn cut_off<F: Future>(limit: Duration, work: F) -> Result<F::Output, Elapsed> {
+    let mut work = std::pin::pin!(work);
+    match tokio::time::timeout(limit, &mut work).await {
+        Ok(out) => Ok(out),
+        Err(elapsed) => {
+            mark_suspect();
+            Err(elapsed)
+        }
     }
 }

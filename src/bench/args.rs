@@ -15,7 +15,7 @@ pub struct BenchArgs {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "hot-sku,hold-hot,confirm,cart,storefront,uniform,sold-out,product-page,refused"
+        default_value = "hot-sku,hold-hot,confirm,cart,storefront,uniform,sold-out,product-page,search,refused"
     )]
     pub workloads: Vec<Workload>,
     /// Order strategies to compare (the product page runs once, under the first);
@@ -243,7 +243,7 @@ mod tests {
             (plan.duration_s, plan.connections, plan.skus),
             (15, 64, 10_000)
         );
-        assert_eq!(plan.workloads.len(), 9);
+        assert_eq!(plan.workloads.len(), 10);
         let labels: Vec<String> = plan.strategies.iter().map(Strategy::label).collect();
         assert_eq!(labels, ["redis-lock", "pg-atomic", "default (batched)"]);
     }

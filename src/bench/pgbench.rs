@@ -184,6 +184,25 @@ select p.sku, p.name, p.description, p.price_cents, p.purchase_limit, p.category
  where p.active and p.sku = {sku};
 "#;
 
+const SEARCH: &str = r#"-- The catalogue page searched for a word picked at random: its
+-- listing by best match, the categories, and the matches in each.
+\set w random(1, {words})
+select p.sku, p.name, p.description, p.price_cents, p.purchase_limit, p.category,
+       i.image_etag as image, coalesce(s.on_hand - s.reserved, 0) as available,
+       count(*) over () as total
+  from products p left join stock s on s.sku = p.sku
+  left join product_images i on i.sku = p.sku
+ where p.active and p.search @@ to_tsquery('english', {word})
+ order by ts_rank(p.search, to_tsquery('english', {word})) desc, p.name, p.sku
+ limit 24 offset 0;
+select category, count(*) as products from products
+ where active and category is not null
+ group by category order by category;
+select category, count(*) as products from products
+ where active and category is not null and search @@ to_tsquery('english', {word})
+ group by category;
+"#;
+
 /// The pgbench script for `workload`, its name, and what it contains; none for `refused`,
 /// whose requests touch no database.
 pub fn script(workload: Workload, skus: usize) -> Option<(String, String)> {
@@ -221,6 +240,12 @@ pub fn script(workload: Workload, skus: usize) -> Option<(String, String)> {
             PRODUCT_PAGE
                 .replace("{skus}", &skus.to_string())
                 .replace("{sku}", super::UNIFORM_SKU_SQL),
+        ),
+        Workload::Search => (
+            "search",
+            SEARCH
+                .replace("{words}", &super::SEARCH_WORDS.to_string())
+                .replace("{word}", super::SEARCH_WORD_SQL),
         ),
         // The storefront's requests are pages around a hold and a confirmation, which
         // `hold-hot-sku` and `confirm` measure; the refused ones do no SQL at all.
@@ -431,6 +456,19 @@ mod tests {
         assert!(text.contains(r"\set n random(1, 10000)"), "{text}");
         assert!(text.contains("left join product_images"), "{text}");
         assert!(text.contains(crate::bench::UNIFORM_SKU_SQL), "{text}");
+        assert!(!text.contains('{'), "a placeholder left in {text}");
+    }
+
+    #[test]
+    fn the_search_script_reads_the_listing_and_both_category_counts_of_a_random_word() {
+        let (_, text) = script(Workload::Search, 10_000).expect("searches have a script");
+        assert!(text.contains(r"\set w random(1, 100)"), "{text}");
+        assert_eq!(text.matches("select ").count(), 3, "{text}");
+        assert_eq!(
+            text.matches(crate::bench::SEARCH_WORD_SQL).count(),
+            3,
+            "{text}"
+        );
         assert!(!text.contains('{'), "a placeholder left in {text}");
     }
 }

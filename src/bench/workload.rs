@@ -35,6 +35,10 @@ pub enum Workload {
     /// GET /products/{sku}, the HTML page, of a SKU picked uniformly from `--skus`, from a
     /// server whose page cache is off: every page is a cold read.
     ProductPage,
+    /// GET /?q=WORD, the catalogue page searched for one of [`SEARCH_WORDS`] words (each
+    /// in the descriptions of a hundredth of `--skus`), from a server whose page cache is
+    /// off: every page is a cold read of the listing and its category counts.
+    Search,
     /// Orders of quantity 0, refused (422) before any database or Redis work: HTTP, the API
     /// key, JSON and validation alone.
     Refused,
@@ -51,6 +55,7 @@ impl Workload {
             Self::Storefront => "storefront",
             Self::SoldOut => "sold-out",
             Self::ProductPage => "product-page",
+            Self::Search => "search",
             Self::Refused => "refused",
         }
     }
@@ -118,6 +123,13 @@ impl Workload {
                         .collect(),
                 ),
             },
+            Self::Search => Work::Page {
+                paths: Arc::new(
+                    (1..=SEARCH_WORDS)
+                        .map(|n| format!("/?q={}", search_word(n)))
+                        .collect(),
+                ),
+            },
             Self::Storefront => return None,
         };
         Some(work)
@@ -139,7 +151,7 @@ impl Workload {
             ],
             // The page's cost when it misses the cache, which is what a drop's first
             // visitors and a crawler's random pages meet.
-            Self::ProductPage => vec![setting("STOCKADE_PAGE_CACHE_MS", "0")],
+            Self::ProductPage | Self::Search => vec![setting("STOCKADE_PAGE_CACHE_MS", "0")],
             _ => Vec::new(),
         }
     }
@@ -151,7 +163,7 @@ impl Workload {
             Self::Storefront => 303,
             Self::HotSku | Self::HoldHot | Self::Confirm | Self::Uniform | Self::Cart => 201,
             Self::SoldOut => 409,
-            Self::ProductPage => 200,
+            Self::ProductPage | Self::Search => 200,
             Self::Refused => 422,
         }
     }
@@ -187,6 +199,18 @@ pub const UNIFORM_STOCK: i32 = 1_000_000;
 /// The uniform SKUs' names in SQL, from pgbench's `:n` (see [`uniform_sku`]).
 pub const UNIFORM_SKU_SQL: &str = "('BENCH-' || lpad(:n::text, 5, '0'))";
 
+/// How many words the `search` workload searches for, each in the description of one in
+/// `SEARCH_WORDS` products.
+pub const SEARCH_WORDS: usize = 100;
+/// The search words in SQL, from pgbench's `:w` (see [`search_word`]), as the prefix
+/// tsquery the page asks for.
+pub const SEARCH_WORD_SQL: &str = "('tag' || lpad(:w::text, 3, '0') || ':*')";
+
+/// The `n`th search word (1-based): `tag001` to `tag100`.
+pub fn search_word(n: usize) -> String {
+    format!("tag{n:03}")
+}
+
 /// The `n`th uniform SKU (1-based).
 pub fn uniform_sku(n: usize) -> String {
     format!("BENCH-{n:05}")
@@ -207,7 +231,7 @@ pub(super) async fn seed(
         | Workload::Confirm
         | Workload::Storefront
         | Workload::Refused => (vec![HOT_SKU.into()], HOT_STOCK),
-        Workload::Uniform | Workload::ProductPage => {
+        Workload::Uniform | Workload::ProductPage | Workload::Search => {
             ((1..=skus).map(uniform_sku).collect(), UNIFORM_STOCK)
         }
         Workload::Cart => {
@@ -243,6 +267,17 @@ pub(super) async fn seed(
     .await?;
     if workload == Workload::Confirm {
         seed_holds(&mut tx, holds).await?;
+    }
+    if workload == Workload::Search {
+        // The search words of `search_word` and `SEARCH_WORD_SQL`, and ten categories.
+        sqlx::query!(
+            r#"update products
+                  set description = 'Bench item tagged tag'
+                          || lpad((substr(sku, 7)::int % 100 + 1)::text, 3, '0'),
+                      category = 'Shelf ' || (substr(sku, 7)::int % 10)"#,
+        )
+        .execute(&mut *tx)
+        .await?;
     }
     tx.commit().await?;
     Ok(())
@@ -303,5 +338,15 @@ mod tests {
         assert_eq!(uniform_sku(7), "BENCH-00007");
         assert!(UNIFORM_SKU_SQL.contains("lpad(:n::text, 5, '0')"));
         assert!(crate::catalog::Sku::parse(&uniform_sku(99_999)).is_ok());
+    }
+
+    #[test]
+    fn search_words_in_rust_and_in_pgbench_sql_agree() {
+        assert_eq!(search_word(7), "tag007");
+        assert_eq!(
+            crate::catalog::browse::prefix_tsquery(&search_word(7)).as_deref(),
+            Some("tag007:*")
+        );
+        assert!(SEARCH_WORD_SQL.contains("'tag' || lpad(:w::text, 3, '0') || ':*'"));
     }
 }

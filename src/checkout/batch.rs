@@ -362,7 +362,7 @@ impl Batcher {
             self.metrics.batch_size.observe(now.len() as f64);
             let fence = lease.as_ref().map(|l| l.fence);
             let jobs: Vec<&Job> = now.iter().map(|q| &q.job).collect();
-            let work = tokio::time::timeout(
+            let work = crate::pg::cut_off(
                 s.tx_timeout,
                 transact(
                     &self.db,

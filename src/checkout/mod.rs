@@ -215,3 +215,11 @@ pub async fn place_hold(
 pub fn stale_after(s: &Settings) -> Duration {
     s.request_budget + s.fault_pause_after_lease + Duration::from_secs(2)
 }
+
+/// The longest a request's work may go on, answered or not, before it is stopped
+/// ([`crate::http::detached`]): twice its budget, and never less than a lease wait and a
+/// transaction past it. By then its client was answered long ago, and what the work still
+/// waits for is a database behind a network that stopped answering.
+pub fn work_limit(s: &Settings) -> Duration {
+    (s.request_budget * 2).max(s.request_budget + s.lease_wait + s.tx_timeout)
+}

@@ -211,7 +211,7 @@ async fn place_keyed<K: Kind>(
             .while_held(
                 lease.as_ref(),
                 s.lease_ttl,
-                tokio::time::timeout(s.tx_timeout, work),
+                crate::pg::cut_off(s.tx_timeout, work),
             )
             .await;
         release(deps.redis, lease.as_ref()).await;

@@ -74,17 +74,24 @@ impl Dispatcher {
             let slots = Arc::new(Semaphore::new(SENDS_AT_ONCE));
             let mut gauges_at = Instant::now();
             loop {
-                let busy = match self.round(&slots).await {
-                    Ok(busy) => busy,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "event dispatch failed");
-                        false
-                    }
-                };
+                let busy =
+                    match crate::pg::cut_off(crate::pg::ROUND_LIMIT, self.round(&slots)).await {
+                        Ok(Ok(busy)) => busy,
+                        Ok(Err(e)) => {
+                            tracing::warn!(error = %e, "event dispatch failed");
+                            false
+                        }
+                        Err(_) => {
+                            tracing::warn!("event dispatch gave up on an unanswered database");
+                            false
+                        }
+                    };
                 if gauges_at.elapsed() >= self.settings.dispatch_interval {
                     gauges_at = Instant::now();
-                    if let Err(e) = self.refresh_gauges().await {
-                        tracing::warn!(error = %e, "reading the outbox's gauges failed");
+                    let refreshed =
+                        crate::pg::cut_off(crate::pg::ROUND_LIMIT, self.refresh_gauges());
+                    if !matches!(refreshed.await, Ok(Ok(()))) {
+                        tracing::warn!("reading the outbox's gauges failed");
                     }
                 }
                 if !busy {

@@ -29,8 +29,7 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
 pub async fn get_readyz(state: web::Data<AppState>) -> HttpResponse {
     let postgres = async {
-        match tokio::time::timeout(CHECK_TIMEOUT, sqlx::query("select 1").execute(&state.db)).await
-        {
+        match crate::pg::cut_off(CHECK_TIMEOUT, sqlx::query("select 1").execute(&state.db)).await {
             Ok(Ok(_)) => "ok".to_string(),
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "readiness: PostgreSQL unreachable");
@@ -98,6 +97,11 @@ pub async fn get_metrics(
         .metrics
         .degraded
         .set(i64::from(state.redis.is_degraded()));
+    state
+        .metrics
+        .db_pool_connections
+        .set(i64::from(state.db.size()));
+    state.metrics.db_pool_idle.set(state.db.num_idle() as i64);
     Ok(HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(state.metrics.render()))

@@ -95,7 +95,7 @@ pub async fn around_request(
     // Handler errors arrive as responses carrying the error; only a failing inner
     // middleware returns `Err`, and there is none.
     let res = match (budget, cut_off) {
-        (Some(budget), Some(cut_off)) => match tokio::time::timeout(budget, call).await {
+        (Some(budget), Some(cut_off)) => match crate::pg::cut_off(budget, call).await {
             Ok(res) => res?.map_into_boxed_body(),
             Err(_) => {
                 span.in_scope(|| {

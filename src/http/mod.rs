@@ -18,6 +18,7 @@ pub mod params;
 pub mod shop;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 pub use client::{asked_for, client_addr};
 
@@ -185,14 +186,25 @@ pub fn is_api(path: &str) -> bool {
 /// its idempotency key and leases) even when the client goes away and the handler is
 /// dropped. The work is boxed before it is spawned: the handler's own future then holds
 /// a pointer, not the whole order flow, and stays cheap to move.
+///
+/// It is stopped after [`crate::checkout::work_limit`] (`limit`): what it still waits for
+/// then is a database behind a network that stopped answering, whose connection would
+/// otherwise stay out of the pool until TCP gave up. Stopped there, it is a request
+/// whose process died at that point, which keys and leases are built to survive (see
+/// the checkout module).
 pub fn detached<T: 'static>(
+    limit: Duration,
     work: impl Future<Output = T> + 'static,
 ) -> impl Future<Output = Result<T, crate::error::AppError>> {
-    let task = actix_web::rt::spawn(Box::pin(work));
+    let task = actix_web::rt::spawn(crate::pg::cut_off(limit, Box::pin(work)));
     async move {
-        task.await.map_err(|e| {
-            crate::error::AppError::Internal(anyhow::anyhow!("request task failed: {e}"))
-        })
+        match task.await {
+            Ok(Ok(done)) => Ok(done),
+            Ok(Err(_)) => Err(crate::error::AppError::over_budget()),
+            Err(e) => Err(crate::error::AppError::Internal(anyhow::anyhow!(
+                "request task failed: {e}"
+            ))),
+        }
     }
 }
 

@@ -53,7 +53,11 @@ where
         wait,
     };
     let db = state.db.clone();
-    match detached(async move { idempotency::run(&db, request, change).await }).await? {
+    match detached(crate::checkout::work_limit(&state.settings), async move {
+        idempotency::run(&db, request, change).await
+    })
+    .await?
+    {
         Ok(once) => Ok(once),
         Err(RunError::TakenOver) => Err(AppError::conflict(
             "This request was taken over by a retry.",

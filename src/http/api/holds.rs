@@ -143,7 +143,7 @@ pub async fn post_hold_confirm(
     let details = OrderRequest::check_contact(body.email.as_deref(), body.name.as_deref())?;
     let answer_by = answer_by(&req, state.settings.request_budget);
     let shared = state.clone().into_inner();
-    let confirmed = detached(async move {
+    let confirmed = detached(crate::checkout::work_limit(&state.settings), async move {
         (shared.confirm_hold(id, Some(&owner), details.name(), details.email(), answer_by)).await
     })
     .await?;
@@ -185,7 +185,9 @@ pub async fn delete_hold(
 ) -> Result<HttpResponse, AppError> {
     let id = own_hold(&req, &state, &path).await?;
     let state = state.into_inner();
-    detached(async move { holds::release(&state.db, Some(&state.redis), id, "api").await })
-        .await??;
+    detached(crate::checkout::work_limit(&state.settings), async move {
+        holds::release(&state.db, Some(&state.redis), id, "api").await
+    })
+    .await??;
     Ok(HttpResponse::NoContent().finish())
 }

@@ -89,7 +89,7 @@ pub(super) async fn place(
         OrderRequest::from_json(&body, state.settings.max_line_quantity)?.placed_by(shopper);
     let answer_by = answer_by(&req, state.settings.request_budget);
     let state = state.into_inner();
-    let placement = detached(async move {
+    let placement = detached(crate::checkout::work_limit(&state.settings), async move {
         let deps = state.order_deps(answer_by);
         match scope {
             Scope::ApiHold => checkout::place_hold(deps, scope, &key, &request)

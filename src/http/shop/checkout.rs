@@ -69,7 +69,7 @@ pub async fn post_checkout(
     // record goes stale.
     let answer_by = answer_by(&req, state.settings.request_budget);
     let shared = state.clone().into_inner();
-    let placement = detached(async move {
+    let placement = detached(crate::checkout::work_limit(&state.settings), async move {
         let mut pause = Duration::from_millis(20);
         loop {
             let deps = shared.order_deps(answer_by);
@@ -218,7 +218,7 @@ pub async fn post_checkout_confirm(
     };
     let answer_by = answer_by(&req, state.settings.request_budget);
     let shared = state.clone().into_inner();
-    let confirmed = detached(async move {
+    let confirmed = detached(crate::checkout::work_limit(&state.settings), async move {
         (shared.confirm_hold(id, None, contact.name(), contact.email(), answer_by)).await
     })
     .await?;
@@ -286,11 +286,10 @@ pub async fn post_checkout_cancel(
     csrf::check_storefront(&req, &form.csrf)?;
     let id = parse_hold_id(&path)?;
     let shared = state.into_inner();
-    let released =
-        detached(
-            async move { holds::release(&shared.db, Some(&shared.redis), id, "shopper").await },
-        )
-        .await?;
+    let released = detached(crate::checkout::work_limit(&shared.settings), async move {
+        holds::release(&shared.db, Some(&shared.redis), id, "shopper").await
+    })
+    .await?;
     match released {
         Ok(_) => Ok(see_other("/cart")),
         Err(HoldError::AlreadyConfirmed(order_id)) => Ok(see_other(&format!("/orders/{order_id}"))),

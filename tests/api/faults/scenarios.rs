@@ -148,11 +148,39 @@ async fn a_process_that_wakes_after_its_key_was_taken_over_answers_with_the_orde
     retrying.assert_invariants().await;
 }
 
+/// `stockade_db_pool_{name}` of `app`'s `/metrics`.
+async fn pool_gauge(app: &TestApp, name: &str) -> u32 {
+    let metric = format!("stockade_db_pool_{name} ");
+    app.metrics()
+        .await
+        .lines()
+        .find_map(|l| l.strip_prefix(&metric)?.parse().ok())
+        .unwrap_or_else(|| panic!("{metric}is exported"))
+}
+
 #[tokio::test]
 async fn requests_in_flight_when_the_database_network_dies_answer_503_within_the_budget() {
-    let (app, proxy) = behind_database_proxy(tight(test_settings().await)).await;
+    // No event dispatch or hold sweeps, whose rounds would wait on the dead network for
+    // `pg::ROUND_LIMIT`: the connections counted below are the requests' alone.
+    let (app, proxy) = behind_database_proxy(Settings {
+        dispatch_interval: Duration::from_secs(3600),
+        sweep_interval: Duration::from_secs(3600),
+        ..tight(test_settings().await)
+    })
+    .await;
     for i in 0..3 {
         assert_eq!(post(&app, &format!("warm-{i}")).await.0, 201);
+    }
+    // Every connection back in the pool: one whose ping on release is in flight when the
+    // network dies waits for the network (see `startup::pool_options`); the ones below
+    // are cut off mid-call.
+    let settled = Instant::now();
+    while pool_gauge(&app, "connections").await != pool_gauge(&app, "idle").await {
+        assert!(
+            settled.elapsed() < Duration::from_secs(5),
+            "the pool never settled"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
     proxy.set(Mode::Blackhole);
@@ -182,6 +210,26 @@ async fn requests_in_flight_when_the_database_network_dies_answer_503_within_the
             elapsed <= ANSWER_WITHIN,
             "a page answered after {elapsed:?}"
         );
+    }
+
+    // The connections those calls were cut off from are closed once their ping on release
+    // goes unanswered, rather than held until TCP gives up (minutes): once the requests'
+    // own work has been stopped (`checkout::work_limit`: twice the budget) and the ping's
+    // limit (the statement timeout) has passed, the pool holds at most the one connection
+    // being opened for the stale-key purge, which asks for one every second and waits the
+    // acquire timeout for it.
+    let emptied_within = Duration::from_millis(2 * 2_000 + 800 + 1_500);
+    let since = Instant::now();
+    loop {
+        let open = pool_gauge(&app, "connections").await;
+        if open <= 1 {
+            break;
+        }
+        assert!(
+            since.elapsed() < emptied_within,
+            "{open} connections still held {emptied_within:?} after the cut"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
     // The network returns: the same keys go through, once each.
