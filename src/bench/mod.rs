@@ -13,9 +13,9 @@
 //! "Place order"), `cart`, `storefront` (shoppers through the shop's pages and forms,
 //! product page to "Place order": `storefront.rs`), `uniform` (orders spread over many
 //! SKUs), `sold-out` (every answer is 409), `product-page` (GET /products/{sku} of a random
-//! SKU, with the page cache off) and `refused` (orders refused before any database or
-//! Redis work: the app's own ceiling for an order request, the limit no strategy can pass
-//! on this machine).
+//! SKU, with the page cache off), `search` (the catalogue searched for a word, cache off)
+//! and `refused` (orders refused before any database or Redis work: the app's own ceiling
+//! for an order request, the limit no strategy can pass on this machine).
 //!
 //! The files: `args.rs` the options and the plan (`default` resolved to the build's
 //! strategy), `workload.rs` what each workload sends and seeds, `load.rs` the request
