@@ -300,6 +300,10 @@ environment {
     /// Completed idempotency keys are kept this long.
     idempotency_ttl_hours: u32, "STOCKADE_IDEMPOTENCY_TTL_HOURS" = "24",
         |var, v| bounded(var, v, 24, 24 * 365);
+    /// Delivered and failed events (with their deliveries) are kept this long, then
+    /// purged; pending ones stay until they are sent or given up.
+    event_retention_days: u32, "STOCKADE_EVENT_RETENTION_DAYS" = "30",
+        |var, v| bounded(var, v, 1, 3650);
     /// Accept API orders and holds without an API key (all such callers then share one
     /// identity). Off: they are answered 401.
     api_anonymous_orders: bool, "STOCKADE_API_ANONYMOUS_ORDERS" = "false", boolean;
@@ -455,6 +459,11 @@ internal {
 }
 
 impl Settings {
+    /// How long delivered events are kept (`STOCKADE_EVENT_RETENTION_DAYS`).
+    pub fn event_retention(&self) -> Duration {
+        Duration::from_secs(u64::from(self.event_retention_days) * 86_400)
+    }
+
     /// Reads the process environment.
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::from_vars(std::env::vars())

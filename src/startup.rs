@@ -84,6 +84,7 @@ impl Application {
             db.clone(),
             settings.idempotency_ttl_hours,
             crate::checkout::stale_after(&settings),
+            settings.event_retention(),
         );
         crate::holds::spawn_sweeper(db.clone(), redis.clone(), settings.sweep_interval);
         crate::checkout::sold_out::spawn_drain(db.clone(), redis.clone());
@@ -439,8 +440,9 @@ impl Replica {
 /// Background deletes, in every process (they are idempotent, so several processes doing
 /// them is harmless): in-flight idempotency records of requests that died, every
 /// [`STALE_PURGE_EVERY`], so no dead record blocks its key much past the stale window;
-/// completed records, login failures and sessions past their time, every ten minutes.
-fn spawn_purges(db: PgPool, ttl_hours: u32, stale_after: Duration) {
+/// completed records, login failures, sessions and delivered events past their time, at
+/// start and every ten minutes.
+fn spawn_purges(db: PgPool, ttl_hours: u32, stale_after: Duration, event_retention: Duration) {
     let ttl = Duration::from_secs(u64::from(ttl_hours) * 3600);
     let stale_db = db.clone();
     tokio::spawn(async move {
@@ -475,6 +477,13 @@ fn spawn_purges(db: PgPool, ttl_hours: u32, stale_after: Duration) {
                 Ok(Ok(_))
             ) {
                 tracing::warn!("login record purge failed");
+            }
+            let events = crate::events::purge_all(&db, event_retention);
+            match crate::pg::cut_off(limit, events).await {
+                Ok(Ok(0)) => {}
+                Ok(Ok(n)) => tracing::info!(purged = n, "purged delivered events"),
+                Ok(Err(e)) => tracing::warn!(error = %e, "event purge failed"),
+                Err(_) => tracing::warn!("event purge gave up on an unanswered database"),
             }
         }
     });

@@ -99,6 +99,35 @@ pub struct Claimed {
     pub secret: Option<String>,
 }
 
+/// Deletes up to `limit` of the oldest events older than `retention` that are done with:
+/// routed, with no delivery still pending (every delivery sent or given up), and their
+/// deliveries. Rows another process is purging are skipped (`skip locked`), so every
+/// process may run this at once. Returns how many events went.
+pub async fn purge(pool: &PgPool, retention: Duration, limit: i64) -> sqlx::Result<u64> {
+    let days = i32::try_from(retention.as_secs() / 86_400).unwrap_or(i32::MAX);
+    let purged = sqlx::query!(
+        r#"with done as (
+               select e.id from events e
+                where e.created_at < now() - make_interval(days => $1)
+                  and e.routed_at is not null
+                  and not exists (select 1 from deliveries d
+                                   where d.event_id = e.id and d.status = 'pending')
+                order by e.seq
+                limit $2
+                  for update skip locked
+           ), deliveries_gone as (
+               delete from deliveries d using done where d.event_id = done.id
+           )
+           delete from events e using done where e.id = done.id"#,
+        days,
+        limit,
+    )
+    .execute(pool)
+    .await?
+    .rows_affected();
+    Ok(purged)
+}
+
 /// Claims up to `limit` due deliveries for `lease`: each counts an attempt and is not due
 /// again until the lease runs out, so a dispatcher that dies mid-send leaves it to be
 /// claimed and sent again. Rows another dispatcher is claiming are skipped.

@@ -373,20 +373,6 @@ pub async fn take_stock_naive(
     })
 }
 
-/// Locks the stock rows of `skus` for a batch's sale, in SKU order (byte order, as every
-/// order locks them), until the transaction ends.
-#[tracing::instrument(skip_all)]
-pub async fn lock_for_sale(conn: &mut PgConnection, skus: &[&str]) -> sqlx::Result<()> {
-    sqlx::query!(
-        r#"select 1 as "locked" from stock
-            where sku = any($1::text[]) order by sku collate "C" for update"#,
-        skus as &[&str],
-    )
-    .fetch_all(conn)
-    .await?;
-    Ok(())
-}
-
 /// Sells `quantity` units of `sku` with the one conditional statement every sale goes
 /// through: nothing changes unless enough is available and, with a `fence`, no newer
 /// lease has written the row. Returns the units left, or `None` when refused. Writes no

@@ -24,6 +24,7 @@ mod openapi;
 mod orders;
 mod plans;
 mod process;
+mod retention;
 mod security;
 mod shop;
 mod webhooks;

@@ -29,18 +29,9 @@ pub struct Row {
     pub now: chrono::DateTime<chrono::Utc>,
 }
 
-/// The stock and product rows of `skus`, and which of the keys (`scopes[i]`, `keys[i]`)
-/// have a record already, by one statement. Reads without locking; see [`write`].
-pub async fn read(
-    conn: &mut PgConnection,
-    skus: &[&str],
-    scopes: &[&str],
-    keys: &[&str],
-) -> sqlx::Result<Vec<Row>> {
-    // A runtime query, planned afresh each time (`persistent(false)`, which the macros do
-    // not offer): a plan kept from when `idempotency_keys` was small joins the keys by
-    // reading the whole table, and that table grows by every order.
-    sqlx::query_as(
+/// The batch's read: stock and product rows, which keys have a record, the time.
+macro_rules! read_sql {
+    () => {
         r#"select s.sku, s.on_hand - s.reserved as available, s.last_fence, p.active,
                   p.name, p.price_cents, p.purchase_limit,
                   array(select u.i
@@ -51,14 +42,51 @@ pub async fn read(
              from stock s
              join products p on p.sku = s.sku
             where s.sku = any($1)
-            order by s.sku collate "C""#,
-    )
-    .bind(skus)
-    .bind(scopes)
-    .bind(keys)
-    .persistent(false)
-    .fetch_all(conn)
-    .await
+            order by s.sku collate "C""#
+    };
+}
+
+/// The stock and product rows of `skus`, and which of the keys (`scopes[i]`, `keys[i]`)
+/// have a record already, by one statement. Reads without locking; see [`write`].
+pub async fn read(
+    conn: &mut PgConnection,
+    skus: &[&str],
+    scopes: &[&str],
+    keys: &[&str],
+) -> sqlx::Result<Vec<Row>> {
+    read_with(conn, read_sql!(), skus, scopes, keys).await
+}
+
+/// [`read`], locking the stock rows for the rest of the transaction, in SKU order (as
+/// every locker of several stock rows does, so no two deadlock): one round trip where a
+/// lock and a read took two, while the rows are held.
+pub async fn read_locking(
+    conn: &mut PgConnection,
+    skus: &[&str],
+    scopes: &[&str],
+    keys: &[&str],
+) -> sqlx::Result<Vec<Row>> {
+    let sql = concat!(read_sql!(), " for update of s");
+    read_with(conn, sql, skus, scopes, keys).await
+}
+
+async fn read_with(
+    conn: &mut PgConnection,
+    sql: &'static str,
+    skus: &[&str],
+    scopes: &[&str],
+    keys: &[&str],
+) -> sqlx::Result<Vec<Row>> {
+    // A runtime query, planned afresh each time (`persistent(false)`, which the macros do
+    // not offer): a plan kept from when `idempotency_keys` was small joins the keys by
+    // reading the whole table, and that table grows by every order.
+    sqlx::query_as(sql)
+        .bind(skus)
+        .bind(scopes)
+        .bind(keys)
+        .persistent(false)
+        .fetch_all(conn)
+        .await
 }
 
 /// Everything one batch decided, as the columns of its rows.

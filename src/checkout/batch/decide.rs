@@ -15,7 +15,6 @@ use crate::catalog::Sku;
 use crate::checkout::{Order, OrderError, OrderLine, Shortage};
 use crate::holds::cap::{self, Ask, Caps, Held, held_by};
 use crate::holds::{Hold, HoldState};
-use crate::inventory::db as stock;
 
 /// What the batch transaction did.
 pub(super) enum Applied {
@@ -81,8 +80,7 @@ pub(super) async fn transact(
         }
     }
     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-    stock::lock_for_sale(&mut tx, &skus).await?;
-    let rows = db::read(&mut tx, &skus, &scopes, &keys).await?;
+    let rows = db::read_locking(&mut tx, &skus, &scopes, &keys).await?;
     let applied = decide(&mut tx, jobs, rows, fence, hold_ttl, caps).await?;
     if matches!(applied, Applied::Done(_)) {
         tx.commit().await?;

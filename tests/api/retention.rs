@@ -1,0 +1,196 @@
+//! Retention: delivered events past `STOCKADE_EVENT_RETENTION_DAYS` go, with their
+//! deliveries; pending and recent ones stay; processes purge side by side; and the
+//! checker's I7 asks for the events of orders within the window only.
+
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use sqlx::PgPool;
+use stockade::config::Settings;
+
+use crate::helpers::{TestApp, spawn_app_with, test_settings};
+
+const RETENTION: Duration = Duration::from_secs(30 * 86_400);
+
+/// Places an order of one unit, routes its event and gives it one webhook delivery of
+/// `status`, all dated `days_ago`; returns the order's id.
+async fn order_delivered(app: &TestApp, key: &str, status: &str, days_ago: i32) -> String {
+    let res = app.post_order(key, &[("KEEP-1", 1)]).await;
+    assert_eq!(res.status().as_u16(), 201);
+    let body: serde_json::Value = res.json().await.unwrap();
+    let id = body["id"].as_str().unwrap().to_string();
+    sqlx::query(
+        "update orders set created_at = now() - make_interval(days => $2) where id::text = $1",
+    )
+    .bind(&id)
+    .bind(days_ago)
+    .execute(&app.db)
+    .await
+    .unwrap();
+    sqlx::query(
+        "update events set created_at = now() - make_interval(days => $2),
+                           routed_at = now() - make_interval(days => $2)
+          where type = 'order.placed' and payload->>'order_id' = $1",
+    )
+    .bind(&id)
+    .bind(days_ago)
+    .execute(&app.db)
+    .await
+    .unwrap();
+    sqlx::query(
+        "insert into deliveries (event_id, channel, endpoint_id, status, created_at)
+         select e.id, 'webhook', $3, $2, e.created_at from events e
+          where e.type = 'order.placed' and e.payload->>'order_id' = $1",
+    )
+    .bind(&id)
+    .bind(status)
+    .bind(endpoint(&app.db).await)
+    .execute(&app.db)
+    .await
+    .unwrap();
+    id
+}
+
+/// The one webhook endpoint the deliveries above go to.
+async fn endpoint(db: &PgPool) -> uuid::Uuid {
+    let id = uuid::Uuid::from_u128(1);
+    sqlx::query(
+        "insert into webhook_endpoints (id, url, event_types, secret)
+         values ($1, 'https://receiver.example/hook', '{order.placed}', 'whsec_test')
+         on conflict (id) do nothing",
+    )
+    .bind(id)
+    .execute(db)
+    .await
+    .unwrap();
+    id
+}
+
+async fn events_of(db: &PgPool, order: &str) -> (i64, i64) {
+    sqlx::query_as(
+        "select count(distinct e.id), count(d.id) from events e
+           left join deliveries d on d.event_id = e.id
+          where e.type = 'order.placed' and e.payload->>'order_id' = $1",
+    )
+    .bind(order)
+    .fetch_one(db)
+    .await
+    .unwrap()
+}
+
+async fn i7(db: &PgPool) -> stockade::loadtest::check::Verdict {
+    let stale_after = stockade::loadtest::check::default_stale_after();
+    stockade::loadtest::check::check(db, None, None, stale_after)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|v| v.id == "I7")
+        .expect("I7 is checked")
+}
+
+#[tokio::test]
+async fn delivered_events_past_the_retention_go_with_their_deliveries_and_the_rest_stay() {
+    let app = spawn_app_with(test_settings().await).await;
+    app.add_product("KEEP-1", "Kept", 1_000, 100).await;
+    let sent_old = order_delivered(&app, "sent-old", "sent", 31).await;
+    let failed_old = order_delivered(&app, "failed-old", "failed", 45).await;
+    let pending_old = order_delivered(&app, "pending-old", "pending", 40).await;
+    let sent_recent = order_delivered(&app, "sent-recent", "sent", 29).await;
+    // Many more old delivered ones, for several batches and two purges at once.
+    let many = stockade::events::PURGE_BATCH as usize + 200;
+    sqlx::query(
+        "with made as (
+             insert into events (type, payload, created_at, routed_at)
+             select 'stock.adjusted', jsonb_build_object('n', n),
+                    now() - interval '60 days', now() - interval '60 days'
+               from generate_series(1, $1) n
+             returning id, created_at)
+         insert into deliveries (event_id, channel, endpoint_id, status, created_at)
+         select id, 'webhook', $2, 'sent', created_at from made",
+    )
+    .bind(many as i32)
+    .bind(endpoint(&app.db).await)
+    .execute(&app.db)
+    .await
+    .unwrap();
+
+    // Two purges side by side (as two processes run them), each on its own connections.
+    let other = PgPool::connect(app.settings.database_url.as_deref().unwrap())
+        .await
+        .unwrap();
+    let purged: u64 =
+        join_all([&app.db, &other].map(|db| stockade::events::purge_all(db, RETENTION)))
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .sum();
+    assert_eq!(purged, many as u64 + 2, "each purgeable event purged once");
+
+    assert_eq!(events_of(&app.db, &sent_old).await, (0, 0));
+    assert_eq!(events_of(&app.db, &failed_old).await, (0, 0));
+    assert_eq!(
+        events_of(&app.db, &pending_old).await,
+        (1, 1),
+        "still to be sent"
+    );
+    assert_eq!(
+        events_of(&app.db, &sent_recent).await,
+        (1, 1),
+        "within the window"
+    );
+    assert_eq!(
+        app.count("select count(*) from events where type = 'stock.adjusted' and payload ? 'n'")
+            .await,
+        0
+    );
+    assert_eq!(
+        app.count("select count(*) from deliveries where event_id not in (select id from events)")
+            .await,
+        0
+    );
+    // The orders whose events went are past the window: I7 asks nothing of them.
+    let verdict = i7(&app.db).await;
+    assert!(verdict.pass, "I7: {:?}", verdict.rows);
+
+    // An order within the window that lost its event is still found.
+    sqlx::query(
+        "delete from deliveries where event_id in (select id from events
+            where type = 'order.placed' and payload->>'order_id' = $1)",
+    )
+    .bind(&sent_recent)
+    .execute(&app.db)
+    .await
+    .unwrap();
+    sqlx::query("delete from events where type = 'order.placed' and payload->>'order_id' = $1")
+        .bind(&sent_recent)
+        .execute(&app.db)
+        .await
+        .unwrap();
+    let verdict = i7(&app.db).await;
+    assert!(!verdict.pass, "an order of 29 days ago without its event");
+    assert!(verdict.rows[0].contains(&sent_recent), "{:?}", verdict.rows);
+}
+
+#[tokio::test]
+async fn a_server_purges_at_start_what_its_retention_setting_lets_go() {
+    let settings = test_settings().await;
+    let app = spawn_app_with(settings.clone()).await;
+    app.add_product("KEEP-1", "Kept", 1_000, 100).await;
+    let eight_days = order_delivered(&app, "eight-days", "sent", 8).await;
+    let six_days = order_delivered(&app, "six-days", "sent", 6).await;
+    // A second process, kept for a week: it purges when it starts.
+    let _week = spawn_app_with(Settings {
+        event_retention_days: 7,
+        ..settings
+    })
+    .await;
+    let since = std::time::Instant::now();
+    while events_of(&app.db, &eight_days).await != (0, 0) {
+        assert!(
+            since.elapsed() < Duration::from_secs(10),
+            "the event of 8 days ago is still there"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(events_of(&app.db, &six_days).await, (1, 1));
+}
