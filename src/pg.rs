@@ -75,14 +75,25 @@ pub fn suspect() -> bool {
 
 /// `tokio::time::timeout` for work that may hold a database connection: when the time is
 /// up the network is marked suspect *before* the work, and the connection with it, is
-/// dropped, so the connection's release already pings it with a time limit.
+/// dropped, so the connection's release already pings it with a time limit. So it is
+/// when this future is itself dropped unfinished (a request whose client went away).
 pub async fn cut_off<F: Future>(limit: Duration, work: F) -> Result<F::Output, Elapsed> {
     let mut work = std::pin::pin!(work);
-    match tokio::time::timeout(limit, &mut work).await {
-        Ok(out) => Ok(out),
-        Err(elapsed) => {
-            mark_suspect();
-            Err(elapsed)
-        }
+    // Declared after `work`, so dropped before it.
+    let unfinished = MarkIfDropped;
+    let out = tokio::time::timeout(limit, &mut work).await;
+    std::mem::forget(unfinished);
+    if out.is_err() {
+        mark_suspect();
+    }
+    out
+}
+
+/// Marks the network suspect when dropped: [`cut_off`]'s work was abandoned mid-way.
+struct MarkIfDropped;
+
+impl Drop for MarkIfDropped {
+    fn drop(&mut self) {
+        mark_suspect();
     }
 }

@@ -285,10 +285,11 @@ fn pool_options(settings: &Settings, acquire_timeout: Duration) -> PgPoolOptions
     // `pg::SUSPECT_FOR`, see `pg::cut_off`) a released connection is first pinged within
     // the statement timeout and closed if it does not answer. Otherwise the release costs
     // sqlx's one ping and no more: at the rates that matter, a round trip per use (a cold
-    // product page served 7,500/s with two pings per use, 10,300/s with one). The price:
-    // a connection whose release ping is already on the wire when the network dies waits
-    // for the network (or TCP) like any call in flight, rather than being closed within
-    // the statement timeout; at any moment that is a connection or none.
+    // product page served 7,500/s with two pings per use, 10,300/s with one). What stays
+    // exposed is what was before: a connection whose ping from sqlx is already on the wire
+    // when the network dies waits for the network (or TCP) like any call in flight (sqlx
+    // sets no client-side timeout); under load that can be a good share of the pool, which
+    // comes back when the network does.
     // A connection handed out again within a second of its release is not pinged again;
     // one that sat idle longer is, as the server may have gone away meanwhile.
     let ping_within = settings.statement_timeout;

@@ -112,7 +112,7 @@ pub async fn purge(pool: &PgPool, retention: Duration, limit: i64) -> sqlx::Resu
                   and e.routed_at is not null
                   and not exists (select 1 from deliveries d
                                    where d.event_id = e.id and d.status = 'pending')
-                order by e.seq
+                order by e.created_at
                 limit $2
                   for update skip locked
            ), deliveries_gone as (

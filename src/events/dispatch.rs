@@ -74,18 +74,13 @@ impl Dispatcher {
             let slots = Arc::new(Semaphore::new(SENDS_AT_ONCE));
             let mut gauges_at = Instant::now();
             loop {
-                let busy =
-                    match crate::pg::cut_off(crate::pg::ROUND_LIMIT, self.round(&slots)).await {
-                        Ok(Ok(busy)) => busy,
-                        Ok(Err(e)) => {
-                            tracing::warn!(error = %e, "event dispatch failed");
-                            false
-                        }
-                        Err(_) => {
-                            tracing::warn!("event dispatch gave up on an unanswered database");
-                            false
-                        }
-                    };
+                let busy = match self.round(&slots).await {
+                    Ok(busy) => busy,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "event dispatch failed");
+                        false
+                    }
+                };
                 if gauges_at.elapsed() >= self.settings.dispatch_interval {
                     gauges_at = Instant::now();
                     let refreshed =
@@ -105,7 +100,14 @@ impl Dispatcher {
     /// send slots and start sending them. Sends run on their own, so one slow receiver
     /// holds up only its own slot. True when there may be more to do right away.
     async fn round(&self, slots: &Arc<Semaphore>) -> sqlx::Result<bool> {
-        let routed = db::route(&self.db, ROUTE_BATCH, self.mailer.is_some()).await?;
+        // Each database call bounded (not the round, which also waits for send slots as
+        // long as a slow receiver takes).
+        let limit = crate::pg::ROUND_LIMIT;
+        let unanswered = |_| sqlx::Error::Io(std::io::ErrorKind::TimedOut.into());
+        let route = db::route(&self.db, ROUTE_BATCH, self.mailer.is_some());
+        let routed = crate::pg::cut_off(limit, route)
+            .await
+            .map_err(unanswered)??;
         let free = slots.available_permits();
         if free == 0 {
             // Every slot is sending: go on when one is free.
@@ -113,7 +115,10 @@ impl Dispatcher {
             return Ok(true);
         }
         let lease = self.settings.webhook_timeout + Duration::from_secs(1);
-        let claimed = db::claim(&self.db, free as i64, lease).await?;
+        let claim = db::claim(&self.db, free as i64, lease);
+        let claimed = crate::pg::cut_off(limit, claim)
+            .await
+            .map_err(unanswered)??;
         let full = claimed.len() == free;
         for delivery in claimed {
             let slot = slots.clone().acquire_owned().await.expect("never closed");
