@@ -89,6 +89,17 @@ pub async fn cut_off<F: Future>(limit: Duration, work: F) -> Result<F::Output, E
     out
 }
 
+/// [`cut_off`] for a database call: running out of time is an error like the others
+/// (an I/O "timed out", which [`is_unreachable`] counts as the server out of reach).
+pub async fn bounded<T>(
+    limit: Duration,
+    call: impl Future<Output = sqlx::Result<T>>,
+) -> sqlx::Result<T> {
+    cut_off(limit, call)
+        .await
+        .unwrap_or_else(|_| Err(sqlx::Error::Io(std::io::ErrorKind::TimedOut.into())))
+}
+
 /// Marks the network suspect when dropped: [`cut_off`]'s work was abandoned mid-way.
 struct MarkIfDropped;
 

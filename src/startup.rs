@@ -305,10 +305,7 @@ fn pool_options(settings: &Settings, acquire_timeout: Duration) -> PgPoolOptions
                 if meta.idle_for < Duration::from_secs(1) {
                     return Ok(true);
                 }
-                match crate::pg::cut_off(ping_within, conn.ping()).await {
-                    Ok(answered) => Ok(answered.is_ok()),
-                    Err(_) => Ok(false),
-                }
+                Ok(crate::pg::bounded(ping_within, conn.ping()).await.is_ok())
             })
         })
         .after_release(move |conn, _| {
@@ -317,10 +314,9 @@ fn pool_options(settings: &Settings, acquire_timeout: Duration) -> PgPoolOptions
                 if !crate::pg::suspect() {
                     return Ok(true);
                 }
-                match tokio::time::timeout(ping_within, conn.ping()).await {
-                    Ok(result) => result.map(|()| true),
-                    Err(_) => Err(sqlx::Error::Io(std::io::ErrorKind::TimedOut.into())),
-                }
+                crate::pg::bounded(ping_within, conn.ping())
+                    .await
+                    .map(|()| true)
             })
         })
 }
@@ -467,24 +463,19 @@ fn spawn_purges(db: PgPool, ttl_hours: u32, stale_after: Duration, event_retenti
         loop {
             every.tick().await;
             let limit = crate::pg::ROUND_LIMIT;
-            match crate::pg::cut_off(limit, crate::idempotency::purge(&db, ttl)).await {
-                Ok(Ok(0)) => {}
-                Ok(Ok(n)) => tracing::info!(purged = n, "purged old idempotency keys"),
-                Ok(Err(e)) => tracing::warn!(error = %e, "idempotency purge failed"),
-                Err(_) => tracing::warn!("idempotency purge gave up on an unanswered database"),
+            match crate::pg::bounded(limit, crate::idempotency::purge(&db, ttl)).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(purged = n, "purged old idempotency keys"),
+                Err(e) => tracing::warn!(error = %e, "idempotency purge failed"),
             }
-            if !matches!(
-                crate::pg::cut_off(limit, crate::admin::purge(&db)).await,
-                Ok(Ok(_))
-            ) {
-                tracing::warn!("login record purge failed");
+            if let Err(e) = crate::pg::bounded(limit, crate::admin::purge(&db)).await {
+                tracing::warn!(error = %e, "login record purge failed");
             }
             let events = crate::events::purge_all(&db, event_retention);
-            match crate::pg::cut_off(limit, events).await {
-                Ok(Ok(0)) => {}
-                Ok(Ok(n)) => tracing::info!(purged = n, "purged delivered events"),
-                Ok(Err(e)) => tracing::warn!(error = %e, "event purge failed"),
-                Err(_) => tracing::warn!("event purge gave up on an unanswered database"),
+            match crate::pg::bounded(limit, events).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(purged = n, "purged delivered events"),
+                Err(e) => tracing::warn!(error = %e, "event purge failed"),
             }
         }
     });

@@ -183,13 +183,8 @@ pub async fn drain(db: &PgPool, redis: &Redis) -> sqlx::Result<u64> {
             .collect();
         // Bounded, so that a database behind a dead network gets its answers back in
         // the list rather than holding them (and a connection) until TCP gives up.
-        let stored = crate::pg::cut_off(
-            crate::pg::ROUND_LIMIT,
-            idempotency::store_decided(db, &decisions),
-        )
-        .await
-        .unwrap_or_else(|_| Err(sqlx::Error::Io(std::io::ErrorKind::TimedOut.into())));
-        match stored {
+        let store = idempotency::store_decided(db, &decisions);
+        match crate::pg::bounded(crate::pg::ROUND_LIMIT, store).await {
             Ok(n) => copied += n,
             Err(e) => {
                 redis.requeue(&texts).await;

@@ -84,9 +84,9 @@ impl Dispatcher {
                 if gauges_at.elapsed() >= self.settings.dispatch_interval {
                     gauges_at = Instant::now();
                     let refreshed =
-                        crate::pg::cut_off(crate::pg::ROUND_LIMIT, self.refresh_gauges());
-                    if !matches!(refreshed.await, Ok(Ok(()))) {
-                        tracing::warn!("reading the outbox's gauges failed");
+                        crate::pg::bounded(crate::pg::ROUND_LIMIT, self.refresh_gauges());
+                    if let Err(e) = refreshed.await {
+                        tracing::warn!(error = %e, "reading the outbox's gauges failed");
                     }
                 }
                 if !busy {
@@ -103,11 +103,8 @@ impl Dispatcher {
         // Each database call bounded (not the round, which also waits for send slots as
         // long as a slow receiver takes).
         let limit = crate::pg::ROUND_LIMIT;
-        let unanswered = |_| sqlx::Error::Io(std::io::ErrorKind::TimedOut.into());
         let route = db::route(&self.db, ROUTE_BATCH, self.mailer.is_some());
-        let routed = crate::pg::cut_off(limit, route)
-            .await
-            .map_err(unanswered)??;
+        let routed = crate::pg::bounded(limit, route).await?;
         let free = slots.available_permits();
         if free == 0 {
             // Every slot is sending: go on when one is free.
@@ -115,10 +112,7 @@ impl Dispatcher {
             return Ok(true);
         }
         let lease = self.settings.webhook_timeout + Duration::from_secs(1);
-        let claim = db::claim(&self.db, free as i64, lease);
-        let claimed = crate::pg::cut_off(limit, claim)
-            .await
-            .map_err(unanswered)??;
+        let claimed = crate::pg::bounded(limit, db::claim(&self.db, free as i64, lease)).await?;
         let full = claimed.len() == free;
         for delivery in claimed {
             let slot = slots.clone().acquire_owned().await.expect("never closed");

@@ -385,12 +385,11 @@ pub fn spawn_sweeper(db: PgPool, redis: Redis, interval: Duration) {
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             every.tick().await;
-            match crate::pg::cut_off(crate::pg::ROUND_LIMIT, sweep(&db, &redis, SWEEP_BATCH)).await
+            match crate::pg::bounded(crate::pg::ROUND_LIMIT, sweep(&db, &redis, SWEEP_BATCH)).await
             {
-                Ok(Ok(0)) => {}
-                Ok(Ok(n)) => tracing::info!(released = n, "released expired holds"),
-                Ok(Err(e)) => tracing::warn!(error = %e, "hold sweep failed"),
-                Err(_) => tracing::warn!("hold sweep gave up on an unanswered database"),
+                Ok(0) => {}
+                Ok(n) => tracing::info!(released = n, "released expired holds"),
+                Err(e) => tracing::warn!(error = %e, "hold sweep failed"),
             }
         }
     });

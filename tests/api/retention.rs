@@ -19,30 +19,21 @@ async fn order_delivered(app: &TestApp, key: &str, status: &str, days_ago: i32) 
     assert_eq!(res.status().as_u16(), 201);
     let body: serde_json::Value = res.json().await.unwrap();
     let id = body["id"].as_str().unwrap().to_string();
+    // The order, its event and the event's delivery, all moved back by one statement.
     sqlx::query(
-        "update orders set created_at = now() - make_interval(days => $2) where id::text = $1",
+        "with dated as (
+             update orders set created_at = now() - make_interval(days => $2)
+              where id::text = $1),
+         event as (
+             update events set created_at = now() - make_interval(days => $2),
+                               routed_at = now() - make_interval(days => $2)
+              where type = 'order.placed' and payload->>'order_id' = $1
+             returning id, created_at)
+         insert into deliveries (event_id, channel, endpoint_id, status, created_at)
+         select id, 'webhook', $4, $3, created_at from event",
     )
     .bind(&id)
     .bind(days_ago)
-    .execute(&app.db)
-    .await
-    .unwrap();
-    sqlx::query(
-        "update events set created_at = now() - make_interval(days => $2),
-                           routed_at = now() - make_interval(days => $2)
-          where type = 'order.placed' and payload->>'order_id' = $1",
-    )
-    .bind(&id)
-    .bind(days_ago)
-    .execute(&app.db)
-    .await
-    .unwrap();
-    sqlx::query(
-        "insert into deliveries (event_id, channel, endpoint_id, status, created_at)
-         select e.id, 'webhook', $3, $2, e.created_at from events e
-          where e.type = 'order.placed' and e.payload->>'order_id' = $1",
-    )
-    .bind(&id)
     .bind(status)
     .bind(endpoint(&app.db).await)
     .execute(&app.db)
