@@ -304,6 +304,11 @@ environment {
     /// purged; pending ones stay until they are sent or given up.
     event_retention_days: u32, "STOCKADE_EVENT_RETENTION_DAYS" = "30",
         |var, v| bounded(var, v, 1, 3650);
+    /// Released and expired holds (with their lines) are kept this long after their state
+    /// changed, then purged — never sooner than `STOCKADE_IDEMPOTENCY_TTL_HOURS`, so a key
+    /// retried within its TTL still finds its hold. Confirmed holds stay with their orders.
+    hold_retention_days: u32, "STOCKADE_HOLD_RETENTION_DAYS" = "7",
+        |var, v| bounded(var, v, 1, 3650);
     /// Accept API orders and holds without an API key (all such callers then share one
     /// identity). Off: they are answered 401.
     api_anonymous_orders: bool, "STOCKADE_API_ANONYMOUS_ORDERS" = "false", boolean;
@@ -459,6 +464,18 @@ internal {
 }
 
 impl Settings {
+    /// How long completed idempotency records are kept (`STOCKADE_IDEMPOTENCY_TTL_HOURS`).
+    pub fn idempotency_ttl(&self) -> Duration {
+        Duration::from_secs(u64::from(self.idempotency_ttl_hours) * 3600)
+    }
+
+    /// How long released and expired holds are kept: `STOCKADE_HOLD_RETENTION_DAYS`, or the
+    /// idempotency TTL if that is longer.
+    pub fn hold_retention(&self) -> Duration {
+        let days = Duration::from_secs(u64::from(self.hold_retention_days) * 86_400);
+        days.max(self.idempotency_ttl())
+    }
+
     /// How long delivered events are kept (`STOCKADE_EVENT_RETENTION_DAYS`).
     pub fn event_retention(&self) -> Duration {
         Duration::from_secs(u64::from(self.event_retention_days) * 86_400)

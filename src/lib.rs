@@ -50,6 +50,8 @@ pub mod orders;
 pub mod pg;
 /// Rate limits on placing orders and holds: GCRA in Redis, per process when Redis is away.
 pub mod ratelimit;
+/// Retention: what each table that grows with traffic keeps, and the purge.
+pub mod retention;
 /// The demo shop: its products, pictures and opening stock.
 pub mod seed;
 /// `Application::build`: pools, migrations, the HTTP server.

@@ -80,12 +80,8 @@ impl Application {
             0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
             n => n,
         };
-        spawn_purges(
-            db.clone(),
-            settings.idempotency_ttl_hours,
-            crate::checkout::stale_after(&settings),
-            settings.event_retention(),
-        );
+        spawn_stale_key_purge(db.clone(), crate::checkout::stale_after(&settings));
+        crate::retention::spawn(db.clone(), crate::retention::Windows::of(&settings));
         crate::holds::spawn_sweeper(db.clone(), redis.clone(), settings.sweep_interval);
         crate::checkout::sold_out::spawn_drain(db.clone(), redis.clone());
         let settings = Arc::new(settings);
@@ -439,15 +435,15 @@ impl Replica {
 /// [`STALE_PURGE_EVERY`], so no dead record blocks its key much past the stale window;
 /// completed records, login failures, sessions and delivered events past their time, at
 /// start and every ten minutes.
-fn spawn_purges(db: PgPool, ttl_hours: u32, stale_after: Duration, event_retention: Duration) {
-    let ttl = Duration::from_secs(u64::from(ttl_hours) * 3600);
-    let stale_db = db.clone();
+/// Releases, every [`STALE_PURGE_EVERY`], the idempotency keys of requests that died in
+/// flight longer than `stale_after` ago.
+fn spawn_stale_key_purge(db: PgPool, stale_after: Duration) {
     tokio::spawn(async move {
         let mut every = tokio::time::interval(STALE_PURGE_EVERY);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             every.tick().await;
-            let purge = crate::idempotency::purge_stale(&stale_db, stale_after);
+            let purge = crate::idempotency::purge_stale(&db, stale_after);
             match crate::pg::cut_off(STALE_PURGE_EVERY * 5, purge).await {
                 Ok(Ok(0)) => {}
                 Ok(Ok(n)) => {
@@ -455,27 +451,6 @@ fn spawn_purges(db: PgPool, ttl_hours: u32, stale_after: Duration, event_retenti
                 }
                 Ok(Err(e)) => tracing::debug!(error = %e, "stale idempotency purge failed"),
                 Err(_) => tracing::debug!("stale idempotency purge timed out"),
-            }
-        }
-    });
-    tokio::spawn(async move {
-        let mut every = tokio::time::interval(Duration::from_secs(600));
-        loop {
-            every.tick().await;
-            let limit = crate::pg::ROUND_LIMIT;
-            match crate::pg::bounded(limit, crate::idempotency::purge(&db, ttl)).await {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(purged = n, "purged old idempotency keys"),
-                Err(e) => tracing::warn!(error = %e, "idempotency purge failed"),
-            }
-            if let Err(e) = crate::pg::bounded(limit, crate::admin::purge(&db)).await {
-                tracing::warn!(error = %e, "login record purge failed");
-            }
-            let events = crate::events::purge_all(&db, event_retention);
-            match crate::pg::bounded(limit, events).await {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(purged = n, "purged delivered events"),
-                Err(e) => tracing::warn!(error = %e, "event purge failed"),
             }
         }
     });

@@ -387,16 +387,36 @@ pub async fn unlock(db: &PgPool, username: Option<&str>) -> sqlx::Result<u64> {
     Ok(deleted.rows_affected())
 }
 
-/// Forgets failures older than a day (the longest window), and expired sessions.
-#[tracing::instrument(skip_all)]
-pub async fn purge(db: &PgPool) -> sqlx::Result<()> {
-    sqlx::query!("delete from login_failures where at < now() - interval '1 day'")
-        .execute(db)
-        .await?;
-    sqlx::query!("delete from admin_sessions where expires_at < now()")
-        .execute(db)
-        .await?;
-    Ok(())
+/// Deletes up to `limit` login failures older than a day (the longest window they are
+/// counted over), skipping rows another process is purging. Returns how many went.
+pub async fn purge_login_failures(db: &PgPool, limit: i64) -> sqlx::Result<u64> {
+    Ok(sqlx::query!(
+        r#"with old as (
+               select id from login_failures where at < now() - interval '1 day'
+                order by id limit $1 for update skip locked
+           )
+           delete from login_failures f using old where f.id = old.id"#,
+        limit,
+    )
+    .execute(db)
+    .await?
+    .rows_affected())
+}
+
+/// Deletes up to `limit` expired admin sessions, skipping rows another process is
+/// purging. Returns how many went.
+pub async fn purge_sessions(db: &PgPool, limit: i64) -> sqlx::Result<u64> {
+    Ok(sqlx::query!(
+        r#"with old as (
+               select token_hash from admin_sessions where expires_at < now()
+                order by expires_at limit $1 for update skip locked
+           )
+           delete from admin_sessions s using old where s.token_hash = old.token_hash"#,
+        limit,
+    )
+    .execute(db)
+    .await?
+    .rows_affected())
 }
 
 #[cfg(test)]

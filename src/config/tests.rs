@@ -254,3 +254,21 @@ fn env_example_lists_every_variable_with_a_comment_and_valid_defaults() {
         .map(|(k, v)| (k.to_string(), v.to_string()));
     Settings::from_vars(pairs).unwrap();
 }
+
+#[test]
+fn holds_are_kept_at_least_as_long_as_their_keys() {
+    let day = Duration::from_secs(86_400);
+    let default = Settings::from_vars(vars(&[])).unwrap();
+    assert_eq!(default.hold_retention(), 7 * day);
+    let short = Settings::from_vars(vars(&[
+        ("STOCKADE_HOLD_RETENTION_DAYS", "1"),
+        ("STOCKADE_IDEMPOTENCY_TTL_HOURS", "72"),
+    ]))
+    .unwrap();
+    assert_eq!(short.hold_retention(), 3 * day, "the key's TTL is longer");
+    let err = Settings::from_vars(vars(&[("STOCKADE_HOLD_RETENTION_DAYS", "0")])).unwrap_err();
+    assert!(
+        err.to_string().contains("STOCKADE_HOLD_RETENTION_DAYS"),
+        "{err}"
+    );
+}

@@ -12,7 +12,7 @@
 //!   mid-send leaves it to be sent again: at least once, never "at most once".
 //! - [`sign`] signs webhook bodies (Standard Webhooks); [`target`] refuses URLs that point
 //!   into private networks; [`mail`] renders and sends receipts.
-//! - [`purge_all`] deletes events older than `STOCKADE_EVENT_RETENTION_DAYS` once every
+//! - [`db::purge`] (run by [`crate::retention`]) deletes events older than `STOCKADE_EVENT_RETENTION_DAYS` once every
 //!   delivery of theirs is sent or given up, with those deliveries: the outbox stays as big
 //!   as the window, not as the shop's history (orders and the stock ledger keep that).
 
@@ -145,22 +145,6 @@ pub fn body(
         "data": payload,
     })
     .to_string()
-}
-
-/// Events purged per statement: each one is short and holds few locks.
-pub const PURGE_BATCH: i64 = 1_000;
-
-/// Purges every event older than `retention` that is done with ([`db::purge`]), in
-/// batches of [`PURGE_BATCH`]; returns how many went.
-pub async fn purge_all(db: &sqlx::PgPool, retention: std::time::Duration) -> sqlx::Result<u64> {
-    let mut purged = 0;
-    loop {
-        let n = db::purge(db, retention, PURGE_BATCH).await?;
-        purged += n;
-        if n < PURGE_BATCH as u64 {
-            return Ok(purged);
-        }
-    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! Hold SQL.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
@@ -195,6 +196,32 @@ pub async fn expire_many(conn: &mut PgConnection, ids: &[Uuid]) -> sqlx::Result<
     .execute(conn)
     .await?;
     Ok(())
+}
+
+/// Deletes up to `limit` of the oldest released and expired holds whose state changed
+/// longer than `retention` ago, with their lines. Rows another process is purging are
+/// skipped (`skip locked`), so every process may run this at once. Returns how many holds
+/// went.
+pub async fn purge(pool: &PgPool, retention: Duration, limit: i64) -> sqlx::Result<u64> {
+    let purged = sqlx::query!(
+        r#"with done as (
+               select id from holds
+                where state in ('released', 'expired')
+                  and updated_at < now() - make_interval(secs => $1)
+                order by updated_at
+                limit $2
+                  for update skip locked
+           ), lines_gone as (
+               delete from hold_lines l using done where l.hold_id = done.id
+           )
+           delete from holds h using done where h.id = done.id"#,
+        retention.as_secs_f64(),
+        limit,
+    )
+    .execute(pool)
+    .await?
+    .rows_affected();
+    Ok(purged)
 }
 
 /// Lines of `holds`, per hold and SKU: `(hold, sku, quantity)`.

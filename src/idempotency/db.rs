@@ -312,13 +312,22 @@ pub async fn stored(
     }))
 }
 
-/// Deletes completed records older than `ttl`. Returns how many.
+/// Deletes up to `limit` of the oldest completed records older than `ttl`, skipping rows
+/// another process is purging. Returns how many went.
 #[tracing::instrument(skip_all)]
-pub async fn purge(pool: &PgPool, ttl: Duration) -> sqlx::Result<u64> {
+pub async fn purge(pool: &PgPool, ttl: Duration, limit: i64) -> sqlx::Result<u64> {
     Ok(sqlx::query!(
-        r#"delete from idempotency_keys
-            where state = 'completed' and created_at < now() - make_interval(secs => $1)"#,
+        r#"with old as (
+               select scope, key from idempotency_keys
+                where state = 'completed' and created_at < now() - make_interval(secs => $1)
+                order by created_at
+                limit $2
+                  for update skip locked
+           )
+           delete from idempotency_keys k using old
+            where k.scope = old.scope and k.key = old.key"#,
         ttl.as_secs_f64(),
+        limit,
     )
     .execute(pool)
     .await?

@@ -1,16 +1,25 @@
 //! Retention: delivered events past `STOCKADE_EVENT_RETENTION_DAYS` go, with their
 //! deliveries; pending and recent ones stay; processes purge side by side; and the
-//! checker's I7 asks for the events of orders within the window only.
+//! checker's I7 asks for the events of orders within the window only. Released and
+//! expired holds, completed idempotency records and login failures past their windows go
+//! too; confirmed and active holds stay.
 
 use std::time::Duration;
 
 use futures_util::future::join_all;
 use sqlx::PgPool;
 use stockade::config::Settings;
+use stockade::retention::Windows;
 
 use crate::helpers::{TestApp, spawn_app_with, test_settings};
 
+const DAY: Duration = Duration::from_secs(86_400);
 const RETENTION: Duration = Duration::from_secs(30 * 86_400);
+const WINDOWS: Windows = Windows {
+    idempotency: DAY,
+    holds: Duration::from_secs(7 * 86_400),
+    events: RETENTION,
+};
 
 /// Places an order of one unit, routes its event and gives it one webhook delivery of
 /// `status`, all dated `days_ago`; returns the order's id.
@@ -89,7 +98,7 @@ async fn delivered_events_past_the_retention_go_with_their_deliveries_and_the_re
     let pending_old = order_delivered(&app, "pending-old", "pending", 40).await;
     let sent_recent = order_delivered(&app, "sent-recent", "sent", 29).await;
     // Many more old delivered ones, for several batches and two purges at once.
-    let many = stockade::events::PURGE_BATCH as usize + 200;
+    let many = stockade::retention::BATCH as usize + 200;
     sqlx::query(
         "with made as (
              insert into events (type, payload, created_at, routed_at)
@@ -110,12 +119,11 @@ async fn delivered_events_past_the_retention_go_with_their_deliveries_and_the_re
     let other = PgPool::connect(app.settings.database_url.as_deref().unwrap())
         .await
         .unwrap();
-    let purged: u64 =
-        join_all([&app.db, &other].map(|db| stockade::events::purge_all(db, RETENTION)))
-            .await
-            .into_iter()
-            .map(Result::unwrap)
-            .sum();
+    let purged: u64 = join_all([&app.db, &other].map(|db| stockade::retention::purge(db, WINDOWS)))
+        .await
+        .into_iter()
+        .map(|p| p.events)
+        .sum();
     assert_eq!(purged, many as u64 + 2, "each purgeable event purged once");
 
     assert_eq!(events_of(&app.db, &sent_old).await, (0, 0));
@@ -185,4 +193,199 @@ async fn a_server_purges_at_start_what_its_retention_setting_lets_go() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(events_of(&app.db, &six_days).await, (1, 1));
+}
+
+/// How many rows `sql` counts.
+async fn count(db: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_string()))
+        .fetch_one(db)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn finished_holds_keys_and_login_failures_go_after_their_windows_and_nothing_else() {
+    let app = crate::helpers::spawn_app().await;
+    app.add_product("KEEP-1", "Kept", 1_000, 100).await;
+    let hold = |key: &'static str| {
+        let app = &app;
+        async move {
+            app.place_hold(key, &[("KEEP-1", 1)]).await["id"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        }
+    };
+    let (released_old, expired_old, confirmed_old, active, released_new) = (
+        hold("released-old").await,
+        hold("expired-old").await,
+        hold("confirmed-old").await,
+        hold("active").await,
+        hold("released-new").await,
+    );
+    for id in [&released_old, &expired_old, &released_new] {
+        let res = app
+            .client
+            .delete(app.url(&format!("/api/v1/holds/{id}")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status().as_u16(), 204);
+    }
+    let res = app
+        .client
+        .post(app.url(&format!("/api/v1/holds/{confirmed_old}/confirm")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 201);
+    // One of the released ones counts as expired (the purge reads only state and age; its
+    // stock went back when it was released). The old ones changed state eight days ago.
+    sqlx::query(
+        "update holds set state = case when id::text = $2 then 'expired' else state end,
+                          updated_at = now() - interval '8 days'
+          where id::text = any($1)",
+    )
+    .bind(vec![
+        released_old.clone(),
+        expired_old.clone(),
+        confirmed_old.clone(),
+        active.clone(),
+    ])
+    .bind(&expired_old)
+    .execute(&app.db)
+    .await
+    .unwrap();
+    // Many more old released holds with two lines each, for several batches.
+    let many = 2_345;
+    app.add_product("KEEP-2", "Kept too", 1_000, 100).await;
+    sqlx::query(
+        "with made as (
+             insert into holds (id, state, expires_at, idempotency_scope, idempotency_key,
+                                created_at, updated_at)
+             select gen_random_uuid(), 'released', now() - interval '9 days', 'hold',
+                    'bulk-' || n, now() - interval '9 days', now() - interval '9 days'
+               from generate_series(1, $1) n
+             returning id)
+         insert into hold_lines (hold_id, sku, quantity, unit_price_cents)
+         select id, sku, 1, 1000 from made, unnest('{KEEP-1,KEEP-2}'::text[]) sku",
+    )
+    .bind(many)
+    .execute(&app.db)
+    .await
+    .unwrap();
+    // Idempotency records: two days old (past the one-day TTL) and fresh.
+    sqlx::query(
+        "update idempotency_keys set created_at = now() - interval '2 days'
+          where key like '%released-old' or key like '%active'",
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
+    let keys_before = count(&app.db, "select count(*) from idempotency_keys").await;
+    let old_keys = count(
+        &app.db,
+        "select count(*) from idempotency_keys where created_at < now() - interval '1 day'",
+    )
+    .await;
+    assert!(old_keys >= 2, "{old_keys} old keys");
+    // Login failures: one of two days ago, one now.
+    sqlx::query(
+        "insert into login_failures (kind, subject, at)
+         values ('account', 'old', now() - interval '2 days'), ('account', 'new', now())",
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
+
+    // Two purges side by side, as two processes run them.
+    let other = PgPool::connect(app.settings.database_url.as_deref().unwrap())
+        .await
+        .unwrap();
+    let rounds =
+        join_all([&app.db, &other].map(|db| stockade::retention::purge(db, WINDOWS))).await;
+    let sum = |f: fn(&stockade::retention::Purged) -> u64| rounds.iter().map(f).sum::<u64>();
+    assert_eq!(
+        sum(|p| p.holds),
+        many as u64 + 2,
+        "each old finished hold purged once"
+    );
+    assert_eq!(
+        sum(|p| p.idempotency_keys),
+        old_keys as u64,
+        "each old key purged once"
+    );
+    assert_eq!(sum(|p| p.login_failures), 1);
+
+    let left = |id: String| {
+        let db = &app.db;
+        async move {
+            count(
+                db,
+                &format!("select count(*) from holds where id::text = '{id}'"),
+            )
+            .await
+                + count(
+                    db,
+                    &format!("select count(*) from hold_lines where hold_id::text = '{id}'"),
+                )
+                .await
+        }
+    };
+    assert_eq!(
+        left(released_old).await,
+        0,
+        "an old released hold goes with its line"
+    );
+    assert_eq!(
+        left(expired_old).await,
+        0,
+        "an old expired hold goes with its line"
+    );
+    assert_eq!(
+        left(confirmed_old).await,
+        2,
+        "a confirmed hold stays with its order"
+    );
+    assert_eq!(left(active).await, 2, "an active hold is the sweeper's");
+    assert_eq!(left(released_new).await, 2, "a recent released hold stays");
+    assert_eq!(
+        count(
+            &app.db,
+            "select count(*) from holds where idempotency_key like 'bulk-%'"
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        count(&app.db, "select count(*) from hold_lines l where not exists (select 1 from holds h where h.id = l.hold_id)").await,
+        0,
+        "no line outlives its hold"
+    );
+    assert_eq!(
+        count(&app.db, "select count(*) from idempotency_keys").await,
+        keys_before - old_keys
+    );
+    assert_eq!(
+        count(
+            &app.db,
+            "select count(*) from login_failures where subject = 'old'"
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        count(
+            &app.db,
+            "select count(*) from login_failures where subject = 'new'"
+        )
+        .await,
+        1
+    );
+    // The purge changed no stock: I1–I7 hold.
+    let stale_after = stockade::loadtest::check::default_stale_after();
+    let verdicts = stockade::loadtest::check::check(&app.db, None, None, stale_after)
+        .await
+        .unwrap();
+    assert!(verdicts.iter().all(|v| v.pass), "{verdicts:?}");
 }
