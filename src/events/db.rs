@@ -222,13 +222,22 @@ async fn settle(
 }
 
 /// Sends delivery `id` again from the start (the admin's "resend"). False when there is
-/// no such delivery.
+/// no such delivery. It first takes its event's row lock (shared), as the retention purge
+/// takes it (exclusive, skipping locked rows) before deleting the event with its
+/// deliveries: so either the purge skips the event and the delivery is pending when it
+/// looks again, or the purge came first and this finds nothing — never "resent" for a
+/// delivery the purge then deletes.
 #[tracing::instrument(skip_all)]
 pub async fn resend(pool: &PgPool, id: i64) -> sqlx::Result<bool> {
     let changed = sqlx::query!(
-        r#"update deliveries
+        r#"with kept as (
+               select e.id from events e join deliveries d on d.event_id = e.id
+                where d.id = $1
+                  for share of e
+           )
+           update deliveries
               set status = 'pending', attempts = 0, next_attempt_at = now(), sent_at = null
-            where id = $1"#,
+            where id = $1 and event_id in (select id from kept)"#,
         id,
     )
     .execute(pool)

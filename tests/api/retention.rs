@@ -389,3 +389,63 @@ async fn finished_holds_keys_and_login_failures_go_after_their_windows_and_nothi
         .unwrap();
     assert!(verdicts.iter().all(|v| v.pass), "{verdicts:?}");
 }
+
+#[tokio::test]
+async fn a_resend_racing_the_purge_keeps_the_event_or_finds_it_gone() {
+    let app = spawn_app_with(test_settings().await).await;
+    app.add_product("KEEP-1", "Kept", 1_000, 100).await;
+    let order = order_delivered(&app, "resent", "failed", 40).await;
+    let (event, delivery): (uuid::Uuid, i64) = sqlx::query_as(
+        "select e.id, d.id from events e join deliveries d on d.event_id = e.id
+          where e.payload->>'order_id' = $1",
+    )
+    .bind(&order)
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    // The purge has chosen the event (its row lock, as `events::db::purge` takes it) and
+    // is about to delete it with its deliveries when the admin presses "Resend".
+    let mut purge = app.db.begin().await.unwrap();
+    sqlx::query("select 1 from events where id = $1 for update")
+        .bind(event)
+        .execute(&mut *purge)
+        .await
+        .unwrap();
+    let db = app.db.clone();
+    let resend = tokio::spawn(async move { stockade::events::db::resend(&db, delivery).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    sqlx::query(
+        "with gone as (delete from deliveries where event_id = $1)
+         delete from events where id = $1",
+    )
+    .bind(event)
+    .execute(&mut *purge)
+    .await
+    .unwrap();
+    purge.commit().await.unwrap();
+    let resent = resend.await.unwrap().unwrap();
+    assert!(!resent, "told resent, but the purge took the delivery");
+    assert_eq!(events_of(&app.db, &order).await, (0, 0));
+
+    // And the other way round: resent first, the purge then leaves the event alone.
+    let order = order_delivered(&app, "resent-first", "failed", 40).await;
+    let delivery: i64 = sqlx::query_scalar(
+        "select d.id from events e join deliveries d on d.event_id = e.id
+          where e.payload->>'order_id' = $1",
+    )
+    .bind(&order)
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    assert!(
+        stockade::events::db::resend(&app.db, delivery)
+            .await
+            .unwrap()
+    );
+    stockade::retention::purge(&app.db, WINDOWS).await;
+    assert_eq!(
+        events_of(&app.db, &order).await,
+        (1, 1),
+        "a pending delivery stays"
+    );
+}
