@@ -5,7 +5,6 @@
 
 use chrono::Utc;
 use sqlx::{Acquire as _, PgConnection};
-use uuid::Uuid;
 
 use super::decided::{Keyed, Stored};
 use super::kind::{Draft, Kind};
@@ -41,7 +40,7 @@ pub(super) async fn transact<K: Kind>(
     fence: Option<i64>,
     held: Option<&mut PgConnection>,
 ) -> Result<Tx<K>, OrderError> {
-    let id = Uuid::new_v4();
+    let id = crate::orders::new_id();
     let reference = id.to_string();
     let actor = keyed.scope.as_str();
 

@@ -207,7 +207,7 @@ async fn apply(
         }
         let email = p.email.as_deref().or(hold.email.as_deref());
         let order = Order {
-            id: Uuid::new_v4(),
+            id: crate::orders::new_id(),
             status: OrderStatus::Placed,
             total_cents: hold
                 .lines

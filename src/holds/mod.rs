@@ -196,7 +196,7 @@ pub async fn confirm(
         HoldState::Active | HoldState::Expired => {}
     }
 
-    let order_id = Uuid::new_v4();
+    let order_id = crate::orders::new_id();
     let reference = order_id.to_string();
     let live = db::is_live(&mut tx, id).await?;
     if live {

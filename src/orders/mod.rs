@@ -13,6 +13,15 @@ use uuid::Uuid;
 
 use crate::catalog::{Sku, format_cents};
 
+/// A new order's or hold's id: a UUIDv7, time-ordered with 74 random bits. Ids made one
+/// after another sort one after another, so each insert lands on its primary key's last
+/// page; random (v4) ids touch a random page of an index that grows with the shop's
+/// history, and after every checkpoint each touched page is written whole to the WAL
+/// (measured at 10 M rows: 3.1 kB of WAL per insert against 0.2 kB, ARCHITECTURE.md).
+pub fn new_id() -> Uuid {
+    Uuid::now_v7()
+}
+
 /// Stores a fieldless enum in a `text` column as the names its `as_str` gives (the
 /// column's `check` constraint lists the same names), and reads it back.
 macro_rules! text_column {

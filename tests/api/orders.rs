@@ -941,3 +941,33 @@ async fn orders_continue_on_the_database_guard_while_redis_is_down() {
     app.assert_invariants().await;
     assert_eq!(app.count("select count(*) from orders").await, 35);
 }
+
+#[tokio::test]
+async fn orders_holds_and_their_events_get_time_ordered_ids() {
+    let app = spawn_app().await;
+    app.add_product("V7-1", "Ordered", 1_000, 100).await;
+    let mut ids = Vec::new();
+    for key in ["v7-a", "v7-b", "v7-c"] {
+        let res = app.post_order(key, &[("V7-1", 1)]).await;
+        assert_eq!(res.status().as_u16(), 201);
+        let body: serde_json::Value = res.json().await.unwrap();
+        ids.push(body["id"].as_str().unwrap().parse::<uuid::Uuid>().unwrap());
+    }
+    let hold = app.place_hold("v7-hold", &[("V7-1", 1)]).await;
+    ids.push(hold["id"].as_str().unwrap().parse().unwrap());
+    assert!(ids.iter().all(|id| id.get_version_num() == 7), "{ids:?}");
+    assert!(
+        ids.windows(2).all(|w| w[0] < w[1]),
+        "made in order, sorted in order: {ids:?}"
+    );
+    let events: Vec<uuid::Uuid> = sqlx::query_scalar("select id from events order by seq")
+        .fetch_all(&app.db)
+        .await
+        .unwrap();
+    assert!(events.len() >= 4, "{events:?}");
+    assert!(
+        events.iter().all(|id| id.get_version_num() == 7),
+        "{events:?}"
+    );
+    assert!(events.windows(2).all(|w| w[0] < w[1]), "{events:?}");
+}

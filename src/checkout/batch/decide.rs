@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use chrono::Utc;
 use sqlx::PgPool;
-use uuid::Uuid;
 
 use super::db;
 use super::{BatchAnswer, Job, Want};
@@ -300,7 +299,7 @@ async fn decide(
             .sum();
         each.push(match job.want {
             Want::Order => BatchAnswer::Placed(Order {
-                id: Uuid::new_v4(),
+                id: crate::orders::new_id(),
                 status: crate::orders::OrderStatus::Placed,
                 total_cents,
                 lines,
@@ -309,7 +308,7 @@ async fn decide(
                 created_at: now,
             }),
             Want::Hold => BatchAnswer::Held(Hold {
-                id: Uuid::new_v4(),
+                id: crate::orders::new_id(),
                 state: HoldState::Active,
                 expires_at,
                 lines,
