@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use sqlx::PgPool;
 use stockade::config::Settings;
-use stockade::retention::Windows;
+use stockade::retention::{Purged, Windows};
 
 use crate::helpers::{TestApp, spawn_app_with, test_settings};
 
@@ -115,13 +115,9 @@ async fn delivered_events_past_the_retention_go_with_their_deliveries_and_the_re
     .await
     .unwrap();
 
-    // Two purges side by side (as two processes run them), each on its own connections.
-    let other = PgPool::connect(app.settings.database_url.as_deref().unwrap())
+    let purged: u64 = purged_side_by_side(&app)
         .await
-        .unwrap();
-    let purged: u64 = join_all([&app.db, &other].map(|db| stockade::retention::purge(db, WINDOWS)))
-        .await
-        .into_iter()
+        .iter()
         .map(|p| p.events)
         .sum();
     assert_eq!(purged, many as u64 + 2, "each purgeable event purged once");
@@ -193,6 +189,15 @@ async fn a_server_purges_at_start_what_its_retention_setting_lets_go() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(events_of(&app.db, &six_days).await, (1, 1));
+}
+
+/// Two purge rounds side by side (as two processes run them), each on its own
+/// connections; what each deleted.
+async fn purged_side_by_side(app: &TestApp) -> Vec<Purged> {
+    let other = PgPool::connect(app.settings.database_url.as_deref().unwrap())
+        .await
+        .unwrap();
+    join_all([&app.db, &other].map(|db| stockade::retention::purge(db, WINDOWS))).await
 }
 
 /// How many rows `sql` counts.
@@ -298,13 +303,8 @@ async fn finished_holds_keys_and_login_failures_go_after_their_windows_and_nothi
     .await
     .unwrap();
 
-    // Two purges side by side, as two processes run them.
-    let other = PgPool::connect(app.settings.database_url.as_deref().unwrap())
-        .await
-        .unwrap();
-    let rounds =
-        join_all([&app.db, &other].map(|db| stockade::retention::purge(db, WINDOWS))).await;
-    let sum = |f: fn(&stockade::retention::Purged) -> u64| rounds.iter().map(f).sum::<u64>();
+    let rounds = purged_side_by_side(&app).await;
+    let sum = |f: fn(&Purged) -> u64| rounds.iter().map(f).sum::<u64>();
     assert_eq!(
         sum(|p| p.holds),
         many as u64 + 2,
