@@ -430,13 +430,10 @@ impl Replica {
     }
 }
 
-/// Background deletes, in every process (they are idempotent, so several processes doing
-/// them is harmless): in-flight idempotency records of requests that died, every
-/// [`STALE_PURGE_EVERY`], so no dead record blocks its key much past the stale window;
-/// completed records, login failures, sessions and delivered events past their time, at
-/// start and every ten minutes.
 /// Releases, every [`STALE_PURGE_EVERY`], the idempotency keys of requests that died in
-/// flight longer than `stale_after` ago.
+/// flight longer than `stale_after` ago, so no dead record blocks its key much past the
+/// stale window (in every process: the delete is idempotent). What is kept for how long
+/// is [`crate::retention`]'s.
 fn spawn_stale_key_purge(db: PgPool, stale_after: Duration) {
     tokio::spawn(async move {
         let mut every = tokio::time::interval(STALE_PURGE_EVERY);

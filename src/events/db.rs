@@ -103,28 +103,45 @@ pub struct Claimed {
 /// routed, with no delivery still pending (every delivery sent or given up), and their
 /// deliveries. Rows another process is purging are skipped (`skip locked`), so every
 /// process may run this at once. Returns how many events went.
+///
+/// Two statements in one transaction: the first locks the candidates, the second (with a
+/// snapshot taken after those locks) checks again that none has a pending delivery and
+/// deletes; one statement would judge "pending" by a snapshot older than its locks. An admin's [`resend`] takes the event's lock first, so it either made its
+/// delivery pending before the second statement looked (the event stays), or waits for
+/// this transaction and then finds the delivery gone.
 pub async fn purge(pool: &PgPool, retention: Duration, limit: i64) -> sqlx::Result<u64> {
     let days = i32::try_from(retention.as_secs() / 86_400).unwrap_or(i32::MAX);
+    let mut tx = pool.begin().await?;
+    let locked = sqlx::query_scalar!(
+        r#"select e.id from events e
+            where e.created_at < now() - make_interval(days => $1)
+              and e.routed_at is not null
+              and not exists (select 1 from deliveries d
+                               where d.event_id = e.id and d.status = 'pending')
+            order by e.created_at
+            limit $2
+              for update skip locked"#,
+        days,
+        limit,
+    )
+    .fetch_all(&mut *tx)
+    .await?;
     let purged = sqlx::query!(
         r#"with done as (
                select e.id from events e
-                where e.created_at < now() - make_interval(days => $1)
-                  and e.routed_at is not null
+                where e.id = any($1)
                   and not exists (select 1 from deliveries d
                                    where d.event_id = e.id and d.status = 'pending')
-                order by e.created_at
-                limit $2
-                  for update skip locked
            ), deliveries_gone as (
                delete from deliveries d using done where d.event_id = done.id
            )
            delete from events e using done where e.id = done.id"#,
-        days,
-        limit,
+        &locked,
     )
-    .execute(pool)
+    .execute(&mut *tx)
     .await?
     .rows_affected();
+    tx.commit().await?;
     Ok(purged)
 }
 

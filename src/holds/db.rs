@@ -199,16 +199,20 @@ pub async fn expire_many(conn: &mut PgConnection, ids: &[Uuid]) -> sqlx::Result<
 }
 
 /// Deletes up to `limit` of the oldest released and expired holds whose state changed
-/// longer than `retention` ago, with their lines. Rows another process is purging are
+/// longer than `retention` ago and whose idempotency record is gone, with their lines. Rows another process is purging are
 /// skipped (`skip locked`), so every process may run this at once. Returns how many holds
 /// went.
 pub async fn purge(pool: &PgPool, retention: Duration, limit: i64) -> sqlx::Result<u64> {
     let purged = sqlx::query!(
         r#"with done as (
-               select id from holds
-                where state in ('released', 'expired')
-                  and updated_at < now() - make_interval(secs => $1)
-                order by updated_at
+               select h.id from holds h
+                where h.state in ('released', 'expired')
+                  and h.updated_at < now() - make_interval(secs => $1)
+                  -- the key's record goes first: a retry replaying it must find its hold
+                  and not exists (select 1 from idempotency_keys k
+                                   where k.scope = h.idempotency_scope
+                                     and k.key = h.idempotency_key)
+                order by h.updated_at
                 limit $2
                   for update skip locked
            ), lines_gone as (

@@ -103,7 +103,8 @@ pub struct ConfirmBody {
 }
 
 /// Confirms a hold the caller placed into an order; confirming again answers the same
-/// order. After expiry the order is placed from free stock if there is enough (else 409).
+/// order. After expiry the order is placed from free stock if there is enough (else 409);
+/// a hold purged after `STOCKADE_HOLD_RETENTION_DAYS` answers 404.
 #[utoipa::path(
     post,
     path = "/api/v1/holds/{id}/confirm",

@@ -1,0 +1,266 @@
+//! Local mode's PostgreSQL: a cluster of its own, created on first start.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use nix::sys::signal::Signal;
+use nix::unistd::User;
+
+use super::{
+    PG_USER, postgres_bin_dir, private_dir, remembered_port, run_as, service_user, stop_child,
+    stop_leftover, write_private,
+};
+
+/// A running PostgreSQL cluster owned by this process.
+#[derive(Debug)]
+pub struct LocalPostgres {
+    child: Option<Child>,
+    pub port: u16,
+    pub data_dir: PathBuf,
+    /// True when this start created the cluster (first start).
+    pub created: bool,
+    /// The superuser's password (clusters created before passwords were used have none).
+    password: Option<String>,
+}
+
+impl LocalPostgres {
+    /// Starts (creating on first use) the cluster whose data lives in `wanted`.
+    pub fn start(wanted: &Path, port: Option<u16>, ephemeral: bool) -> anyhow::Result<Self> {
+        let bin = postgres_bin_dir()?;
+        let owner = service_user()?;
+        let dir = private_dir(wanted, owner.as_ref())?;
+        stop_leftover(&dir.join("postmaster.pid"), "postgres", &dir)?;
+
+        // The password lives beside the data folder, readable by this user only.
+        let password_file = wanted.with_file_name(format!(
+            "{}.password",
+            wanted
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("postgres")
+        ));
+        let created = !dir.join("PG_VERSION").exists();
+        if created {
+            tracing::info!(dir = %dir.display(), "creating PostgreSQL cluster");
+            let password = uuid::Uuid::new_v4().simple().to_string();
+            write_private(&password_file, &password)?;
+            // initdb (running as the cluster's owner) reads the password from a file in a
+            // private folder beside the cluster; both go as soon as it is done.
+            let secret_dir = dir
+                .parent()
+                .unwrap_or(Path::new("/tmp"))
+                .join(format!(".initdb-{}", uuid::Uuid::new_v4().simple()));
+            fs::create_dir(&secret_dir)?;
+            fs::set_permissions(&secret_dir, fs::Permissions::from_mode(0o700))?;
+            let pwfile = secret_dir.join("password");
+            write_private(&pwfile, &password)?;
+            if let Some(owner) = &owner {
+                nix::unistd::chown(&secret_dir, Some(owner.uid), Some(owner.gid))?;
+                nix::unistd::chown(&pwfile, Some(owner.uid), Some(owner.gid))?;
+            }
+            let mut initdb = Command::new(bin.join("initdb"));
+            initdb
+                .arg("-D")
+                .arg(&dir)
+                .args([
+                    "-U",
+                    PG_USER,
+                    "--auth=scram-sha-256",
+                    "-E",
+                    "UTF8",
+                    "--no-locale",
+                ])
+                .arg(format!("--pwfile={}", pwfile.display()));
+            if ephemeral {
+                initdb.arg("--no-sync");
+            }
+            run_as(&mut initdb, owner.as_ref());
+            let out = initdb.output().context("could not run initdb");
+            let _ = fs::remove_dir_all(&secret_dir);
+            let out = out?;
+            if !out.status.success() {
+                bail!(
+                    "initdb failed:\n{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+
+        let port = port.map_or_else(|| remembered_port(wanted, "postgres"), Ok)?;
+        let password = fs::read_to_string(&password_file)
+            .ok()
+            .map(|p| p.trim().to_string());
+        Self::spawn(
+            &bin,
+            owner.as_ref(),
+            dir,
+            port,
+            ephemeral,
+            created,
+            password,
+        )
+    }
+
+    /// Starts a streaming replica of the primary on `primary_port` with its data in `wanted`: on first use a
+    /// base backup of the primary (`pg_basebackup -R`, which also writes how to follow it).
+    /// It takes the primary's password and answers read-only queries.
+    pub fn start_replica_of(
+        primary_port: u16,
+        primary_password: Option<String>,
+        wanted: &Path,
+        port: Option<u16>,
+        ephemeral: bool,
+    ) -> anyhow::Result<Self> {
+        let bin = postgres_bin_dir()?;
+        let owner = service_user()?;
+        let dir = private_dir(wanted, owner.as_ref())?;
+        stop_leftover(&dir.join("postmaster.pid"), "postgres", &dir)?;
+        let created = !dir.join("PG_VERSION").exists();
+        if created {
+            tracing::info!(dir = %dir.display(), "copying the primary for a streaming replica");
+            let mut backup = Command::new(bin.join("pg_basebackup"));
+            backup
+                .arg("-D")
+                .arg(&dir)
+                .args(["-h", "127.0.0.1", "-p", &primary_port.to_string()])
+                .args(["-U", PG_USER, "-R", "-X", "stream", "--checkpoint=fast"]);
+            if ephemeral {
+                backup.arg("--no-sync");
+            }
+            if let Some(pw) = &primary_password {
+                backup.env("PGPASSWORD", pw);
+            }
+            run_as(&mut backup, owner.as_ref());
+            let out = backup.output().context("could not run pg_basebackup")?;
+            if !out.status.success() {
+                bail!(
+                    "pg_basebackup failed:\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+        let port = port.map_or_else(|| remembered_port(wanted, "replica"), Ok)?;
+        Self::spawn(
+            &bin,
+            owner.as_ref(),
+            dir,
+            port,
+            ephemeral,
+            created,
+            primary_password,
+        )
+    }
+
+    fn spawn(
+        bin: &Path,
+        owner: Option<&User>,
+        dir: PathBuf,
+        port: u16,
+        ephemeral: bool,
+        created: bool,
+        password: Option<String>,
+    ) -> anyhow::Result<Self> {
+        let log = fs::File::create(dir.join("postgres.log")).context("postgres.log")?;
+        let mut cmd = Command::new(bin.join("postgres"));
+        cmd.arg("-D")
+            .arg(&dir)
+            .args(["-p", &port.to_string()])
+            .args(["-c", "listen_addresses=127.0.0.1"])
+            .args(["-c", "unix_socket_directories="])
+            .args(["-c", "max_connections=500"])
+            // A fresh cluster has no old WAL segments to recycle, so each new 16 MB
+            // segment would be written full of zeroes, and fsynced, by the commit that
+            // needs it: a stall of a tenth of a second or more every second at a flash
+            // sale's rate of WAL. A server that has run a while recycles its segments
+            // instead. Files created sparse behave like that from the start; durability
+            // is the same (fsync and synchronous commit stay on).
+            .args(["-c", "wal_init_zero=off"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .process_group(0);
+        if ephemeral {
+            cmd.args(["-c", "fsync=off", "-c", "synchronous_commit=off"])
+                .args(["-c", "full_page_writes=off"]);
+        }
+        run_as(&mut cmd, owner);
+        let child = cmd.spawn().context("could not start postgres")?;
+        let mut pg = Self {
+            child: Some(child),
+            port,
+            data_dir: dir,
+            created,
+            password,
+        };
+        pg.wait_until_accepting()?;
+        Ok(pg)
+    }
+
+    /// URL of `database` on this cluster.
+    pub fn url(&self, database: &str) -> String {
+        match &self.password {
+            Some(pw) => format!(
+                "postgres://{PG_USER}:{pw}@127.0.0.1:{}/{database}",
+                self.port
+            ),
+            None => format!("postgres://{PG_USER}@127.0.0.1:{}/{database}", self.port),
+        }
+    }
+
+    fn wait_until_accepting(&mut self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                let log =
+                    fs::read_to_string(self.data_dir.join("postgres.log")).unwrap_or_default();
+                bail!("postgres exited with {status} while starting:\n{log}");
+            }
+            // The server answers on TCP before it accepts logins; pg_isready's job, done by
+            // reading the startup log line instead of adding a client dependency here.
+            let log = fs::read_to_string(self.data_dir.join("postgres.log")).unwrap_or_default();
+            // A standby says "ready to accept read-only connections".
+            if log.contains("database system is ready to accept") {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("postgres did not become ready within 60 s:\n{log}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The superuser's password, if the cluster has one.
+    pub fn password(&self) -> Option<&str> {
+        self.password.as_deref()
+    }
+
+    /// Whether the server process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+    }
+
+    /// Fast shutdown (SIGINT): open transactions roll back, data is kept.
+    pub fn stop(&mut self) {
+        if let Some(child) = self.child.take() {
+            stop_child(child, Signal::SIGINT, "postgres");
+        }
+    }
+}
+
+impl Drop for LocalPostgres {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
