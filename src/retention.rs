@@ -4,7 +4,7 @@
 //! | table | purged | kept for |
 //! |---|---|---|
 //! | `idempotency_keys` | completed records | `STOCKADE_IDEMPOTENCY_TTL_HOURS` (in-flight ones of dead requests: [`crate::idempotency::purge_stale`], every second) |
-//! | `holds`, `hold_lines` | released and expired holds | `STOCKADE_HOLD_RETENTION_DAYS`, at least the idempotency TTL |
+//! | `holds`, `hold_lines` | released and expired holds whose key's record is gone | `STOCKADE_HOLD_RETENTION_DAYS`, at least the idempotency TTL |
 //! | `events`, `deliveries` | routed events with no pending delivery | `STOCKADE_EVENT_RETENTION_DAYS` |
 //! | `login_failures` | every row | one day (the longest window they are counted over) |
 //! | `admin_sessions` | expired sessions | until they expire |

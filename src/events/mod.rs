@@ -12,8 +12,9 @@
 //!   mid-send leaves it to be sent again: at least once, never "at most once".
 //! - [`sign`] signs webhook bodies (Standard Webhooks); [`target`] refuses URLs that point
 //!   into private networks; [`mail`] renders and sends receipts.
-//! - [`db::purge`] (run by [`crate::retention`]) deletes events older than `STOCKADE_EVENT_RETENTION_DAYS` once every
-//!   delivery of theirs is sent or given up, with those deliveries: the outbox stays as big
+//! - [`db::purge`] (run by [`crate::retention`]) deletes events older than
+//!   `STOCKADE_EVENT_RETENTION_DAYS` once every delivery of theirs is sent or given up,
+//!   with those deliveries: the outbox stays as big
 //!   as the window, not as the shop's history (orders and the stock ledger keep that).
 
 pub mod db;
