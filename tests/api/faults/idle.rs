@@ -22,11 +22,14 @@ async fn a_session_idle_in_a_transaction_is_ended_within_the_idle_timeout() {
         .fetch_one(&mut *tx)
         .await
         .unwrap();
+    // Timed from before the last statement is sent: the server's idle timer starts when it
+    // has answered, before the answer reaches this process, so a clock started on receipt
+    // would run behind it (seen: "ended after 499.76 ms" for a 500 ms timeout).
+    let idle_since = Instant::now();
     sqlx::query("select 1 from pg_class limit 1 for share")
         .execute(&mut *tx)
         .await
         .unwrap();
-    let idle_since = Instant::now();
     let ended = loop {
         // Runtime: a test's own look at the server.
         let alive: bool =
