@@ -85,6 +85,7 @@ define install_missing
 	  command -v redis-sentinel >/dev/null 2>&1 || missing="$$missing redis-sentinel"; \
 	fi; \
 	if [ "$(1)" = test ]; then \
+	  command -v pgbackrest >/dev/null 2>&1 || missing="$$missing pgbackrest"; \
 	  ( command -v chromium && command -v chromedriver ) >/dev/null 2>&1 || missing="$$missing chromium chromium-driver"; \
 	  command -v docker-compose >/dev/null 2>&1 || missing="$$missing docker-compose"; \
 	  python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing="$$missing python3-venv"; \

@@ -7,6 +7,8 @@ use std::process::ExitCode;
 use anyhow::bail;
 use clap::{Args, Parser, Subcommand};
 
+mod backup;
+
 use crate::bench::{self, BenchArgs};
 use crate::config::{OrderStrategy, Settings};
 use crate::loadtest::{self, CheckArgs, LoadtestArgs};
@@ -48,6 +50,10 @@ enum Command {
     /// several app processes, PgBouncer, a PostgreSQL primary and streaming replica, a
     /// Redis master and replica with three Sentinels.
     Cluster(ClusterArgs),
+    /// Take, list and restore the pgBackRest backups of `serve --backups` or
+    /// `cluster --backups`.
+    #[command(subcommand)]
+    Backup(backup::BackupCommand),
 }
 
 #[derive(Debug, Args)]
@@ -64,6 +70,10 @@ struct ClusterArgs {
     /// Server connections PgBouncer keeps to the primary, shared equally by the apps.
     #[arg(long, default_value_t = 48, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pgbouncer_pool: u32,
+    /// Archive the primary's WAL to, and keep pgBackRest backups in, this folder (a full
+    /// backup is taken at start when it has none); see `stockade backup`.
+    #[arg(long)]
+    backups: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -142,6 +152,10 @@ struct ServeArgs {
     /// Allow the naive-unsafe strategy, which oversells on purpose.
     #[arg(long)]
     allow_unsafe: bool,
+    /// Local mode: archive PostgreSQL's WAL to, and keep pgBackRest backups in, this
+    /// folder (a full backup is taken at start when it has none); see `stockade backup`.
+    #[arg(long)]
+    backups: Option<PathBuf>,
 }
 
 impl Cli {
@@ -174,6 +188,7 @@ impl Cli {
                 Command::Check(args) => verdict(loadtest::check_command(args).await),
                 Command::Bench(args) => verdict(until_interrupted(bench::bench(*args)).await),
                 Command::Cluster(args) => cluster(settings, args).await,
+                Command::Backup(command) => backup::run(command).await,
             }
         });
         match result {
@@ -233,12 +248,20 @@ async fn serve(mut settings: Settings, args: ServeArgs) -> anyhow::Result<()> {
         );
     }
 
+    if args.backups.is_some() && !settings.local_mode() {
+        bail!(
+            "--backups sets up local mode's PostgreSQL; with DATABASE_URL set, set up \
+             pgBackRest on that server (README, \"Backups\")"
+        );
+    }
+
     let mut shutdown = std::pin::pin!(shutdown_signal());
     let local = if settings.local_mode() {
         let options = LocalOptions {
             pg_port: settings.local_pg_port,
             redis_port: settings.local_redis_port,
             ephemeral: false,
+            backups: args.backups.clone(),
         };
         tracing::info!(dir = %settings.data_dir.display(), "local mode: starting PostgreSQL and Redis");
         let local = tokio::select! {
@@ -256,7 +279,8 @@ async fn serve(mut settings: Settings, args: ServeArgs) -> anyhow::Result<()> {
         None
     };
 
-    let result = run_server(settings, local.is_some(), shutdown).await;
+    let backups = args.backups.filter(|_| local.is_some());
+    let result = run_server(settings, local.is_some(), backups, shutdown).await;
     if let Some(local) = local {
         tracing::info!("stopping PostgreSQL and Redis");
         tokio::task::spawn_blocking(move || local.stop()).await?;
@@ -267,6 +291,7 @@ async fn serve(mut settings: Settings, args: ServeArgs) -> anyhow::Result<()> {
 async fn run_server(
     settings: Settings,
     local_mode: bool,
+    backups: Option<PathBuf>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let listen = settings.listen;
@@ -319,6 +344,12 @@ async fn run_server(
         println!(
             "  Redis:       {}",
             redis_url.as_deref().unwrap_or_default()
+        );
+    }
+    if let Some(dir) = backups {
+        println!(
+            "  Backups:     {}  (pgBackRest, WAL archived; `stockade backup list --backups …`)",
+            dir.display()
         );
     }
     println!("Press Ctrl-C to stop.");
@@ -377,6 +408,7 @@ async fn cluster(settings: Settings, args: ClusterArgs) -> anyhow::Result<()> {
         port: args.port,
         pgbouncer_pool: args.pgbouncer_pool,
         ephemeral: false,
+        backups: args.backups,
         settings,
     };
     let cluster = until_interrupted(Cluster::start(options)).await?;

@@ -16,20 +16,23 @@
 //! reaches Stockade only. Dropping the [`Cluster`] stops everything, front to back.
 
 use std::fs;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, bail};
-use nix::sys::signal::Signal;
-use nix::unistd::User;
+use anyhow::Context;
 
 use crate::config::Settings;
 use crate::loadtest::servers::ServerProcess;
+use crate::local::backups::Repo;
 use crate::local::{
-    self, LocalPostgres, LocalRedis, PG_DATABASE, PG_USER, create_database, find_binary, free_port,
-    private_dir, run_as, service_user, write_private,
+    LocalPostgres, LocalRedis, PG_DATABASE, create_database, free_port, service_user, write_private,
+};
+
+mod daemons;
+
+pub use daemons::Daemon;
+use daemons::{
+    start_haproxy, start_pgbouncer, start_sentinel, wait_for_sentinels, wait_for_server_connections,
 };
 
 /// The master name the Sentinels monitor.
@@ -60,98 +63,10 @@ pub struct ClusterOptions {
     pub pgbouncer_pool: u32,
     /// Trade durability for speed (fsync off): for tests only.
     pub ephemeral: bool,
+    /// Archive the primary's WAL to, and keep backups in, this pgBackRest repository.
+    pub backups: Option<PathBuf>,
     /// Timeouts the primary's sessions get from PgBouncer (the apps' own settings).
     pub settings: Settings,
-}
-
-/// A server process that is not PostgreSQL or Redis (PgBouncer, a Sentinel, HAProxy),
-/// kept with how to start it again.
-pub struct Daemon {
-    name: &'static str,
-    command: Box<dyn Fn() -> Command + Send + Sync>,
-    child: Option<Child>,
-    pub port: u16,
-    log: PathBuf,
-}
-
-impl std::fmt::Debug for Daemon {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Daemon")
-            .field("name", &self.name)
-            .field("port", &self.port)
-            .finish()
-    }
-}
-
-impl Daemon {
-    fn start(
-        name: &'static str,
-        port: u16,
-        log: PathBuf,
-        command: impl Fn() -> Command + Send + Sync + 'static,
-    ) -> anyhow::Result<Self> {
-        let mut daemon = Self {
-            name,
-            command: Box::new(command),
-            child: None,
-            port,
-            log,
-        };
-        daemon.restart()?;
-        Ok(daemon)
-    }
-
-    /// Starts the process again (after [`Daemon::stop`] or [`Daemon::kill9`]) and waits
-    /// until it accepts connections.
-    pub fn restart(&mut self) -> anyhow::Result<()> {
-        self.stop();
-        let mut cmd = (self.command)();
-        cmd.stdin(Stdio::null()).process_group(0);
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("could not start {}", self.name))?;
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                self.child = None;
-                let log = fs::read_to_string(&self.log).unwrap_or_default();
-                bail!("{} exited with {status} while starting:\n{log}", self.name);
-            }
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!("{} did not accept connections within 20 s", self.name);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Kills the process at once (SIGKILL), as a crash would.
-    pub fn kill9(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    /// SIGTERM, and waits for the exit.
-    pub fn stop(&mut self) {
-        if let Some(child) = self.child.take() {
-            local::stop_child(child, Signal::SIGTERM, self.name);
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        self.stop();
-    }
 }
 
 /// The running topology. Fields are public so the failure tests can stop and kill parts.
@@ -167,6 +82,8 @@ pub struct Cluster {
     redis_password: String,
     /// The first admin's password when this start created it.
     pub admin_password: Option<String>,
+    /// The pgBackRest repository the primary archives to, if any.
+    backups: Option<PathBuf>,
 }
 
 impl Cluster {
@@ -179,7 +96,12 @@ impl Cluster {
         let ephemeral = options.ephemeral;
 
         let primary_dir = dir.join("postgres-primary");
-        let primary = blocking(move || LocalPostgres::start(&primary_dir, None, ephemeral)).await?;
+        let backups = options.backups.clone();
+        let primary = blocking(move || {
+            let repo = backups.as_deref().map(Repo::open).transpose()?;
+            LocalPostgres::start(&primary_dir, None, ephemeral, repo.as_ref())
+        })
+        .await?;
         create_database(&primary.url("postgres"), PG_DATABASE).await?;
         let admin_password = prepare_database(&primary.url(PG_DATABASE)).await?;
         let replica = {
@@ -273,6 +195,7 @@ impl Cluster {
             primary,
             redis_password,
             admin_password,
+            backups: options.backups.clone(),
         })
     }
 
@@ -364,6 +287,12 @@ impl Cluster {
             "  Sentinels:   {}  (master name {MASTER_NAME})\n",
             self.sentinel_addresses().join(",")
         ));
+        if let Some(dir) = &self.backups {
+            out.push_str(&format!(
+                "  Backups:     {}  (pgBackRest, the primary's WAL archived)\n",
+                dir.display()
+            ));
+        }
         out
     }
 
@@ -435,291 +364,4 @@ fn redis_password(dir: &Path) -> anyhow::Result<String> {
     let p = uuid::Uuid::new_v4().simple().to_string();
     write_private(&file, &p)?;
     Ok(p)
-}
-
-/// Writes `content` to `path` (mode 0600) owned by `owner`, who runs the server reading it.
-fn write_owned(path: &Path, content: &str, owner: Option<&User>) -> anyhow::Result<()> {
-    write_private(path, content)?;
-    if let Some(owner) = owner {
-        nix::unistd::chown(path, Some(owner.uid), Some(owner.gid))?;
-    }
-    Ok(())
-}
-
-/// PgBouncer in front of the primary, in session pooling mode: it caps the primary's
-/// connections at `pgbouncer_pool` and queues the apps' connections for them. Not
-/// transaction pooling: PgBouncer 1.18 hands the server connection back at every Sync
-/// outside a transaction, and sqlx sends Parse+Describe+Sync before Bind+Execute+Sync, so
-/// a statement would be parsed on one server connection and bound on another (named
-/// statements collide at once: "prepared statement sqlx_s_1 already exists"). PgBouncer
-/// refuses startup options, so the session timeouts the apps would send are set here, on
-/// every server connection (`connect_query`).
-fn start_pgbouncer(
-    dir: &Path,
-    owner: Option<User>,
-    primary: &LocalPostgres,
-    options: &ClusterOptions,
-) -> anyhow::Result<Daemon> {
-    let bin = find_binary("pgbouncer")
-        .or_else(|| Some(PathBuf::from("/usr/sbin/pgbouncer")).filter(|p| p.is_file()))
-        .context("pgbouncer not found: install it (Debian/Ubuntu: apt-get install pgbouncer)")?;
-    let dir = private_dir(&dir.join("pgbouncer"), owner.as_ref())?;
-    let port = free_port()?;
-    let password = primary.password().unwrap_or_default();
-    let userlist = dir.join("userlist.txt");
-    write_owned(
-        &userlist,
-        &format!("\"{PG_USER}\" \"{password}\"\n"),
-        owner.as_ref(),
-    )?;
-    let s = &options.settings;
-    let connect_query = format!(
-        "set statement_timeout = {st}; set lock_timeout = {st}; \
-         set idle_in_transaction_session_timeout = {tx}",
-        st = s.statement_timeout.as_millis(),
-        tx = s.idle_in_tx_timeout.as_millis()
-    );
-    let config = dir.join("pgbouncer.ini");
-    write_owned(
-        &config,
-        &format!(
-            "[databases]\n\
-             {PG_DATABASE} = host=127.0.0.1 port={pg} dbname={PG_DATABASE} user={PG_USER} \
-             connect_query='{connect_query}'\n\
-             * = host=127.0.0.1 port={pg} connect_query='{connect_query}'\n\
-             [pgbouncer]\n\
-             listen_addr = 127.0.0.1\n\
-             listen_port = {port}\n\
-             unix_socket_dir =\n\
-             auth_type = scram-sha-256\n\
-             auth_file = {userlist}\n\
-             pool_mode = session\n\
-             default_pool_size = {pool}\n\
-             min_pool_size = {pool}\n\
-             reserve_pool_size = 4\n\
-             reserve_pool_timeout = 1\n\
-             query_wait_timeout = 5\n\
-             max_client_conn = 4000\n\
-             ignore_startup_parameters = extra_float_digits\n\
-             server_login_retry = 1\n\
-             admin_users = {PG_USER}\n\
-             logfile = {log}\n\
-             pidfile = {pid}\n",
-            pg = primary.port,
-            userlist = userlist.display(),
-            pool = options.pgbouncer_pool,
-            log = dir.join("pgbouncer.log").display(),
-            pid = dir.join("pgbouncer.pid").display(),
-        ),
-        owner.as_ref(),
-    )?;
-    Daemon::start("pgbouncer", port, dir.join("pgbouncer.log"), move || {
-        let mut cmd = Command::new(&bin);
-        cmd.arg(&config).stdout(Stdio::null()).stderr(Stdio::null());
-        run_as(&mut cmd, owner.as_ref());
-        cmd
-    })
-}
-
-/// Waits until PgBouncer has opened its server connections (`min_pool_size`, a few a
-/// second, once a first client has made it open the pool): apps started before would
-/// wait for them at their first requests, and give up.
-async fn wait_for_server_connections(
-    primary_url: &str,
-    pgbouncer_url: &str,
-    pool: u32,
-) -> anyhow::Result<()> {
-    use sqlx::Connection;
-    let first = sqlx::PgConnection::connect(pgbouncer_url)
-        .await
-        .context("cannot connect through PgBouncer")?;
-    let db = sqlx::PgPool::connect(primary_url).await?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        // This check's own session is one of the client backends.
-        let open = sqlx::query_scalar!(
-            r#"select count(*) - 1 as "open!" from pg_stat_activity
-                where backend_type = 'client backend' and datname = $1"#,
-            PG_DATABASE,
-        )
-        .fetch_one(&db)
-        .await?;
-        if open >= i64::from(pool) {
-            break;
-        }
-        if Instant::now() > deadline {
-            tracing::warn!(
-                open,
-                pool,
-                "PgBouncer has not opened all its server connections yet"
-            );
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    db.close().await;
-    first.close().await?;
-    Ok(())
-}
-
-/// A Sentinel watching the master at `master_port`. Its configuration file is its own to
-/// rewrite (Sentinel records what it learns there), so it is written fresh each start.
-fn start_sentinel(
-    dir: &Path,
-    owner: Option<User>,
-    master_port: u16,
-    password: &str,
-) -> anyhow::Result<Daemon> {
-    let (bin, sentinel_flag) = match find_binary("redis-sentinel") {
-        Some(bin) => (bin, false),
-        None => (
-            find_binary("redis-server").context(
-                "redis-sentinel not found: install it (Debian/Ubuntu: apt-get install redis-sentinel)",
-            )?,
-            true,
-        ),
-    };
-    let dir = private_dir(dir, owner.as_ref())?;
-    let port = free_port()?;
-    let config = dir.join("sentinel.conf");
-    write_owned(
-        &config,
-        &format!(
-            "port {port}\n\
-             bind 127.0.0.1\n\
-             daemonize no\n\
-             set-proc-title no\n\
-             dir {dir}\n\
-             logfile {log}\n\
-             sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} {QUORUM}\n\
-             sentinel auth-pass {MASTER_NAME} {password}\n\
-             sentinel down-after-milliseconds {MASTER_NAME} {down}\n\
-             sentinel failover-timeout {MASTER_NAME} {failover}\n\
-             sentinel parallel-syncs {MASTER_NAME} 1\n",
-            dir = dir.display(),
-            log = dir.join("sentinel.log").display(),
-            down = DOWN_AFTER.as_millis(),
-            failover = FAILOVER_TIMEOUT.as_millis(),
-        ),
-        owner.as_ref(),
-    )?;
-    Daemon::start(
-        "redis-sentinel",
-        port,
-        dir.join("sentinel.log"),
-        move || {
-            let mut cmd = Command::new(&bin);
-            cmd.arg(&config).stdout(Stdio::null()).stderr(Stdio::null());
-            if sentinel_flag {
-                cmd.arg("--sentinel");
-            }
-            run_as(&mut cmd, owner.as_ref());
-            cmd
-        },
-    )
-}
-
-/// Waits until every Sentinel knows the replica and enough other Sentinels to fail over
-/// (`SENTINEL CKQUORUM`), so a failure right after start is handled.
-async fn wait_for_sentinels(ports: &[u16]) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    for port in ports {
-        let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
-        let mut conn = client.get_multiplexed_async_connection().await?;
-        loop {
-            let quorum = redis::cmd("SENTINEL")
-                .arg("ckquorum")
-                .arg(MASTER_NAME)
-                .query_async::<String>(&mut conn)
-                .await;
-            let replicas = redis::cmd("SENTINEL")
-                .arg("replicas")
-                .arg(MASTER_NAME)
-                .query_async::<Vec<redis::Value>>(&mut conn)
-                .await
-                .map(|r| r.len())
-                .unwrap_or(0);
-            let sentinels = redis::cmd("SENTINEL")
-                .arg("sentinels")
-                .arg(MASTER_NAME)
-                .query_async::<Vec<redis::Value>>(&mut conn)
-                .await
-                .map(|r| r.len())
-                .unwrap_or(0);
-            if quorum.is_ok() && replicas > 0 && sentinels + 1 >= SENTINELS {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "the Sentinel on port {port} did not see the replica and the other Sentinels within 30 s"
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-    Ok(())
-}
-
-/// HAProxy in front of the apps: round robin, each checked on `/readyz` every half
-/// second. An app is taken out when its PostgreSQL check fails (three checks in a row); a
-/// Redis outage leaves it in, as orders go on under the database guard. A request whose
-/// connection is refused (a dead app) is sent to another app. If every app fails its
-/// check, all of them get traffic again, unchecked (fail open).
-fn start_haproxy(dir: &Path, port: u16, apps: &[ServerProcess]) -> anyhow::Result<Daemon> {
-    let bin = find_binary("haproxy")
-        .or_else(|| Some(PathBuf::from("/usr/sbin/haproxy")).filter(|p| p.is_file()))
-        .context("haproxy not found: install it (Debian/Ubuntu: apt-get install haproxy)")?;
-    let dir = dir.join("haproxy");
-    fs::create_dir_all(&dir)?;
-    let mut servers = String::new();
-    for (i, app) in apps.iter().enumerate() {
-        let addr = app.address.trim_start_matches("http://");
-        servers.push_str(&format!("  server app{} {addr} check\n", i + 1));
-    }
-    // When every app fails its check at once (overload makes the checks wait for a
-    // database connection too), failing open beats answering 503 to everyone: the same
-    // apps, unchecked, as backups.
-    for (i, app) in apps.iter().enumerate() {
-        let addr = app.address.trim_start_matches("http://");
-        servers.push_str(&format!("  server app{}-open {addr} backup\n", i + 1));
-    }
-    let config = dir.join("haproxy.cfg");
-    write_private(
-        &config,
-        &format!(
-            "global\n\
-             \x20 maxconn 4000\n\
-             defaults\n\
-             \x20 mode http\n\
-             \x20 timeout connect 1s\n\
-             \x20 timeout client 30s\n\
-             \x20 timeout server 30s\n\
-             \x20 timeout check 2500ms\n\
-             \x20 retries 3\n\
-             \x20 option redispatch 1\n\
-             \x20 retry-on conn-failure\n\
-             frontend shop\n\
-             \x20 bind 127.0.0.1:{port}\n\
-             \x20 option forwardfor\n\
-             \x20 default_backend apps\n\
-             backend apps\n\
-             \x20 balance roundrobin\n\
-             \x20 option httpchk GET /readyz\n\
-             \x20 http-check expect rstring postgres.:.ok\n\
-             \x20 option allbackups\n\
-             \x20 default-server inter 500ms fall 3 rise 2\n\
-             {servers}"
-        ),
-    )?;
-    let log = dir.join("haproxy.log");
-    let out = fs::File::create(&log)?;
-    Daemon::start("haproxy", port, log, move || {
-        let mut cmd = Command::new(&bin);
-        cmd.arg("-db").arg("-f").arg(&config);
-        if let Ok(out) = out.try_clone() {
-            cmd.stdout(out.try_clone().map_or(Stdio::null(), Stdio::from));
-            cmd.stderr(Stdio::from(out));
-        }
-        cmd
-    })
 }

@@ -28,6 +28,7 @@ pub const PG_USER: &str = "stockade";
 /// The database local mode creates for the application.
 pub const PG_DATABASE: &str = "stockade";
 
+pub mod backups;
 mod postgres;
 mod redis;
 
@@ -43,6 +44,8 @@ pub struct LocalOptions {
     pub redis_port: Option<u16>,
     /// Trade durability for speed (fsync off): for tests only.
     pub ephemeral: bool,
+    /// Archive PostgreSQL's WAL to, and keep backups in, this pgBackRest repository.
+    pub backups: Option<PathBuf>,
 }
 
 /// Both servers of local mode.
@@ -60,9 +63,12 @@ impl LocalServices {
         let data_dir = data_dir.canonicalize()?;
         let (pg_dir, redis_dir) = (data_dir.join("postgres"), data_dir.join("redis"));
         let (pg_port, ephemeral) = (options.pg_port, options.ephemeral);
-        let postgres =
-            tokio::task::spawn_blocking(move || LocalPostgres::start(&pg_dir, pg_port, ephemeral))
-                .await??;
+        let backups = options.backups.clone();
+        let postgres = tokio::task::spawn_blocking(move || {
+            let repo = backups.as_deref().map(backups::Repo::open).transpose()?;
+            LocalPostgres::start(&pg_dir, pg_port, ephemeral, repo.as_ref())
+        })
+        .await??;
         let redis_port = options.redis_port;
         let redis = tokio::task::spawn_blocking(move || LocalRedis::start(&redis_dir, redis_port))
             .await??;
@@ -234,7 +240,7 @@ pub(crate) fn private_dir(wanted: &Path, owner: Option<&User>) -> anyhow::Result
 }
 
 /// Whether `user` can traverse every ancestor of `dir`.
-fn reachable(dir: &Path, user: &User) -> bool {
+pub(crate) fn reachable(dir: &Path, user: &User) -> bool {
     dir.ancestors().skip(1).all(|p| {
         let Ok(meta) = fs::metadata(p) else {
             return false;

@@ -11,10 +11,24 @@ use anyhow::{Context, bail};
 use nix::sys::signal::Signal;
 use nix::unistd::User;
 
+use super::backups::Repo;
 use super::{
     PG_USER, postgres_bin_dir, private_dir, remembered_port, run_as, service_user, stop_child,
     stop_leftover, write_private,
 };
+
+/// Local mode's `max_connections`. A restored copy must allow at least as many as the
+/// server its WAL came from, or its recovery stops.
+pub(crate) const MAX_CONNECTIONS: u32 = 500;
+
+/// How [`LocalPostgres::spawn`] starts the server.
+struct Spawn {
+    ephemeral: bool,
+    /// Whether this start created the cluster.
+    created: bool,
+    /// More `-c name=value` arguments (given later, they win over earlier ones).
+    settings: Vec<String>,
+}
 
 /// A running PostgreSQL cluster owned by this process.
 #[derive(Debug)]
@@ -29,8 +43,14 @@ pub struct LocalPostgres {
 }
 
 impl LocalPostgres {
-    /// Starts (creating on first use) the cluster whose data lives in `wanted`.
-    pub fn start(wanted: &Path, port: Option<u16>, ephemeral: bool) -> anyhow::Result<Self> {
+    /// Starts (creating on first use) the cluster whose data lives in `wanted`; with
+    /// `backups`, archiving its WAL there (and taking a first full backup if it has none).
+    pub fn start(
+        wanted: &Path,
+        port: Option<u16>,
+        ephemeral: bool,
+        backups: Option<&Repo>,
+    ) -> anyhow::Result<Self> {
         let bin = postgres_bin_dir()?;
         let owner = service_user()?;
         let dir = private_dir(wanted, owner.as_ref())?;
@@ -96,15 +116,27 @@ impl LocalPostgres {
         let password = fs::read_to_string(&password_file)
             .ok()
             .map(|p| p.trim().to_string());
-        Self::spawn(
+        let mut settings = Vec::new();
+        if let Some(repo) = backups {
+            repo.configure(&dir, port, password.as_deref())?;
+            settings = repo.server_settings();
+        }
+        let pg = Self::spawn(
             &bin,
             owner.as_ref(),
             dir,
             port,
-            ephemeral,
-            created,
+            Spawn {
+                ephemeral,
+                created,
+                settings,
+            },
             password,
-        )
+        )?;
+        if let Some(repo) = backups {
+            repo.prepare()?;
+        }
+        Ok(pg)
     }
 
     /// Starts a streaming replica of the primary on `primary_port` with its data in `wanted`: on first use a
@@ -151,8 +183,11 @@ impl LocalPostgres {
             owner.as_ref(),
             dir,
             port,
-            ephemeral,
-            created,
+            Spawn {
+                ephemeral,
+                created,
+                settings: Vec::new(),
+            },
             primary_password,
         )
     }
@@ -162,18 +197,26 @@ impl LocalPostgres {
         owner: Option<&User>,
         dir: PathBuf,
         port: u16,
-        ephemeral: bool,
-        created: bool,
+        how: Spawn,
         password: Option<String>,
     ) -> anyhow::Result<Self> {
+        let Spawn {
+            ephemeral,
+            created,
+            settings,
+        } = how;
         let log = fs::File::create(dir.join("postgres.log")).context("postgres.log")?;
+        // The server's own file (it is in the data folder, and so in its backups).
+        if let Some(owner) = owner {
+            nix::unistd::chown(&dir.join("postgres.log"), Some(owner.uid), Some(owner.gid))?;
+        }
         let mut cmd = Command::new(bin.join("postgres"));
         cmd.arg("-D")
             .arg(&dir)
             .args(["-p", &port.to_string()])
             .args(["-c", "listen_addresses=127.0.0.1"])
             .args(["-c", "unix_socket_directories="])
-            .args(["-c", "max_connections=500"])
+            .args(["-c", &format!("max_connections={MAX_CONNECTIONS}")])
             // A fresh cluster has no old WAL segments to recycle, so each new 16 MB
             // segment would be written full of zeroes, and fsynced, by the commit that
             // needs it: a stall of a tenth of a second or more every second at a flash
@@ -181,6 +224,7 @@ impl LocalPostgres {
             // instead. Files created sparse behave like that from the start; durability
             // is the same (fsync and synchronous commit stay on).
             .args(["-c", "wal_init_zero=off"])
+            .args(settings)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)

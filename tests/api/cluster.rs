@@ -19,7 +19,7 @@ struct Cli {
     args: LoadtestArgs,
 }
 
-async fn start_cluster(dir: std::path::PathBuf) -> Cluster {
+async fn start_cluster(dir: &std::path::Path) -> Cluster {
     let env = [
         ("STOCKADE_LOG", "warn"),
         ("STOCKADE_WORKERS", "2"),
@@ -28,7 +28,7 @@ async fn start_cluster(dir: std::path::PathBuf) -> Cluster {
         ("STOCKADE_RATE_LIMIT_BURST", "1000000"),
     ];
     Cluster::start(ClusterOptions {
-        dir,
+        dir: dir.to_path_buf(),
         apps: 3,
         exe: env!("CARGO_BIN_EXE_stockade").into(),
         app_env: env
@@ -39,6 +39,7 @@ async fn start_cluster(dir: std::path::PathBuf) -> Cluster {
         // A small server pool: three apps share twelve primary connections.
         pgbouncer_pool: 12,
         ephemeral: true,
+        backups: Some(dir.join("backups")),
         settings: Settings::default(),
     })
     .await
@@ -218,7 +219,7 @@ async fn a_flash_sale_through_haproxy_survives_losing_a_redis_master_an_app_the_
  {
     let started = Instant::now();
     let dir = std::env::temp_dir().join(format!("stockade-cluster-{}", uuid::Uuid::new_v4()));
-    let mut cluster = start_cluster(dir.clone()).await;
+    let mut cluster = start_cluster(&dir).await;
     eprintln!("cluster up in {:.1} s", started.elapsed().as_secs_f64());
     let primary = PgPool::connect(&cluster.primary_url()).await.unwrap();
     let standby = cluster.redis[1].port;
@@ -405,6 +406,27 @@ async fn a_flash_sale_through_haproxy_survives_losing_a_redis_master_an_app_the_
     let run = &report.unwrap().runs[0];
     assert_sold_exactly(run, stock, "PgBouncer restarted", false);
     eprintln!("PgBouncer restarted: outcomes {:?}", run.result.outcomes);
+
+    // 5. With `--backups`, the primary archived its WAL all along, and a full backup was
+    //    taken at start.
+    let (archived, failed): (i64, i64) =
+        sqlx::query_as("select archived_count, failed_count from pg_stat_archiver")
+            .fetch_one(&primary)
+            .await
+            .unwrap();
+    assert!(
+        archived > 0 && failed == 0,
+        "archived {archived}, failed {failed}"
+    );
+    let repo = stockade::local::backups::Repo::open(&dir.join("backups")).unwrap();
+    let backups = tokio::task::spawn_blocking(move || repo.list())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        backups.iter().any(|b| b.kind == "full"),
+        "a full backup: {backups:?}"
+    );
 
     primary.close().await;
     tokio::task::spawn_blocking(move || cluster.stop())

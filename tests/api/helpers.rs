@@ -61,7 +61,7 @@ pub async fn servers() -> &'static Servers {
             std::fs::create_dir_all(&root).unwrap();
             let (pg_dir, redis_dir) = (root.join("postgres"), root.join("redis"));
             let (pg, redis) = tokio::task::spawn_blocking(move || {
-                let pg = LocalPostgres::start(&pg_dir, None, true).expect("start PostgreSQL");
+                let pg = LocalPostgres::start(&pg_dir, None, true, None).expect("start PostgreSQL");
                 let redis = LocalRedis::start(&redis_dir, None).expect("start Redis");
                 (pg, redis)
             })

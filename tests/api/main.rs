@@ -3,6 +3,7 @@
 
 mod admin;
 mod audit_search;
+mod backups;
 mod bench;
 mod browse;
 mod browser;

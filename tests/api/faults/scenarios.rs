@@ -535,10 +535,11 @@ async fn postgres_restarted_mid_sale_loses_no_acknowledged_order() {
         .root
         .join(format!("pg-{}", uuid::Uuid::new_v4().simple()));
     let pg_dir = dir.clone();
-    let mut pg = tokio::task::spawn_blocking(move || LocalPostgres::start(&pg_dir, None, true))
-        .await
-        .unwrap()
-        .unwrap();
+    let mut pg =
+        tokio::task::spawn_blocking(move || LocalPostgres::start(&pg_dir, None, true, None))
+            .await
+            .unwrap()
+            .unwrap();
     create_database(&pg.url("postgres"), "shop").await.unwrap();
     let settings = Settings {
         database_url: Some(pg.url("shop").into()),
@@ -556,7 +557,7 @@ async fn postgres_restarted_mid_sale_loses_no_acknowledged_order() {
         pg.stop();
         tokio::time::sleep(Duration::from_millis(700)).await;
         let pg_dir = dir.clone();
-        tokio::task::spawn_blocking(move || LocalPostgres::start(&pg_dir, Some(port), true))
+        tokio::task::spawn_blocking(move || LocalPostgres::start(&pg_dir, Some(port), true, None))
             .await
             .unwrap()
             .unwrap()
