@@ -66,12 +66,12 @@ pub async fn run(command: BackupCommand) -> anyhow::Result<()> {
 fn run_blocking(command: BackupCommand) -> anyhow::Result<()> {
     match command {
         BackupCommand::Take(args) => {
-            let repo = Repo::open(&args.repo.backups)?;
+            let repo = Repo::existing(&args.repo.backups)?;
             let set = repo.take(args.kind)?;
             println!("took backup {}", describe(&set));
         }
         BackupCommand::List(args) => {
-            let repo = Repo::open(&args.backups)?;
+            let repo = Repo::existing(&args.backups)?;
             let sets = repo.list()?;
             if sets.is_empty() {
                 println!("no backups in {}", repo.dir().display());
@@ -88,7 +88,7 @@ fn run_blocking(command: BackupCommand) -> anyhow::Result<()> {
             }
         }
         BackupCommand::Restore(args) => {
-            let repo = Repo::open(&args.repo.backups)?;
+            let repo = Repo::existing(&args.repo.backups)?;
             let stopped = repo.restore(&args.data_dir, args.to)?;
             match args.to {
                 Some(to) => println!("restored as of {}", to.to_rfc3339()),

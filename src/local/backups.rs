@@ -121,7 +121,21 @@ impl Repo {
         };
         repo.own_dir(&repo.dir)?;
         repo.own_dir(&repo.socket_dir())?;
+        repo.own_dir(&repo.dir.join("log"))?;
         Ok(repo)
+    }
+
+    /// Opens the repository folder a server set up (`--backups DIR`), for the `stockade
+    /// backup` commands: unlike [`Repo::open`], never creates one.
+    pub fn existing(dir: &Path) -> anyhow::Result<Self> {
+        if !dir.join("pgbackrest.conf").is_file() {
+            bail!(
+                "{} is not a backup folder (it has no pgbackrest.conf); give the folder \
+                 passed to `stockade serve --backups` or `stockade cluster --backups`",
+                dir.display()
+            );
+        }
+        Self::open(dir)
     }
 
     /// The folder.
@@ -223,7 +237,7 @@ impl Repo {
     pub fn take(&self, kind: Kind) -> anyhow::Result<BackupSet> {
         self.run(
             &["backup", &format!("--type={}", kind.as_str())],
-            "the backup failed",
+            "the backup failed (is the server started with this --backups folder running?)",
         )?;
         self.list()?
             .pop()
