@@ -10,25 +10,29 @@ use super::Workload;
 /// `stockade bench` options.
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
-    /// Workloads to run, in order.
-    #[arg(
-        long,
-        value_enum,
-        value_delimiter = ',',
-        default_value = "hot-sku,hold-hot,confirm,cart,storefront,uniform,sold-out,product-page,search,refused"
-    )]
-    pub workloads: Vec<Workload>,
+    /// Workloads to run, in order [default: hot-sku,hold-hot,confirm,cart,storefront,
+    /// uniform,sold-out,product-page,search,refused; --soak: hot-sku].
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub workloads: Option<Vec<Workload>>,
     /// Order strategies to compare (the product page runs once, under the first);
-    /// `default` is this build's default strategy, and is shown as e.g. `default (batched)`.
+    /// `default` is this build's default strategy, and is shown as e.g. `default (batched)`
+    /// [default: redis-lock,pg-atomic,default; --soak: default].
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "redis-lock,pg-atomic,default",
         value_parser = clap::builder::PossibleValuesParser::new(
             ["default", "redis-lock", "pg-atomic", "batched"]
         )
     )]
-    pub strategies: Vec<String>,
+    pub strategies: Option<Vec<String>>,
+    /// Instead of the comparison: each workload (one after another, under the first
+    /// strategy) at 80 % of the peak measured first, open loop, for this many minutes,
+    /// with a row a minute (latency, rate, the app's memory, table sizes, WAL).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=10_080))]
+    pub soak: Option<u64>,
+    /// How long a soak's "minute" lasts, in seconds (shorter ones for trying it out).
+    #[arg(long, default_value_t = 60, hide = true, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub soak_minute_seconds: u64,
     /// Concurrent request loops (closed loop) [default: 64; --quick: 16].
     #[arg(long)]
     pub connections: Option<usize>,
@@ -138,6 +142,10 @@ pub fn label(name: &str, default: bool) -> String {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Plan {
     pub workloads: Vec<Workload>,
+    /// `--soak`: minutes of open-loop load per workload.
+    pub soak_minutes: Option<u64>,
+    /// How long one of those minutes is, in seconds (60).
+    pub soak_minute_s: u64,
     pub strategies: Vec<Strategy>,
     pub connections: usize,
     pub duration_s: u64,
@@ -177,9 +185,22 @@ impl Plan {
 impl BenchArgs {
     pub(super) fn plan(&self) -> anyhow::Result<Plan> {
         let quick = self.quick;
+        let soak = self.soak;
+        let workloads = self.workloads.clone().unwrap_or_else(|| match soak {
+            Some(_) => vec![Workload::HotSku],
+            None => Workload::ALL.to_vec(),
+        });
+        let strategies = self.strategies.clone().unwrap_or_else(|| match soak {
+            Some(_) => vec!["default".into()],
+            None => ["redis-lock", "pg-atomic", "default"]
+                .map(String::from)
+                .to_vec(),
+        });
         let plan = Plan {
-            workloads: self.workloads.clone(),
-            strategies: Strategy::resolve(&self.strategies),
+            workloads,
+            soak_minutes: soak,
+            soak_minute_s: self.soak_minute_seconds,
+            strategies: Strategy::resolve(&strategies),
             connections: self.connections.unwrap_or(if quick { 16 } else { 64 }),
             duration_s: self.duration.unwrap_or(if quick { 3 } else { 15 }),
             warmup_s: self.warmup.unwrap_or(if quick { 0.5 } else { 2.0 }),
@@ -197,6 +218,15 @@ impl BenchArgs {
         };
         if plan.workloads.is_empty() || plan.strategies.is_empty() {
             bail!("--workloads and --strategies must name at least one each");
+        }
+        if soak.is_some()
+            && let Some(w) = plan.workloads.iter().find(|w| !w.soaks())
+        {
+            bail!(
+                "--soak runs request workloads that can go on for hours; {} cannot \
+                 (its seeded holds, or its pages' flow, run out)",
+                w.name()
+            );
         }
         if plan.connections == 0 || plan.duration_s == 0 {
             bail!("--connections and --duration must be positive");
@@ -246,6 +276,25 @@ mod tests {
         assert_eq!(plan.workloads.len(), 10);
         let labels: Vec<String> = plan.strategies.iter().map(Strategy::label).collect();
         assert_eq!(labels, ["redis-lock", "pg-atomic", "default (batched)"]);
+    }
+
+    #[test]
+    fn a_soak_runs_the_hot_sku_under_the_default_strategy_unless_told_otherwise() {
+        let plan = |args: &[&str]| {
+            Cli::try_parse_from(["bench"].iter().chain(args))
+                .unwrap()
+                .args
+                .plan()
+        };
+        let soak = plan(&["--soak", "30"]).unwrap();
+        assert_eq!((soak.soak_minutes, soak.soak_minute_s), (Some(30), 60));
+        assert_eq!(soak.workloads, [Workload::HotSku]);
+        assert_eq!(soak.strategies[0].label(), "default (batched)");
+        let chosen = plan(&["--soak", "5", "--workloads", "uniform,sold-out"]).unwrap();
+        assert_eq!(chosen.workloads, [Workload::Uniform, Workload::SoldOut]);
+        let refused = plan(&["--soak", "5", "--workloads", "confirm"]).unwrap_err();
+        assert!(refused.to_string().contains("confirm cannot"), "{refused}");
+        assert!(Cli::try_parse_from(["bench", "--soak", "0"]).is_err());
     }
 
     #[test]

@@ -286,6 +286,8 @@ mod tests {
             },
             parameters: crate::bench::Plan {
                 workloads: vec![],
+                soak_minutes: None,
+                soak_minute_s: 60,
                 strategies: vec![],
                 connections: 1,
                 duration_s: 1,
@@ -302,6 +304,8 @@ mod tests {
             rows,
             pgbench: vec![],
             derived: lines,
+            soak: vec![],
+            soak_verdicts: vec![],
             passed: true,
         });
         assert!(

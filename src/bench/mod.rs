@@ -29,6 +29,7 @@ mod derived;
 pub mod load;
 pub mod pgbench;
 pub mod report;
+pub mod soak;
 mod storefront;
 mod workload;
 
@@ -176,6 +177,11 @@ impl Bench<'_> {
             postgres.synchronous_commit,
             self.pgbench.display()
         );
+        if let Some(minutes) = plan.soak_minutes {
+            let report = self.soak_all(&admin, postgres, minutes).await;
+            admin.close().await;
+            return report;
+        }
         let statements = statement_count(&admin, "postgres").await.is_some();
         let mut rows = Vec::new();
         let mut pgbench_runs = Vec::new();
@@ -224,6 +230,42 @@ impl Bench<'_> {
             rows,
             pgbench: pgbench_runs,
             derived,
+            soak: Vec::new(),
+            soak_verdicts: Vec::new(),
+            passed,
+        })
+    }
+
+    /// `--soak`: each workload in turn under the first strategy.
+    async fn soak_all(
+        &self,
+        admin: &PgPool,
+        postgres: report::PostgresInfo,
+        minutes: u64,
+    ) -> anyhow::Result<BenchReport> {
+        let strategy = &self.plan.strategies[0];
+        let minute = Duration::from_secs(self.plan.soak_minute_s);
+        let (mut rows, mut soak, mut soak_verdicts) = (Vec::new(), Vec::new(), Vec::new());
+        for &workload in &self.plan.workloads {
+            let soaked = self
+                .soak(admin, workload, strategy, minutes, minute)
+                .await?;
+            let mut peak = soaked.peak;
+            peak.verdicts = soaked.verdicts;
+            rows.push(peak);
+            soak.extend(soaked.rows);
+            soak_verdicts.extend(soaked.verdict);
+        }
+        let passed = rows.iter().all(|r| r.invariants != Some(false));
+        Ok(BenchReport {
+            title: format!("Stockade bench: a {minutes}-minute soak"),
+            postgres,
+            parameters: self.plan.clone(),
+            rows,
+            pgbench: Vec::new(),
+            derived: Vec::new(),
+            soak,
+            soak_verdicts,
             passed,
         })
     }
@@ -303,16 +345,7 @@ impl Bench<'_> {
         let plan = self.plan;
         let (name, url, api_key) = self.database(workload, &strategy.name).await?;
         let prefix = format!("bench-{}:", uuid::Uuid::new_v4().simple());
-        let mut env = vec![
-            ("DATABASE_URL", url.clone()),
-            ("REDIS_URL", self.redis_url.clone()),
-            ("STOCKADE_REDIS_PREFIX", prefix.clone()),
-            ("STOCKADE_LISTEN", "127.0.0.1:0".to_string()),
-            ("STOCKADE_ORDER_STRATEGY", strategy.name.clone()),
-            ("STOCKADE_LOG", "error".to_string()),
-        ];
-        env.extend(workload.server_settings());
-        env.extend(plan.settings.iter().map(|(k, v)| (k.as_str(), v.clone())));
+        let env = self.server_env(&url, &prefix, workload, strategy);
         let commits_before = commit_count(admin, &name).await?;
         let statements_before = if statements {
             statement_count(admin, &name).await
@@ -376,6 +409,32 @@ impl Bench<'_> {
             row.verdicts = verdicts.clone().unwrap_or_default();
         }
         Ok(rows)
+    }
+
+    /// The environment of a server for `workload` under `strategy` on database `url`.
+    fn server_env(
+        &self,
+        url: &str,
+        prefix: &str,
+        workload: Workload,
+        strategy: &Strategy,
+    ) -> Vec<(&str, String)> {
+        let mut env = vec![
+            ("DATABASE_URL", url.to_string()),
+            ("REDIS_URL", self.redis_url.clone()),
+            ("STOCKADE_REDIS_PREFIX", prefix.to_string()),
+            ("STOCKADE_LISTEN", "127.0.0.1:0".to_string()),
+            ("STOCKADE_ORDER_STRATEGY", strategy.name.clone()),
+            ("STOCKADE_LOG", "error".to_string()),
+        ];
+        env.extend(workload.server_settings());
+        env.extend(
+            self.plan
+                .settings
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.clone())),
+        );
+        env
     }
 
     /// The closed loop of `load`'s requests, and for the hot SKU under `batched` the open

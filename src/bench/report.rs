@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use super::load::Measured;
 use super::pgbench::PgbenchResult;
+use super::soak::{P99_GROWTH_LIMIT, RSS_GROWTH_LIMIT, SoakRow, SoakVerdict};
 use super::{Plan, Workload};
 use crate::loadtest::check::Verdict;
 
@@ -176,6 +177,12 @@ pub struct BenchReport {
     pub rows: Vec<Row>,
     pub pgbench: Vec<PgbenchResult>,
     pub derived: Vec<Derived>,
+    /// `--soak`: a row per minute of each workload.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub soak: Vec<SoakRow>,
+    /// `--soak`: each workload's first minute against its last.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub soak_verdicts: Vec<SoakVerdict>,
     /// Every invariant held after every order workload.
     pub passed: bool,
 }
@@ -276,6 +283,32 @@ pub fn summary(report: &BenchReport) -> String {
         for d in &report.derived {
             let _ = writeln!(out, "{:<w$} {:>12}   {}", d.name, d.shown, d.detail);
         }
+    }
+    for v in &report.soak_verdicts {
+        let _ = writeln!(
+            out,
+            "\nsoak {} ({} minutes): {}\n  p99 {:.1} ms in the first minute, {:.1} ms in the \
+             last: {:.2}× (target ≤ {P99_GROWTH_LIMIT}×)\n  servers' memory {:.0} MB at \
+             minute {}, {:.0} MB at the end: {:+.1} % (target ≤ +{:.0} %)\n  stock {:.0} KB \
+             at first, at most {:.0} KB",
+            v.workload.name(),
+            v.minutes,
+            if v.pass {
+                "targets met"
+            } else {
+                "targets MISSED"
+            },
+            v.first_p99_ms,
+            v.last_p99_ms,
+            v.p99_growth,
+            v.settled_rss_mb,
+            v.settled_minute,
+            v.last_rss_mb,
+            v.rss_growth * 100.0,
+            RSS_GROWTH_LIMIT * 100.0,
+            v.first_stock_kb,
+            v.max_stock_kb,
+        );
     }
     out
 }

@@ -45,6 +45,26 @@ pub enum Workload {
 }
 
 impl Workload {
+    /// Every workload, in the order a full bench runs them.
+    pub const ALL: [Self; 10] = [
+        Self::HotSku,
+        Self::HoldHot,
+        Self::Confirm,
+        Self::Cart,
+        Self::Storefront,
+        Self::Uniform,
+        Self::SoldOut,
+        Self::ProductPage,
+        Self::Search,
+        Self::Refused,
+    ];
+
+    /// Whether `--soak` can run it for hours: a request workload that runs out of nothing
+    /// (confirmations run out of seeded holds; the storefront is a flow, not a request).
+    pub fn soaks(self) -> bool {
+        !matches!(self, Self::Confirm | Self::Storefront)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Self::HotSku => "hot-sku",

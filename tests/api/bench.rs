@@ -172,3 +172,92 @@ fn a_quick_bench_measures_the_app_its_storefront_and_pgbench_and_passes_the_chec
     assert!(out.path().join("bench.html").is_file());
     eprintln!("bench took {:?}", started.elapsed());
 }
+
+#[tokio::test]
+async fn a_soak_writes_a_row_a_minute_with_latency_memory_and_table_sizes() {
+    let servers = crate::helpers::servers().await;
+    let out = tempfile::tempdir().unwrap();
+    let mut soak = tokio::process::Command::new(env!("CARGO_BIN_EXE_stockade"));
+    soak.args(["bench", "--quick", "--quiet", "--soak", "3"])
+        // Minutes of two seconds: what is checked is what each row holds.
+        .args([
+            "--soak-minute-seconds",
+            "2",
+            "--duration",
+            "2",
+            "--warmup",
+            "0.2",
+        ])
+        .arg("--out")
+        .arg(out.path())
+        .env("DATABASE_URL", servers.url("postgres"))
+        .env("REDIS_URL", &servers.redis_url)
+        .env("STOCKADE_LOG", "error");
+    let run = soak.output().await.unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(stdout.contains("soak hot-sku (3 minutes)"), "{stdout}");
+
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("bench.json")).unwrap()).unwrap();
+    assert_eq!(report["passed"], true, "invariants after the soak");
+    let peak = &report["rows"][0];
+    assert_eq!(
+        (&peak["workload"], &peak["strategy"], &peak["mode"]),
+        (
+            &serde_json::json!("hot-sku"),
+            &serde_json::json!("batched"),
+            &serde_json::json!("closed")
+        ),
+        "the peak, measured first under the default strategy: {peak}"
+    );
+    let rows = report["soak"].as_array().unwrap();
+    let minutes: Vec<u64> = rows.iter().map(|r| r["minute"].as_u64().unwrap()).collect();
+    assert_eq!(minutes, [1, 2, 3]);
+    let offered = 0.8 * peak["rate"].as_f64().unwrap();
+    let mut orders_before = 0;
+    for row in rows {
+        assert!(
+            (row["offered_rate"].as_f64().unwrap() - offered).abs() < 1.0,
+            "80 % of the peak: {row}"
+        );
+        assert!(row["orders_per_s"].as_f64().unwrap() > 0.0, "{row}");
+        let (p50, p99) = (
+            row["p50_ms"].as_f64().unwrap(),
+            row["p99_ms"].as_f64().unwrap(),
+        );
+        assert!(p50 > 0.0 && p99 >= p50, "{row}");
+        assert!(
+            row["rss_mb"].as_f64().unwrap() > 5.0,
+            "the server's memory: {row}"
+        );
+        assert!(row["wal_mb"].as_f64().unwrap() > 0.0, "{row}");
+        let table = |name: &str| {
+            row["tables"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|t| t["name"] == name)
+                .unwrap_or_else(|| panic!("no {name} in {row}"))
+                .clone()
+        };
+        assert!(row["stock_kb"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(table("stock")["table_mb"].as_f64().unwrap() > 0.0);
+        // Orders only grow: the sizes are read at each minute's end.
+        let orders = table("orders")["live_tuples"].as_i64().unwrap();
+        assert!(orders > orders_before, "orders grew: {row}");
+        orders_before = orders;
+    }
+    let verdict = &report["soak_verdicts"][0];
+    assert_eq!(verdict["minutes"], 3);
+    let growth = verdict["p99_growth"].as_f64().unwrap();
+    let (first, last) = (
+        rows[0]["p99_ms"].as_f64().unwrap(),
+        rows[2]["p99_ms"].as_f64().unwrap(),
+    );
+    assert!((growth - last / first).abs() < 1e-6, "{verdict}");
+}
