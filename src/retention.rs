@@ -8,6 +8,7 @@
 //! | `events`, `deliveries` | routed events with no pending delivery | `STOCKADE_EVENT_RETENTION_DAYS` |
 //! | `login_failures` | every row | one day (the longest window they are counted over) |
 //! | `admin_sessions` | expired sessions | until they expire |
+//! | `check_runs` | every row | 30 days ([`crate::loadtest::quick::RUNS_KEPT`]) |
 //!
 //! Orders, their lines, confirmed holds and the stock ledger are the shop's records and
 //! are never purged.
@@ -57,6 +58,7 @@ pub struct Purged {
     pub events: u64,
     pub login_failures: u64,
     pub admin_sessions: u64,
+    pub check_runs: u64,
 }
 
 /// One round: every table's purge, each to the end of what it may delete. A table whose
@@ -81,6 +83,10 @@ pub async fn purge(db: &PgPool, windows: Windows) -> Purged {
         .await,
         admin_sessions: drain("expired admin sessions", |n| {
             crate::admin::purge_sessions(db, n)
+        })
+        .await,
+        check_runs: drain("check verdicts", |n| {
+            crate::loadtest::quick::purge_runs(db, n)
         })
         .await,
     }

@@ -3,6 +3,7 @@
 //! sums to the stock row (invariant I1).
 
 pub mod db;
+pub mod ledger;
 pub mod reports;
 
 /// Stock of one SKU as stored.

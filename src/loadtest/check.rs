@@ -26,7 +26,7 @@ pub struct Verdict {
 /// Most offending rows kept per invariant.
 pub const MAX_ROWS: usize = 20;
 
-fn verdict(id: &'static str, name: &'static str, mut rows: Vec<String>) -> Verdict {
+pub(crate) fn verdict(id: &'static str, name: &'static str, mut rows: Vec<String>) -> Verdict {
     let violations = rows.len();
     rows.truncate(MAX_ROWS);
     Verdict {

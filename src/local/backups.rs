@@ -96,10 +96,10 @@ impl Repo {
         fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let dir = dir.canonicalize()?;
         let text = dir.to_string_lossy();
-        if text.contains(['"', '\'', '\\', '$', '`', '%', '\n']) {
+        if text.contains(['"', '\'', '\\', '$', '`', '%']) || text.contains(char::is_whitespace) {
             bail!(
-                "the backup folder {} has a quote, $, `, % or backslash in its path; \
-                 PostgreSQL's archive_command could not name it safely",
+                "the backup folder {} has a space, quote, $, `, % or backslash in its \
+                 path; PostgreSQL's archive_command could not name it safely",
                 dir.display()
             );
         }

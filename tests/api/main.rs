@@ -9,6 +9,7 @@ mod browse;
 mod browser;
 mod carts;
 mod catalogue;
+mod checks;
 mod clients;
 mod cluster;
 mod edges;

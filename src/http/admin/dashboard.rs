@@ -39,6 +39,8 @@ pub struct Dashboard {
     pub events: crate::events::db::Stats,
     /// How far the read replica is behind ("no replica", "down", or its lag).
     pub replica: String,
+    /// The last `stockade check` (quick or full) recorded, if any.
+    pub last_check: Option<crate::loadtest::quick::LastCheck>,
 }
 
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
@@ -55,7 +57,7 @@ pub struct RecentOrder {
 const LISTED: i64 = 12;
 
 pub(super) async fn dashboard(state: &AppState) -> Result<Dashboard, AppError> {
-    let (stock, today, active_holds, low_stock, sold_out, recent, events) = state
+    let (stock, today, active_holds, low_stock, sold_out, recent, events, last_check) = state
         .read(async |db| {
             Ok((
                 reports::totals(db).await?,
@@ -67,6 +69,7 @@ pub(super) async fn dashboard(state: &AppState) -> Result<Dashboard, AppError> {
                     .await?
                     .0,
                 crate::events::db::stats(db).await?,
+                crate::loadtest::quick::last(db).await?,
             ))
         })
         .await?;
@@ -95,6 +98,7 @@ pub(super) async fn dashboard(state: &AppState) -> Result<Dashboard, AppError> {
                 None => "down; reads on the primary".into(),
             },
         },
+        last_check,
     })
 }
 

@@ -17,7 +17,8 @@ use crate::catalog::manage::ProductRow;
 use crate::error::AppError;
 use crate::http::{AppState, Chrome, csrf, html};
 use crate::idempotency::StoredResponse;
-use crate::inventory::db::{self as stock, Adjusted, Movement};
+use crate::inventory::db::{self as stock, Adjusted};
+use crate::inventory::ledger::{self, Movement};
 use crate::inventory::reports;
 
 #[derive(Deserialize)]
@@ -274,8 +275,8 @@ pub async fn get_ledger(
     let (sku, product) = load_product(&state, &path).await?;
     // Ledger rows are short: twice as many a page.
     let page = Page::of(query.page, PAGE * 2);
-    let movements = stock::ledger(&state.db, &sku, page.size, page.offset()).await?;
-    let total = stock::ledger_len(&state.db, &sku).await?;
+    let movements = ledger::page(&state.db, &sku, page.size, page.offset()).await?;
+    let total = ledger::len(&state.db, &sku).await?;
     let verified = match query.verify {
         Some(_) => {
             let check = reports::check_ledger(&state.db, &sku)
