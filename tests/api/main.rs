@@ -20,6 +20,7 @@ mod helpers;
 mod hoarding;
 mod holds;
 mod images;
+mod ledger;
 mod limits;
 mod loadtest;
 mod openapi;
