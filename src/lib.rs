@@ -60,6 +60,8 @@ pub mod startup;
 pub mod telemetry;
 /// Checks on free text from clients (no control characters), shared by every parser.
 pub mod text;
+/// The verdicts of `stockade check` the dashboard shows.
+pub mod verdicts;
 
 /// Chooses the TLS implementation (rustls with *ring*) for every outgoing https and SMTP
 /// connection: webhooks, receipts, the load tool. Called before any client is built;

@@ -8,7 +8,7 @@
 //! | `events`, `deliveries` | routed events with no pending delivery | `STOCKADE_EVENT_RETENTION_DAYS` |
 //! | `login_failures` | every row | one day (the longest window they are counted over) |
 //! | `admin_sessions` | expired sessions | until they expire |
-//! | `check_runs` | every row | 30 days ([`crate::loadtest::quick::RUNS_KEPT`]) |
+//! | `check_runs` | every row | 30 days ([`crate::verdicts::RUNS_KEPT`]) |
 //!
 //! Orders, their lines, confirmed holds and the stock ledger are the shop's records and
 //! are never purged.
@@ -85,10 +85,7 @@ pub async fn purge(db: &PgPool, windows: Windows) -> Purged {
             crate::admin::purge_sessions(db, n)
         })
         .await,
-        check_runs: drain("check verdicts", |n| {
-            crate::loadtest::quick::purge_runs(db, n)
-        })
-        .await,
+        check_runs: drain("check verdicts", |n| crate::verdicts::purge_runs(db, n)).await,
     }
 }
 

@@ -291,14 +291,7 @@ pub async fn check(
 
     // I6: quiet state — no leases left, no idle transactions, no expired holds still active,
     // no request still in flight long after any request could be.
-    let mut rows: Vec<String> = sqlx::query_scalar!(
-        r#"select format('%s hold(s) expired but still active, the oldest since %s',
-                         count(*), min(expires_at)) as "problem!"
-             from holds where state = 'active' and expires_at < now() - interval '5 seconds'
-           having count(*) > 0"#,
-    )
-    .fetch_all(&mut *tx)
-    .await?;
+    let mut rows = stuck_work(&mut tx, Duration::from_secs(5), stale_after).await?;
     rows.extend(
         // Between two statements of a live transaction (a dispatcher's or a sweeper's
         // pass) a session is idle in transaction for a moment; one left there for seconds
@@ -310,18 +303,6 @@ pub async fn check(
                 where state like 'idle in transaction%' and datname = current_database()
                   and state_change < now() - interval '2 seconds'
                   and pid <> pg_backend_pid()"#,
-        )
-        .fetch_all(&mut *tx)
-        .await?,
-    );
-    rows.extend(
-        sqlx::query_scalar!(
-            r#"select format('idempotency key %s/%s in flight since %s', scope, key, locked_at)
-                      as "problem!"
-                 from idempotency_keys
-                where state = 'in_flight' and locked_at < now() - make_interval(secs => $1)
-                order by locked_at"#,
-            stale_after.as_secs_f64(),
         )
         .fetch_all(&mut *tx)
         .await?,
@@ -371,6 +352,38 @@ pub async fn check(
     ));
     tx.rollback().await?;
     Ok(verdicts)
+}
+
+/// Holds still active `grace` past their expiry, and requests in flight for longer than
+/// `stale`: I6's rows about work left undone (a quiet database is asked with a short
+/// grace; a live shop, by `--quick`, with a minute more).
+pub(crate) async fn stuck_work(
+    conn: &mut sqlx::PgConnection,
+    grace: Duration,
+    stale: Duration,
+) -> sqlx::Result<Vec<String>> {
+    let mut rows: Vec<String> = sqlx::query_scalar!(
+        r#"select format('%s hold(s) expired but still active, the oldest since %s',
+                         count(*), min(expires_at)) as "problem!"
+             from holds where state = 'active' and expires_at < now() - make_interval(secs => $1)
+           having count(*) > 0"#,
+        grace.as_secs_f64(),
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.extend(
+        sqlx::query_scalar!(
+            r#"select format('idempotency key %s/%s in flight since %s', scope, key, locked_at)
+                      as "problem!"
+                 from idempotency_keys
+                where state = 'in_flight' and locked_at < now() - make_interval(secs => $1)
+                order by locked_at"#,
+            stale.as_secs_f64(),
+        )
+        .fetch_all(&mut *conn)
+        .await?,
+    );
+    Ok(rows)
 }
 
 /// Prints each verdict; returns whether all passed.

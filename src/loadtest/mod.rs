@@ -637,7 +637,10 @@ pub async fn check_command(args: CheckArgs) -> anyhow::Result<bool> {
         .await
         .context("DATABASE_URL")?;
     if args.quick {
-        let run = quick::quick_check(&db, check::default_stale_after()).await?;
+        let retention = crate::config::Settings::from_env()
+            .unwrap_or_default()
+            .event_retention_days;
+        let run = quick::quick_check(&db, check::default_stale_after(), retention).await?;
         let passed = check::print(&run.verdicts);
         println!("quick check: {}", run.covered);
         return Ok(passed);
@@ -681,7 +684,9 @@ pub async fn check_command(args: CheckArgs) -> anyhow::Result<bool> {
     };
     // For the dashboard; a database that cannot take it (a replica, an older schema) is
     // still checked.
-    if let Err(e) = quick::record(&db, "full", started, &verdicts, &covered).await {
+    let passed = verdicts.iter().all(|v| v.pass);
+    if let Err(e) = crate::verdicts::record(&db, "full", started, passed, &verdicts, &covered).await
+    {
         eprintln!("stockade: the verdict was not recorded for the dashboard: {e:#}");
     }
     Ok(check::print(&verdicts))

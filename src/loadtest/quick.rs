@@ -6,11 +6,13 @@
 //! a position (`ledger_cursor.through_id`) and reads only the ledger rows after it and the
 //! orders since its last run. The position moves in two steps, because ledger ids are
 //! taken before their transactions commit, so an id can become visible after a larger one:
-//! a run notes the largest id it sees and its snapshot's `xmax`; a later run whose
-//! snapshot's `xmin` has passed that `xmax` (every transaction running at the first run
-//! has ended) adds the rows up to the noted id to the sums and moves the position there.
-//! No row is summed twice or skipped; a row that is not there yet is read as "after the
-//! position" by every run until it is summed.
+//! a run notes the largest id it sees and its own transaction id, assigned after its
+//! snapshot; a later run whose snapshot's `xmin` has passed that id (every transaction that
+//! had an id when the first run looked has ended) adds the rows up to the noted id to the
+//! sums and moves the position there. No row is summed twice or skipped; a row that is not
+//! there yet is read as "after the position" by every run until it is summed. This relies
+//! on every writer of the ledger having its transaction id before it takes a ledger id:
+//! each updates the stock row (or claims its idempotency key) before writing the ledger.
 //!
 //! Checked, in one snapshot:
 //! - I1: every stock row against its checkpoint plus the ledger since; each ledger sale
@@ -24,13 +26,13 @@
 
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
 use sqlx::{Acquire, PgPool};
 
-use super::check::{Verdict, verdict};
+use super::check::{Verdict, stuck_work, verdict};
 
-/// How far before its last run a quick check looks at orders: a transaction's rows carry
-/// its start time, so an order committed just after a run can be dated before it.
+/// How far before its last run a quick check looks at orders: an order is dated by the
+/// app when it is decided, a moment before it commits, so one committed just after a run
+/// can be dated before it. (A later one only goes unchecked: never a false alarm.)
 const ORDERS_OVERLAP: Duration = Duration::from_secs(60);
 /// Key of the session advisory lock that keeps quick checks one at a time.
 const LOCK_KEY: i64 = 0x5354_4f43_4b43_4b51; // "STOCKCKQ"
@@ -43,22 +45,13 @@ pub struct QuickRun {
     pub covered: String,
 }
 
-/// The last check recorded, as the dashboard shows it.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct LastCheck {
-    /// `quick` or `full`.
-    pub kind: String,
-    pub passed: bool,
-    /// When it finished (UTC, RFC 3339).
-    pub finished_at: String,
-    pub seconds_ago: i64,
-    pub covered: String,
-    /// The invariants that failed, `I1: …`.
-    pub failed: Vec<String>,
-}
-
 /// Runs the quick check on `db`, moves its checkpoints, and records the verdict.
-pub async fn quick_check(db: &PgPool, stale_after: Duration) -> anyhow::Result<QuickRun> {
+/// `event_retention_days`: how far back orders still have their events (I7).
+pub async fn quick_check(
+    db: &PgPool,
+    stale_after: Duration,
+    event_retention_days: u32,
+) -> anyhow::Result<QuickRun> {
     let started = chrono::Utc::now();
     let clock = Instant::now();
     let mut conn = db.acquire().await?;
@@ -69,12 +62,13 @@ pub async fn quick_check(db: &PgPool, stale_after: Duration) -> anyhow::Result<Q
     if !locked {
         anyhow::bail!("another quick check is running on this database; try again in a moment");
     }
-    let run = checked(&mut conn, stale_after).await;
+    let run = checked(&mut conn, stale_after, event_retention_days).await;
     let _ = sqlx::query_scalar!(r#"select pg_advisory_unlock($1) as "unlocked!""#, LOCK_KEY)
         .fetch_one(&mut *conn)
         .await;
     let run = run?;
-    record(db, "quick", started, &run.verdicts, &run.covered).await?;
+    let passed = run.verdicts.iter().all(|v| v.pass);
+    crate::verdicts::record(db, "quick", started, passed, &run.verdicts, &run.covered).await?;
     tracing::info!(
         elapsed_ms = clock.elapsed().as_millis() as u64,
         covered = %run.covered,
@@ -83,22 +77,33 @@ pub async fn quick_check(db: &PgPool, stale_after: Duration) -> anyhow::Result<Q
     Ok(run)
 }
 
-async fn checked(conn: &mut sqlx::PgConnection, stale_after: Duration) -> anyhow::Result<QuickRun> {
+async fn checked(
+    conn: &mut sqlx::PgConnection,
+    stale_after: Duration,
+    event_retention_days: u32,
+) -> anyhow::Result<QuickRun> {
     let mut tx = conn.begin().await?;
     sqlx::query("set transaction isolation level repeatable read")
         .execute(&mut *tx)
         .await?;
     sqlx::query("set local jit = off").execute(&mut *tx).await?;
     let cursor = sqlx::query!(
-        r#"select through_id, pending_id, orders_from,
+        r#"select through_id, pending_id,
+                  -- Orders since the last run, within the event retention (older orders'
+                  -- events may be purged).
+                  greatest(coalesce(orders_from, '-infinity'),
+                           now() - make_interval(days => $1)) as "orders_from!",
                   coalesce(pending_xmax <= pg_snapshot_xmin(pg_current_snapshot()), false)
                       as "ripe!"
-             from ledger_cursor"#
+             from ledger_cursor"#,
+        i32::try_from(event_retention_days).unwrap_or(i32::MAX),
     )
     .fetch_one(&mut *tx)
     .await?;
     let mut through = cursor.through_id;
+    let mut promoted = false;
     if let (true, Some(pending)) = (cursor.ripe, cursor.pending_id) {
+        promoted = true;
         sqlx::query!(
             r#"insert into ledger_checkpoints as c (sku, on_hand, reserved, sold, supplied)
                select sku, sum(delta), sum(reserved_delta),
@@ -203,8 +208,7 @@ async fn checked(conn: &mut sqlx::PgConnection, stale_after: Duration) -> anyhow
         rows,
     ));
 
-    // Orders since the last run (all of them on the first).
-    let from = cursor.orders_from.unwrap_or(chrono::DateTime::UNIX_EPOCH);
+    let from = cursor.orders_from;
     let rows = sqlx::query_scalar!(
         r#"select format('%s/%s: orders %s and %s', o.idempotency_scope, o.idempotency_key,
                          o.id, d.id) as "problem!"
@@ -222,27 +226,8 @@ async fn checked(conn: &mut sqlx::PgConnection, stale_after: Duration) -> anyhow
         rows,
     ));
 
-    let mut rows: Vec<String> = sqlx::query_scalar!(
-        r#"select format('%s hold(s) expired but still active, the oldest since %s',
-                         count(*), min(expires_at)) as "problem!"
-             from holds where state = 'active' and expires_at < now() - interval '1 minute'
-           having count(*) > 0"#,
-    )
-    .fetch_all(&mut *tx)
-    .await?;
-    rows.extend(
-        sqlx::query_scalar!(
-            r#"select format('idempotency key %s/%s in flight since %s', scope, key, locked_at)
-                      as "problem!"
-                 from idempotency_keys
-                where state = 'in_flight'
-                  and locked_at < now() - make_interval(secs => $1) - interval '1 minute'
-                order by locked_at"#,
-            stale_after.as_secs_f64(),
-        )
-        .fetch_all(&mut *tx)
-        .await?,
-    );
+    let minute = Duration::from_secs(60);
+    let rows = stuck_work(&mut tx, minute, stale_after + minute).await?;
     verdicts.push(verdict(
         "I6",
         "live: no hold active past its expiry, no request in flight past the stale window",
@@ -278,15 +263,21 @@ async fn checked(conn: &mut sqlx::PgConnection, stale_after: Duration) -> anyhow
     )
     .fetch_one(&mut *tx)
     .await?;
-    // What the next run may sum through, and when.
+    // What the next run may sum through, and when: noted anew only once the last note
+    // has been used, so runs that each overlap a long transaction still move on.
     sqlx::query!(
         r#"update ledger_cursor
               set through_id = $1,
-                  pending_id = (select coalesce(max(id), $1) from stock_movements),
-                  pending_xmax = pg_snapshot_xmax(pg_current_snapshot()),
+                  pending_id = case when $3 or pending_id is null
+                                    then (select coalesce(max(id), $1) from stock_movements)
+                                    else pending_id end,
+                  pending_xmax = case when $3 or pending_id is null
+                                      then pg_current_xact_id()
+                                      else pending_xmax end,
                   orders_from = now() - make_interval(secs => $2)"#,
         through,
         ORDERS_OVERLAP.as_secs_f64(),
+        promoted,
     )
     .execute(&mut *tx)
     .await?;
@@ -299,80 +290,4 @@ async fn checked(conn: &mut sqlx::PgConnection, stale_after: Duration) -> anyhow
             balances.len()
         ),
     })
-}
-
-/// Records a check's verdict for the dashboard.
-pub async fn record(
-    db: &PgPool,
-    kind: &str,
-    started: chrono::DateTime<chrono::Utc>,
-    verdicts: &[Verdict],
-    covered: &str,
-) -> anyhow::Result<()> {
-    let passed = verdicts.iter().all(|v| v.pass);
-    sqlx::query!(
-        "insert into check_runs (kind, started_at, passed, verdicts, covered)
-         values ($1, $2, $3, $4, $5)",
-        kind,
-        started,
-        passed,
-        serde_json::to_value(verdicts)?,
-        covered,
-    )
-    .execute(db)
-    .await?;
-    Ok(())
-}
-
-/// How long check verdicts are kept: a month of one a minute is 43,200 rows.
-pub const RUNS_KEPT: &str = "30 days";
-
-/// Deletes up to `limit` verdicts older than [`RUNS_KEPT`], skipping rows another process
-/// is purging (retention). Returns how many went.
-pub async fn purge_runs(db: &PgPool, limit: i64) -> sqlx::Result<u64> {
-    Ok(sqlx::query!(
-        r#"with old as (
-               select id from check_runs where finished_at < now() - interval '30 days'
-                order by finished_at limit $1 for update skip locked
-           )
-           delete from check_runs r using old where r.id = old.id"#,
-        limit,
-    )
-    .execute(db)
-    .await?
-    .rows_affected())
-}
-
-/// The last check recorded, if any.
-pub async fn last(db: impl sqlx::PgExecutor<'_>) -> sqlx::Result<Option<LastCheck>> {
-    let row = sqlx::query!(
-        r#"select kind, passed, finished_at, covered, verdicts,
-                  extract(epoch from now() - finished_at)::bigint as "seconds_ago!"
-             from check_runs order by finished_at desc limit 1"#
-    )
-    .fetch_optional(db)
-    .await?;
-    Ok(row.map(|r| LastCheck {
-        kind: r.kind,
-        passed: r.passed,
-        finished_at: r
-            .finished_at
-            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-        seconds_ago: r.seconds_ago,
-        covered: r.covered,
-        failed: r
-            .verdicts
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|v| v["pass"] == false)
-            .map(|v| {
-                format!(
-                    "{}: {}",
-                    v["id"].as_str().unwrap_or("?"),
-                    v["name"].as_str().unwrap_or("")
-                )
-            })
-            .collect(),
-    }))
 }

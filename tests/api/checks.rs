@@ -35,7 +35,7 @@ async fn through(app: &TestApp) -> i64 {
 }
 
 async fn failed_invariants(app: &TestApp) -> Vec<String> {
-    quick_check(&app.db, STALE)
+    quick_check(&app.db, STALE, 30)
         .await
         .unwrap()
         .verdicts
@@ -104,7 +104,7 @@ async fn quick_checks_in_other_processes_pass_throughout_a_sale_and_then_read_on
     for _ in 0..2 {
         assert_eq!(failed_invariants(&app).await, Vec::<String>::new());
     }
-    let run = quick_check(&app.db, STALE).await.unwrap();
+    let run = quick_check(&app.db, STALE, 30).await.unwrap();
     assert!(
         run.covered.contains(" 0 ledger rows past the checkpoint"),
         "nothing new to read: {}",
@@ -211,4 +211,52 @@ async fn a_broken_ledger_fails_the_quick_check_and_the_dashboard_says_so() {
     assert_eq!(code, Some(3), "{out}");
     let (_, page) = app.get_text("/admin").await;
     assert!(page.contains("at the last full check"), "{page}");
+}
+
+#[tokio::test]
+async fn a_late_ledger_row_whose_transaction_started_after_a_committed_one_is_not_skipped() {
+    let app = spawn_app().await;
+    app.add_product("QC-EARLY", "Committed First", 500, 10).await;
+    app.add_product("QC-LATER", "Committed Last", 500, 10).await;
+    let restock = |sku: &'static str| {
+        format!(
+            "insert into stock_movements (sku, delta, reason, actor) values ('{sku}', 1, 'restock', 'test')"
+        )
+    };
+    // U takes its transaction id first, T second; T's ledger row gets the smaller ledger id,
+    // and U commits while T is still open: no transaction id above U's has finished.
+    let mut u = app.db.begin().await.unwrap();
+    sqlx::query("update stock set on_hand = on_hand + 1 where sku = 'QC-EARLY'")
+        .execute(&mut *u)
+        .await
+        .unwrap();
+    let mut t = app.db.begin().await.unwrap();
+    sqlx::query("update stock set on_hand = on_hand + 1 where sku = 'QC-LATER'")
+        .execute(&mut *t)
+        .await
+        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(restock("QC-LATER")))
+        .execute(&mut *t)
+        .await
+        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(restock("QC-EARLY")))
+        .execute(&mut *u)
+        .await
+        .unwrap();
+    u.commit().await.unwrap();
+    for _ in 0..3 {
+        assert_eq!(failed_invariants(&app).await, Vec::<String>::new());
+    }
+    t.commit().await.unwrap();
+    for _ in 0..3 {
+        assert_eq!(
+            failed_invariants(&app).await,
+            Vec::<String>::new(),
+            "T's row is summed once it commits"
+        );
+    }
+    let summed = app
+        .count("select on_hand from ledger_checkpoints where sku = 'QC-LATER'")
+        .await;
+    assert_eq!(summed, 11);
 }

@@ -40,7 +40,7 @@ pub struct Dashboard {
     /// How far the read replica is behind ("no replica", "down", or its lag).
     pub replica: String,
     /// The last `stockade check` (quick or full) recorded, if any.
-    pub last_check: Option<crate::loadtest::quick::LastCheck>,
+    pub last_check: Option<crate::verdicts::LastCheck>,
 }
 
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
@@ -69,7 +69,7 @@ pub(super) async fn dashboard(state: &AppState) -> Result<Dashboard, AppError> {
                     .await?
                     .0,
                 crate::events::db::stats(db).await?,
-                crate::loadtest::quick::last(db).await?,
+                crate::verdicts::last(db).await?,
             ))
         })
         .await?;
