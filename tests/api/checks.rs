@@ -216,7 +216,8 @@ async fn a_broken_ledger_fails_the_quick_check_and_the_dashboard_says_so() {
 #[tokio::test]
 async fn a_late_ledger_row_whose_transaction_started_after_a_committed_one_is_not_skipped() {
     let app = spawn_app().await;
-    app.add_product("QC-EARLY", "Committed First", 500, 10).await;
+    app.add_product("QC-EARLY", "Committed First", 500, 10)
+        .await;
     app.add_product("QC-LATER", "Committed Last", 500, 10).await;
     let restock = |sku: &'static str| {
         format!(

@@ -57,3 +57,46 @@ async fn every_ledger_page_shows_the_running_on_hand_the_ledger_sums_to() {
     }
     assert_eq!(shown, expected, "page after page, newest first");
 }
+
+#[tokio::test]
+async fn a_ledger_longer_than_is_counted_says_so_and_still_links_older_pages() {
+    let app = spawn_app().await;
+    app.add_product("LEDGER-BIG", "Very Long Ledger", 900, 0)
+        .await;
+    let rows = stockade::inventory::ledger::COUNTED + 50;
+    sqlx::query!(
+        "insert into stock_movements (sku, delta, reason, actor)
+         select 'LEDGER-BIG', 1, 'restock', 'test' from generate_series(1, $1::bigint)",
+        rows
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
+    sqlx::query!(
+        "update stock set on_hand = on_hand + $1::bigint::int where sku = 'LEDGER-BIG'",
+        rows
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
+    app.login_admin().await;
+    let (status, html) = app.get_text("/admin/products/LEDGER-BIG/ledger").await;
+    assert_eq!(status, 200);
+    assert!(html.contains("Page 1 of 2000+"), "{html}");
+    assert_eq!(running_column(&html)[0], rows, "the newest row: every unit");
+    let (_, last_counted) = app
+        .get_text("/admin/products/LEDGER-BIG/ledger?page=2000")
+        .await;
+    assert!(
+        last_counted.contains("ledger?page=2001\">Older"),
+        "past what was counted, older pages are still linked"
+    );
+    let (_, beyond) = app
+        .get_text("/admin/products/LEDGER-BIG/ledger?page=2001")
+        .await;
+    assert_eq!(
+        running_column(&beyond).len(),
+        50,
+        "the 50 rows past what was counted"
+    );
+}

@@ -254,6 +254,8 @@ struct LedgerPage {
     movements: Vec<Movement>,
     page: i64,
     pages: i64,
+    /// More rows than were counted: `pages` is a lower bound.
+    more: bool,
     /// After "verify": the ledger's on hand and reserved, whether they match, and the
     /// stock record's on hand and reserved (read in the same snapshot).
     verified: Option<(i64, i64, bool, i32, i32)>,
@@ -276,7 +278,7 @@ pub async fn get_ledger(
     // Ledger rows are short: twice as many a page.
     let page = Page::of(query.page, PAGE * 2);
     let movements = ledger::page(&state.db, &sku, page.size, page.offset()).await?;
-    let total = ledger::len(&state.db, &sku).await?;
+    let (counted, more) = ledger::len(&state.db, &sku).await?;
     let verified = match query.verify {
         Some(_) => {
             let check = reports::check_ledger(&state.db, &sku)
@@ -297,7 +299,8 @@ pub async fn get_ledger(
         product,
         movements,
         page: page.number,
-        pages: page.count(total),
+        pages: page.count(counted),
+        more,
         verified,
     };
     html(StatusCode::OK, &page)
