@@ -154,31 +154,7 @@ pub async fn check(
     let mut verdicts = Vec::new();
 
     // I1: conservation — the ledger sums to the stock row; sales match order lines.
-    let rows = balances
-        .iter()
-        .filter_map(|b| {
-            let mut problems = Vec::new();
-            if i64::from(b.on_hand) != b.ledger_on_hand {
-                problems.push(format!(
-                    "on_hand {} but the ledger sums to {}",
-                    b.on_hand, b.ledger_on_hand
-                ));
-            }
-            if i64::from(b.reserved) != b.ledger_reserved {
-                problems.push(format!(
-                    "reserved {} but the ledger sums to {}",
-                    b.reserved, b.ledger_reserved
-                ));
-            }
-            if b.sold != b.ledger_sold {
-                problems.push(format!(
-                    "{} units in orders but {} sold in the ledger",
-                    b.sold, b.ledger_sold
-                ));
-            }
-            (!problems.is_empty()).then(|| format!("{}: {}", b.sku, problems.join("; ")))
-        })
-        .collect();
+    let rows = conservation_rows(&balances);
     verdicts.push(verdict(
         "I1",
         "ledger conservation: initial + restocks − adjustments = on_hand + sold",
@@ -186,20 +162,7 @@ pub async fn check(
     ));
 
     // I2: never below zero, never more sold than existed.
-    let mut rows: Vec<String> = balances
-        .iter()
-        .filter(|b| b.on_hand < 0 || b.reserved < 0 || b.reserved > b.on_hand)
-        .map(|b| format!("{}: on_hand {}, reserved {}", b.sku, b.on_hand, b.reserved))
-        .collect();
-    rows.extend(balances.iter().filter(|b| b.oversold() > 0).map(|b| {
-        format!(
-            "{}: oversold by {} ({} sold, {} ever supplied)",
-            b.sku,
-            b.oversold(),
-            b.sold,
-            b.supplied
-        )
-    }));
+    let rows = level_rows(&balances);
     verdicts.push(verdict(
         "I2",
         "no negative stock, no unit sold twice (oversell)",
@@ -352,6 +315,56 @@ pub async fn check(
     ));
     tx.rollback().await?;
     Ok(verdicts)
+}
+
+/// I1's rows: each SKU whose stock row disagrees with its ledger, or whose order lines
+/// disagree with the ledger's sales.
+pub(crate) fn conservation_rows(balances: &[SkuBalance]) -> Vec<String> {
+    balances
+        .iter()
+        .filter_map(|b| {
+            let mut problems = Vec::new();
+            if i64::from(b.on_hand) != b.ledger_on_hand {
+                problems.push(format!(
+                    "on_hand {} but the ledger sums to {}",
+                    b.on_hand, b.ledger_on_hand
+                ));
+            }
+            if i64::from(b.reserved) != b.ledger_reserved {
+                problems.push(format!(
+                    "reserved {} but the ledger sums to {}",
+                    b.reserved, b.ledger_reserved
+                ));
+            }
+            if b.sold != b.ledger_sold {
+                problems.push(format!(
+                    "{} units in orders but {} sold in the ledger",
+                    b.sold, b.ledger_sold
+                ));
+            }
+            (!problems.is_empty()).then(|| format!("{}: {}", b.sku, problems.join("; ")))
+        })
+        .collect()
+}
+
+/// I2's rows: stock below zero or reserved beyond what is on hand, and SKUs sold beyond
+/// what was ever supplied.
+pub(crate) fn level_rows(balances: &[SkuBalance]) -> Vec<String> {
+    let mut rows: Vec<String> = balances
+        .iter()
+        .filter(|b| b.on_hand < 0 || b.reserved < 0 || b.reserved > b.on_hand)
+        .map(|b| format!("{}: on_hand {}, reserved {}", b.sku, b.on_hand, b.reserved))
+        .collect();
+    rows.extend(balances.iter().filter(|b| b.oversold() > 0).map(|b| {
+        format!(
+            "{}: oversold by {} ({} sold, {} ever supplied)",
+            b.sku,
+            b.oversold(),
+            b.sold,
+            b.supplied
+        )
+    }));
+    rows
 }
 
 /// Holds still active `grace` past their expiry, and requests in flight for longer than

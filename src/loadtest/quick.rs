@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::{Acquire, PgPool};
 
-use super::check::{Verdict, stuck_work, verdict};
+use super::check::{SkuBalance, Verdict, conservation_rows, level_rows, stuck_work, verdict};
 
 /// How far before its last run a quick check looks at orders: an order is dated by the
 /// app when it is decided, a moment before it commits, so one committed just after a run
@@ -124,46 +124,36 @@ async fn checked(
         through = pending;
     }
 
-    let balances = sqlx::query!(
+    // The ledger's sales are the sales here: each recent one is matched to its order line
+    // below, instead of summing every order line.
+    let balances = sqlx::query_as!(
+        SkuBalance,
         r#"select s.sku, s.on_hand, s.reserved,
+                  (coalesce(c.supplied, 0) + coalesce(r.supplied, 0))::bigint as "supplied!",
+                  (coalesce(c.sold, 0) + coalesce(r.sold, 0))::bigint as "sold!",
                   (coalesce(c.on_hand, 0) + coalesce(r.on_hand, 0))::bigint as "ledger_on_hand!",
                   (coalesce(c.reserved, 0) + coalesce(r.reserved, 0))::bigint as "ledger_reserved!",
-                  (coalesce(c.sold, 0) + coalesce(r.sold, 0))::bigint as "sold!",
-                  (coalesce(c.supplied, 0) + coalesce(r.supplied, 0))::bigint as "supplied!",
-                  coalesce(r.rows, 0)::bigint as "recent_rows!"
+                  (coalesce(c.sold, 0) + coalesce(r.sold, 0))::bigint as "ledger_sold!"
              from stock s
              left join ledger_checkpoints c on c.sku = s.sku
              left join (select sku, sum(delta) as on_hand, sum(reserved_delta) as reserved,
                                -sum(delta) filter (where reason = 'order') as sold,
-                               sum(delta) filter (where reason <> 'order') as supplied,
-                               count(*) as rows
+                               sum(delta) filter (where reason <> 'order') as supplied
                           from stock_movements where id > $1 group by sku) r on r.sku = s.sku
             order by s.sku"#,
         through,
     )
     .fetch_all(&mut *tx)
     .await?;
+    let recent_rows: i64 = sqlx::query_scalar!(
+        r#"select count(*) as "rows!" from stock_movements where id > $1"#,
+        through
+    )
+    .fetch_one(&mut *tx)
+    .await?;
     let mut verdicts = Vec::new();
 
-    let mut rows: Vec<String> = balances
-        .iter()
-        .filter_map(|b| {
-            let mut problems = Vec::new();
-            if i64::from(b.on_hand) != b.ledger_on_hand {
-                problems.push(format!(
-                    "on_hand {} but the ledger sums to {}",
-                    b.on_hand, b.ledger_on_hand
-                ));
-            }
-            if i64::from(b.reserved) != b.ledger_reserved {
-                problems.push(format!(
-                    "reserved {} but the ledger sums to {}",
-                    b.reserved, b.ledger_reserved
-                ));
-            }
-            (!problems.is_empty()).then(|| format!("{}: {}", b.sku, problems.join("; ")))
-        })
-        .collect();
+    let mut rows = conservation_rows(&balances);
     rows.extend(
         sqlx::query_scalar!(
             r#"select format('ledger row %s sells %s of %s for order %s, whose line has %s',
@@ -188,20 +178,7 @@ async fn checked(
         rows,
     ));
 
-    let mut rows: Vec<String> = balances
-        .iter()
-        .filter(|b| b.on_hand < 0 || b.reserved < 0 || b.reserved > b.on_hand)
-        .map(|b| format!("{}: on_hand {}, reserved {}", b.sku, b.on_hand, b.reserved))
-        .collect();
-    rows.extend(balances.iter().filter(|b| b.sold > b.supplied).map(|b| {
-        format!(
-            "{}: oversold by {} ({} sold, {} ever supplied)",
-            b.sku,
-            b.sold - b.supplied,
-            b.sold,
-            b.supplied
-        )
-    }));
+    let rows = level_rows(&balances);
     verdicts.push(verdict(
         "I2",
         "no negative stock, no unit sold twice (oversell)",
@@ -282,7 +259,6 @@ async fn checked(
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
-    let recent_rows: i64 = balances.iter().map(|b| b.recent_rows).sum();
     Ok(QuickRun {
         verdicts,
         covered: format!(
