@@ -7,10 +7,15 @@
 //! per strategy with `--compare`.
 
 pub mod check;
+mod command;
 pub mod quick;
 pub mod report;
 pub mod run;
 pub mod servers;
+mod setup;
+
+pub use command::{CheckArgs, check_command};
+pub use setup::setup;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -25,7 +30,6 @@ use self::check::RedisTarget;
 use self::report::{Report, StrategyRun};
 use self::run::{Live, Plan};
 use self::servers::ServerProcess;
-use crate::catalog::Sku;
 use crate::local::{LocalOptions, LocalServices};
 
 /// What the buyers buy.
@@ -505,189 +509,4 @@ fn progress_bar(
         }
     });
     (bar, task)
-}
-
-/// Sets the scenario's SKUs to `args.stock` units, through the ledger: products are created
-/// when missing, active holds on them released, and the difference recorded as an
-/// adjustment by `loadtest`. The servers learn of the new stock as of an admin restock:
-/// the SKUs' sold-out hints in `redis` are cleared (an earlier run's hint would otherwise
-/// answer "sold out" for up to its TTL while the new stock waits).
-pub async fn setup(
-    db: &PgPool,
-    redis: Option<&RedisTarget>,
-    args: &LoadtestArgs,
-) -> anyhow::Result<()> {
-    let mut skus = vec![(
-        HOT_SKU.to_string(),
-        "Flash Drop: Numbered Edition".to_string(),
-        19_900,
-    )];
-    if args.scenario != Scenario::FlashSale {
-        skus.extend((1..=CATALOGUE_SKUS).map(|i| {
-            (
-                format!("LT-{i:04}"),
-                format!("Load-test item {i}"),
-                1_000 + 100 * i as i64,
-            )
-        }));
-    }
-    let redis = redis
-        .map(|t| crate::locking::Redis::connect_lazy(&t.url, &t.prefix))
-        .transpose()?;
-    if redis.is_none() {
-        eprintln!(
-            "no --redis-url: a sold-out hint left by an earlier run may answer \"sold out\" \
-             for a few seconds"
-        );
-    }
-    let mut hinted = Vec::new();
-    for (sku, name, price) in skus {
-        let sku = Sku::parse(&sku)?;
-        set_stock(db, &sku, &name, price, args.stock).await?;
-        if let Some(redis) = &redis
-            && !redis.clear_sold_out(&sku).await
-        {
-            hinted.push(sku.to_string());
-        }
-    }
-    if !hinted.is_empty() {
-        eprintln!(
-            "Redis did not answer: {} may answer \"sold out\" for a few seconds",
-            hinted.join(", ")
-        );
-    }
-    Ok(())
-}
-
-#[tracing::instrument(skip_all, fields(sku = %sku, units = units))]
-async fn set_stock(
-    db: &PgPool,
-    sku: &Sku,
-    name: &str,
-    price: i64,
-    units: i32,
-) -> anyhow::Result<()> {
-    let mut tx = db.begin().await?;
-    let created = sqlx::query!(
-        "insert into products (sku, name, price_cents) values ($1, $2, $3) on conflict (sku) do nothing",
-        sku.as_str(),
-        name,
-        price,
-    )
-    .execute(&mut *tx)
-    .await?
-    .rows_affected()
-        == 1;
-    if created {
-        crate::inventory::db::create_stock(&mut tx, sku, units, "loadtest").await?;
-        tx.commit().await?;
-        return Ok(());
-    }
-    tx.commit().await?;
-    // Free what active holds keep, then adjust on_hand to the wanted number.
-    let holds = sqlx::query_scalar!(
-        r#"select distinct h.id from holds h join hold_lines l on l.hold_id = h.id
-            where h.state = 'active' and l.sku = $1"#,
-        sku.as_str(),
-    )
-    .fetch_all(db)
-    .await?;
-    for hold in holds {
-        crate::holds::release(db, None, hold, "loadtest").await?;
-    }
-    let mut tx = db.begin().await?;
-    let row = sqlx::query!(
-        "select on_hand, reserved from stock where sku = $1 for update",
-        sku.as_str(),
-    )
-    .fetch_one(&mut *tx)
-    .await?;
-    let (on_hand, reserved) = (row.on_hand, row.reserved);
-    // The row is locked: the count cannot move between reading and setting it.
-    let target = units.max(reserved);
-    crate::inventory::db::adjust(&mut tx, sku, on_hand, target, "load test setup", "loadtest")
-        .await?;
-    tx.commit().await?;
-    Ok(())
-}
-
-/// `stockade check` options.
-#[derive(Debug, Clone, Args)]
-pub struct CheckArgs {
-    /// PostgreSQL to check.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
-    /// Redis whose lease keys to look for.
-    #[arg(long, env = "REDIS_URL", hide_env_values = true)]
-    pub redis_url: Option<String>,
-    #[arg(long, default_value = "stockade:")]
-    pub redis_prefix: String,
-    /// A client log of a run (client-log-*.jsonl) for the checks that need one (I3–I5).
-    #[arg(long)]
-    pub client_log: Option<PathBuf>,
-    /// The incremental check a live shop can run every minute: the ledger since the last
-    /// checkpoint and the orders since the last quick check (I1–I3, I6's live part, I7).
-    #[arg(long, conflicts_with = "client_log")]
-    pub quick: bool,
-}
-
-/// Runs `stockade check`; returns whether every invariant held.
-pub async fn check_command(args: CheckArgs) -> anyhow::Result<bool> {
-    let db = PgPool::connect(&args.database_url)
-        .await
-        .context("DATABASE_URL")?;
-    if args.quick {
-        let retention = crate::config::Settings::from_env()
-            .unwrap_or_default()
-            .event_retention_days;
-        let run = quick::quick_check(&db, check::default_stale_after(), retention).await?;
-        let passed = check::print(&run.verdicts);
-        println!("quick check: {}", run.covered);
-        return Ok(passed);
-    }
-    let started = chrono::Utc::now();
-    let log = match &args.client_log {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read {}", path.display()))?;
-            let mut entries = Vec::new();
-            for (i, line) in text
-                .lines()
-                .enumerate()
-                .filter(|(_, l)| !l.trim().is_empty())
-            {
-                entries.push(serde_json::from_str(line).with_context(|| {
-                    format!("{}:{}: not a client log entry", path.display(), i + 1)
-                })?);
-            }
-            Some(entries)
-        }
-        None => None,
-    };
-    let redis = args.redis_url.map(|url| RedisTarget {
-        url,
-        prefix: args.redis_prefix,
-    });
-    let verdicts = check::check(
-        &db,
-        log.as_deref(),
-        redis.as_ref(),
-        check::default_stale_after(),
-    )
-    .await?;
-    let covered = match &log {
-        Some(log) => format!(
-            "the whole database and a client log of {} requests",
-            log.len()
-        ),
-        None => "the whole database".to_string(),
-    };
-    // For the dashboard; a database that cannot take it (a replica, an older schema) is
-    // still checked.
-    let passed = verdicts.iter().all(|v| v.pass);
-    if let Err(e) = crate::verdicts::record(&db, "full", started, passed, &verdicts, &covered).await
-    {
-        eprintln!("stockade: the verdict was not recorded for the dashboard: {e:#}");
-    }
-    Ok(check::print(&verdicts))
 }

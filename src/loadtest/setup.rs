@@ -1,0 +1,111 @@
+//! A run's stock: the scenario's SKUs set to the asked units, through the ledger.
+
+use sqlx::PgPool;
+
+use super::check::RedisTarget;
+use super::{CATALOGUE_SKUS, HOT_SKU, LoadtestArgs, Scenario};
+use crate::catalog::Sku;
+
+/// Sets the scenario's SKUs to `args.stock` units, through the ledger: products are created
+/// when missing, active holds on them released, and the difference recorded as an
+/// adjustment by `loadtest`. The servers learn of the new stock as of an admin restock:
+/// the SKUs' sold-out hints in `redis` are cleared (an earlier run's hint would otherwise
+/// answer "sold out" for up to its TTL while the new stock waits).
+pub async fn setup(
+    db: &PgPool,
+    redis: Option<&RedisTarget>,
+    args: &LoadtestArgs,
+) -> anyhow::Result<()> {
+    let mut skus = vec![(
+        HOT_SKU.to_string(),
+        "Flash Drop: Numbered Edition".to_string(),
+        19_900,
+    )];
+    if args.scenario != Scenario::FlashSale {
+        skus.extend((1..=CATALOGUE_SKUS).map(|i| {
+            (
+                format!("LT-{i:04}"),
+                format!("Load-test item {i}"),
+                1_000 + 100 * i as i64,
+            )
+        }));
+    }
+    let redis = redis
+        .map(|t| crate::locking::Redis::connect_lazy(&t.url, &t.prefix))
+        .transpose()?;
+    if redis.is_none() {
+        eprintln!(
+            "no --redis-url: a sold-out hint left by an earlier run may answer \"sold out\" \
+             for a few seconds"
+        );
+    }
+    let mut hinted = Vec::new();
+    for (sku, name, price) in skus {
+        let sku = Sku::parse(&sku)?;
+        set_stock(db, &sku, &name, price, args.stock).await?;
+        if let Some(redis) = &redis
+            && !redis.clear_sold_out(&sku).await
+        {
+            hinted.push(sku.to_string());
+        }
+    }
+    if !hinted.is_empty() {
+        eprintln!(
+            "Redis did not answer: {} may answer \"sold out\" for a few seconds",
+            hinted.join(", ")
+        );
+    }
+    Ok(())
+}
+
+#[tracing::instrument(skip_all, fields(sku = %sku, units = units))]
+async fn set_stock(
+    db: &PgPool,
+    sku: &Sku,
+    name: &str,
+    price: i64,
+    units: i32,
+) -> anyhow::Result<()> {
+    let mut tx = db.begin().await?;
+    let created = sqlx::query!(
+        "insert into products (sku, name, price_cents) values ($1, $2, $3) on conflict (sku) do nothing",
+        sku.as_str(),
+        name,
+        price,
+    )
+    .execute(&mut *tx)
+    .await?
+    .rows_affected()
+        == 1;
+    if created {
+        crate::inventory::db::create_stock(&mut tx, sku, units, "loadtest").await?;
+        tx.commit().await?;
+        return Ok(());
+    }
+    tx.commit().await?;
+    // Free what active holds keep, then adjust on_hand to the wanted number.
+    let holds = sqlx::query_scalar!(
+        r#"select distinct h.id from holds h join hold_lines l on l.hold_id = h.id
+            where h.state = 'active' and l.sku = $1"#,
+        sku.as_str(),
+    )
+    .fetch_all(db)
+    .await?;
+    for hold in holds {
+        crate::holds::release(db, None, hold, "loadtest").await?;
+    }
+    let mut tx = db.begin().await?;
+    let row = sqlx::query!(
+        "select on_hand, reserved from stock where sku = $1 for update",
+        sku.as_str(),
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    let (on_hand, reserved) = (row.on_hand, row.reserved);
+    // The row is locked: the count cannot move between reading and setting it.
+    let target = units.max(reserved);
+    crate::inventory::db::adjust(&mut tx, sku, on_hand, target, "load test setup", "loadtest")
+        .await?;
+    tx.commit().await?;
+    Ok(())
+}
