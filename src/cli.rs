@@ -8,6 +8,7 @@ use anyhow::bail;
 use clap::{Args, Parser, Subcommand};
 
 mod backup;
+mod drop;
 
 use crate::bench::{self, BenchArgs};
 use crate::config::{OrderStrategy, Settings};
@@ -54,6 +55,9 @@ enum Command {
     /// `cluster --backups`.
     #[command(subcommand)]
     Backup(backup::BackupCommand),
+    /// Schedule, list, pause, resume and end drops (in DATABASE_URL).
+    #[command(subcommand)]
+    Drop(drop::DropCommand),
 }
 
 #[derive(Debug, Args)]
@@ -189,6 +193,7 @@ impl Cli {
                 Command::Bench(args) => verdict(until_interrupted(bench::bench(*args)).await),
                 Command::Cluster(args) => cluster(settings, args).await,
                 Command::Backup(command) => backup::run(command).await,
+                Command::Drop(command) => drop::run(settings, command).await,
             }
         });
         match result {

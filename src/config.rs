@@ -273,6 +273,11 @@ environment {
     /// (larger: one address may be a whole office or a carrier's NAT).
     hold_max_per_sku_per_address: i32, "STOCKADE_HOLD_MAX_PER_SKU_PER_ADDRESS" = "20",
         |var, v| bounded(var, v, 1, 1_000_000);
+    /// Places in one drop's queue that one client address may take; 0 for no limit. One
+    /// address may be a household, an office or a carrier's NAT, so the default lets a
+    /// crowd behind one address in and stops only a script with hundreds of cookies.
+    drop_places_per_address: u32, "STOCKADE_DROP_PLACES_PER_ADDRESS" = "50",
+        |var, v| bounded(var, v, 0, 1_000_000);
     /// How often each process releases expired holds.
     sweep_interval: Duration, "STOCKADE_SWEEP_INTERVAL_MS" = "1000", millis;
     /// How often each process's dispatcher looks for events to route and deliveries to send

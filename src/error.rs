@@ -27,6 +27,13 @@ pub enum AppError {
     /// 403: refused (cross-site request, missing or wrong CSRF token).
     #[error("{0}")]
     Forbidden(String),
+    /// 403: a hold or order of a drop's product without a valid pass; `details` names
+    /// the drop's queue (`queue`, `drop_id`).
+    #[error("{message}")]
+    NeedsPass {
+        message: String,
+        details: serde_json::Value,
+    },
     /// 429: too many attempts; retry after the given seconds.
     #[error("{message}")]
     TooManyRequests { message: String, retry_after: u64 },
@@ -86,6 +93,9 @@ pub struct ProblemDocument {
     pub instance: String,
     /// The id of the request, as in the `X-Request-Id` header and the server's log.
     pub request_id: String,
+    /// On 403 for a drop's product without a valid pass: the drop's queue, to join.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
     /// On 409 "Not enough stock": each SKU that is short, and what is left of it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shortages: Option<Vec<crate::orders::Shortage>>,
@@ -157,6 +167,7 @@ impl AppError {
     pub fn details(&self) -> Option<&serde_json::Value> {
         match self {
             Self::Conflict { details, .. } => details.as_ref(),
+            Self::NeedsPass { details, .. } => Some(details),
             _ => None,
         }
     }
@@ -168,7 +179,7 @@ impl ResponseError for AppError {
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::Unauthorized(_) | Self::ApiKey { .. } => StatusCode::UNAUTHORIZED,
             Self::LoginRequired { .. } => StatusCode::SEE_OTHER,
-            Self::Forbidden(_) => StatusCode::FORBIDDEN,
+            Self::Forbidden(_) | Self::NeedsPass { .. } => StatusCode::FORBIDDEN,
             Self::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,

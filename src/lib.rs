@@ -21,6 +21,8 @@ pub mod clients;
 pub mod cluster;
 /// Settings: defaults in code, then `STOCKADE_*` environment variables.
 pub mod config;
+/// Drops: a product released at a set time through a waiting room.
+pub mod drops;
 /// The one application error and how it becomes a status code.
 pub mod error;
 /// Events out: the transactional outbox, signed webhooks with retries, receipts by email.

@@ -108,6 +108,8 @@ impl Application {
             catalog.clone(),
         ));
         let confirmer = Arc::new(crate::holds::Confirmer::new(db.clone(), settings.batch_max));
+        let drops = Arc::new(crate::drops::Registry::default());
+        crate::drops::spawn_ticker(db.clone(), redis.clone(), drops.clone());
         let state = web::Data::new(AppState {
             confirmer,
             db,
@@ -119,6 +121,7 @@ impl Application {
             catalog,
             metrics_addr,
             api_keys: Arc::default(),
+            drops,
             replica,
         });
         let app_state = state.clone();

@@ -38,10 +38,13 @@ pub enum EventType {
     StockLow,
     StockSoldOut,
     StockAdjusted,
+    DropOpened,
+    DropSoldOut,
+    DropEnded,
 }
 
 impl EventType {
-    pub const ALL: [EventType; 9] = [
+    pub const ALL: [EventType; 12] = [
         Self::OrderPlaced,
         Self::OrderCancelled,
         Self::HoldPlaced,
@@ -51,6 +54,9 @@ impl EventType {
         Self::StockLow,
         Self::StockSoldOut,
         Self::StockAdjusted,
+        Self::DropOpened,
+        Self::DropSoldOut,
+        Self::DropEnded,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -64,6 +70,9 @@ impl EventType {
             Self::StockLow => "stock.low",
             Self::StockSoldOut => "stock.sold_out",
             Self::StockAdjusted => "stock.adjusted",
+            Self::DropOpened => "drop.opened",
+            Self::DropSoldOut => "drop.sold_out",
+            Self::DropEnded => "drop.ended",
         }
     }
 

@@ -50,6 +50,8 @@ pub struct AppState {
     pub limiter: Arc<crate::ratelimit::RateLimiter>,
     /// API keys looked up lately.
     pub api_keys: Arc<crate::clients::KeyCache>,
+    /// The live drops, for deciding which holds and orders need a pass.
+    pub drops: Arc<crate::drops::Registry>,
     /// The streaming replica for reads that may lag (`STOCKADE_DATABASE_REPLICA_URL`).
     pub replica: Option<Arc<crate::startup::Replica>>,
 }
@@ -161,6 +163,17 @@ pub fn cookie(
     value: String,
     same_site: actix_web::cookie::SameSite,
 ) -> actix_web::cookie::Cookie<'static> {
+    named_cookie(req, cookie_name(req, name).to_string(), value, same_site)
+}
+
+/// [`cookie`] for a name not among the fixed ones (a drop's ticket and pass), never
+/// `__Host-` prefixed.
+pub fn named_cookie(
+    req: &HttpRequest,
+    name: String,
+    value: String,
+    same_site: actix_web::cookie::SameSite,
+) -> actix_web::cookie::Cookie<'static> {
     let settings = req
         .app_data::<web::Data<AppState>>()
         .map(|s| s.settings.clone());
@@ -168,7 +181,7 @@ pub fn cookie(
     // count.
     let secure = settings.as_ref().is_some_and(|s| s.secure_cookies)
         || asked_for(req, settings.as_deref()).scheme == "https";
-    actix_web::cookie::Cookie::build(cookie_name(req, name), value)
+    actix_web::cookie::Cookie::build(name, value)
         .path("/")
         .http_only(true)
         .same_site(same_site)
@@ -315,6 +328,23 @@ fn public_routes() -> Vec<(Method, &'static str, actix_web::Route)> {
             web::post().to(api::holds::post_holds),
         ),
         (M::GET, "/api/v1/holds/{id}", get().to(api::holds::get_hold)),
+        (M::GET, "/api/v1/drops/{id}", get().to(api::drops::get_drop)),
+        (
+            M::POST,
+            "/api/v1/drops/{id}/queue",
+            web::post().to(api::drops::post_queue),
+        ),
+        (
+            M::GET,
+            "/api/v1/drops/{id}/queue/{ticket}",
+            get().to(api::drops::get_queue_ticket),
+        ),
+        (M::GET, "/drops/{id}/queue", get().to(shop::drop::get_queue)),
+        (
+            M::POST,
+            "/drops/{id}/queue",
+            web::post().to(shop::drop::post_queue),
+        ),
         (
             M::DELETE,
             "/api/v1/holds/{id}",

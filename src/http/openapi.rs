@@ -54,6 +54,9 @@ pub const API_KEY_SCHEME: &str = "api_key";
         api::holds::get_hold,
         api::holds::delete_hold,
         api::holds::post_hold_confirm,
+        api::drops::get_drop,
+        api::drops::post_queue,
+        api::drops::get_queue_ticket,
         get_openapi_json,
         admin::get_dashboard_json,
         admin::patch_api_product,
@@ -64,6 +67,10 @@ pub const API_KEY_SCHEME: &str = "api_key";
         admin::delete_api_webhook,
         admin::get_api_deliveries,
         admin::post_api_resend_delivery,
+        admin::drops::get_api_drops,
+        admin::drops::post_api_drops,
+        admin::drops::get_api_drop,
+        admin::drops::post_api_drop_change,
     ),
     components(
         schemas(
@@ -103,6 +110,9 @@ pub const API_KEY_SCHEME: &str = "api_key";
         (name = "orders", description = "Placing and reading orders."),
         (name = "holds", description = "Checkout holds: stock reserved for a while, then \
             confirmed into an order or released."),
+        (name = "drops", description = "A product released at a set time through a \
+            waiting room: join its queue, poll the ticket, and send the pass given at your \
+            turn as `Drop-Pass` with the hold or order."),
         (name = "admin", description = "The admin API: an admin's session cookie, and on \
             writes the session's `X-CSRF-Token`."),
         (name = "contract", description = "This document."),
@@ -297,7 +307,9 @@ problem_response!(
 problem_response!(
     Forbidden,
     403,
-    "Refused: the request came from another site (its `Origin` or `Sec-Fetch-Site`)."
+    "Refused: the request came from another site (its `Origin` or `Sec-Fetch-Site`), or it \
+     holds or orders a product sold in a drop without a valid `Drop-Pass` (`queue` names the \
+     drop's queue)."
 );
 problem_response!(
     NotFound,
@@ -384,6 +396,12 @@ error_group!(
     /// Confirming a hold the client placed, with an optional body.
     ConfirmErrors: BadRequest, Unauthorized, Forbidden, NotFound, RequestTimeout, Conflict,
         TooLarge, UnsupportedMediaType, Unprocessable, TooManyRequests, Unavailable
+);
+error_group!(
+    /// Joining a drop's queue or reading a ticket: a client, a drop that may be closed or
+    /// not open yet, a limit per address, Redis.
+    QueueErrors: BadRequest, Unauthorized, NotFound, Conflict, Unprocessable, TooManyRequests,
+        Unavailable
 );
 error_group!(
     /// Releasing a hold the client placed.

@@ -1,4 +1,4 @@
-//! `stockade check`: the invariants I1–I7 (listed in the README), read from PostgreSQL (and
+//! `stockade check`: the invariants I1–I8 (listed in the README), read from PostgreSQL (and
 //! Redis, and the client log of a run when there is one). Each prints PASS or FAIL with
 //! the rows that break it.
 
@@ -313,8 +313,51 @@ pub async fn check(
         "every order has exactly one order.placed event (within the event retention), and every such event an order",
         rows,
     ));
+    let has_drops = sqlx::query_scalar!(r#"select to_regclass('drops') is not null as "has!""#)
+        .fetch_one(&mut *tx)
+        .await?;
+    if has_drops {
+        verdicts.push(verdict(
+            "I8",
+            "every hold and order of a drop's product, placed while the drop bound it, was placed by a shopper it admitted",
+            without_pass(&mut tx).await?,
+        ));
+    }
     tx.rollback().await?;
     Ok(verdicts)
+}
+
+/// I8's rows: holds and orders (not those confirming a hold: the hold is checked) of a
+/// drop's product placed from the moment it bound the product until it ended, whose key
+/// owner (a browser, an API client) had no admission of that drop by then. The margin
+/// allows for Redis's clock, which times admissions, running ahead of PostgreSQL's.
+async fn without_pass(conn: &mut sqlx::PgConnection) -> sqlx::Result<Vec<String>> {
+    sqlx::query_scalar!(
+        r#"with bound as (
+               select id, sku, binds_at, coalesce(ended_at, 'infinity') as until from drops
+           ), placed as (
+               select 'order' as kind, o.id, l.sku, o.created_at as at,
+                      split_part(o.idempotency_key, ':', 1) as owner
+                 from bound d
+                 join order_lines l on l.sku = d.sku
+                 join orders o on o.id = l.order_id
+                where o.idempotency_scope <> 'hold'
+               union all
+               select 'hold', h.id, hl.sku, h.created_at, split_part(h.idempotency_key, ':', 1)
+                 from bound d
+                 join hold_lines hl on hl.sku = d.sku
+                 join holds h on h.id = hl.hold_id
+           )
+           select distinct format('%s %s of %s at %s by %s: drop %s admitted nobody of that key owner by then',
+                         p.kind, p.id, p.sku, p.at, p.owner, d.id) as "problem!"
+             from bound d
+             join placed p on p.sku = d.sku and p.at >= d.binds_at and p.at < d.until
+            where not exists (select 1 from drop_admissions a
+                               where a.drop_id = d.id and a.key_owner = p.owner
+                                 and a.admitted_at <= p.at + interval '5 seconds')"#
+    )
+    .fetch_all(conn)
+    .await
 }
 
 /// I1's rows: each SKU whose stock row disagrees with its ledger, or whose order lines

@@ -140,6 +140,8 @@ pub async fn test_settings() -> Settings {
         // Likewise their holds: many shoppers' from one address (`hoarding.rs` tests the
         // cap per address; the cap per shopper stays as shipped).
         hold_max_per_sku_per_address: UNLIMITED_HOLDS,
+        // And their drop queues: many shoppers from 127.0.0.1 (`drops.rs` tests the cap).
+        drop_places_per_address: 0,
         // Webhook receivers in tests listen on 127.0.0.1, and events go out quickly (but an
         // idle dispatcher, one per test app, costs the shared machine little).
         webhook_allow_private: true,
@@ -593,6 +595,7 @@ pub async fn serve_app(app: &TestApp, extra: &[(&str, String)], args: &[&str]) -
             "STOCKADE_HOLD_MAX_PER_SKU_PER_ADDRESS",
             UNLIMITED_HOLDS.to_string(),
         ),
+        ("STOCKADE_DROP_PLACES_PER_ADDRESS", "0".into()),
         ("STOCKADE_METRICS_TOKEN", METRICS_TOKEN.into()),
         // As in `test_settings`.
         ("STOCKADE_WEBHOOK_ALLOW_PRIVATE", "true".into()),

@@ -12,6 +12,7 @@ mod catalogue;
 mod checks;
 mod clients;
 mod cluster;
+mod drops;
 mod edges;
 mod events;
 mod faults;

@@ -19,6 +19,7 @@
 pub(crate) mod api;
 mod clients;
 mod dashboard;
+mod drops;
 mod holds;
 mod login;
 mod once;
@@ -154,6 +155,46 @@ pub fn routes() -> Vec<(Method, &'static str, actix_web::Route)> {
             Method::POST,
             "/admin/holds/{id}/release",
             web::post().to(holds::post_release_hold),
+        ),
+        (
+            Method::GET,
+            "/admin/drops",
+            super::get().to(drops::get_drops),
+        ),
+        (
+            Method::POST,
+            "/admin/drops",
+            web::post().to(drops::post_drops),
+        ),
+        (
+            Method::GET,
+            "/admin/drops/{id}",
+            super::get().to(drops::get_drop),
+        ),
+        (
+            Method::POST,
+            "/admin/drops/{id}/{action}",
+            web::post().to(drops::post_drop_change),
+        ),
+        (
+            Method::GET,
+            "/api/v1/admin/drops",
+            super::get().to(api::drops::get_api_drops),
+        ),
+        (
+            Method::POST,
+            "/api/v1/admin/drops",
+            web::post().to(api::drops::post_api_drops),
+        ),
+        (
+            Method::GET,
+            "/api/v1/admin/drops/{id}",
+            super::get().to(api::drops::get_api_drop),
+        ),
+        (
+            Method::POST,
+            "/api/v1/admin/drops/{id}/{action}",
+            web::post().to(api::drops::post_api_drop_change),
         ),
         (
             Method::GET,

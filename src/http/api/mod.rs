@@ -7,6 +7,7 @@
 //! its idempotency keys are its own (stored as `<owner>:<key>`), and it reads, confirms and
 //! releases only what it placed; anything else is answered 404, as if it did not exist.
 
+pub mod drops;
 pub mod holds;
 pub mod orders;
 mod place;

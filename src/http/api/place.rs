@@ -87,6 +87,24 @@ pub(super) async fn place(
     };
     let request =
         OrderRequest::from_json(&body, state.settings.max_line_quantity)?.placed_by(shopper);
+    // A product in a drop: only with this caller's pass from its queue.
+    let (identity, _) = super::drops::identity(&req, &caller)?;
+    let skus = request.skus();
+    state
+        .drops
+        .require_pass(
+            &state.db,
+            skus.iter().map(|s| s.as_str()),
+            &identity,
+            |_| {
+                req.headers()
+                    .get(super::drops::PASS_HEADER)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string)
+            },
+        )
+        .await
+        .map_err(super::drops::refused)?;
     let answer_by = answer_by(&req, state.settings.request_budget);
     let state = state.into_inner();
     let placement = detached(crate::checkout::work_limit(&state.settings), async move {

@@ -46,7 +46,7 @@ pub async fn post_checkout(
     let key = IdempotencyKey::parse(&form.key).map_err(|_| {
         AppError::BadRequest("This checkout form is damaged; please start checkout again.".into())
     })?;
-    let key = IdempotencyKey::scoped(&browser(&req), &key);
+    let key = IdempotencyKey::scoped(&super::browser(&req), &key);
     let cart = Cart::decode(&form.lines);
     if cart.lines.is_empty() {
         return Err(AppError::Unprocessable(
@@ -63,6 +63,25 @@ pub async fn post_checkout(
         .browser(&form.csrf)
         .address(crate::http::client_addr(&req, &state.settings));
     let request = OrderRequest::new(lines, None, None, max_quantity(&state))?.placed_by(shopper);
+    // A product in a drop: only with this browser's pass; without one, to its queue.
+    let skus = request.skus();
+    let identity = super::browser(&req);
+    let allowed = state
+        .drops
+        .require_pass(
+            &state.db,
+            skus.iter().map(|s| s.as_str()),
+            &identity,
+            |id| super::drop::browser_pass(&req, id),
+        )
+        .await;
+    match allowed {
+        Ok(()) => {}
+        Err(crate::drops::registry::RequireError::NeedsPass(n)) => {
+            return Ok(see_other(&n.queue_path));
+        }
+        Err(crate::drops::registry::RequireError::Database(e)) => return Err(e.into()),
+    }
 
     // A second press of the same button waits for the first and goes where it went, for
     // as long as this request may take; a first press that died is taken over once its
@@ -97,15 +116,6 @@ pub async fn post_checkout(
             cart_conflict(&req, &state, message.into(), shortages).await
         }
     }
-}
-
-/// The key space of this browser's checkout forms: a digest of its CSRF cookie (checked
-/// equal to the form's token just before). The form's key is random already; this makes a
-/// key that leaked (a shared screenshot, a log) useless from any other browser.
-fn browser(req: &HttpRequest) -> String {
-    use sha2::{Digest, Sha256};
-    let digest = Sha256::digest(csrf::token(req).as_bytes());
-    format!("b{}", &hex::encode(digest)[..32])
 }
 
 #[derive(Template)]

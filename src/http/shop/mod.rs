@@ -13,8 +13,19 @@
 pub mod cart;
 pub mod catalogue;
 pub mod checkout;
+pub mod drop;
 pub mod order;
 pub mod product;
 
 pub use cart::{CART_COOKIE, Cart};
 pub use catalogue::BrowseParams;
+
+/// Who this browser is: a digest of its CSRF cookie. It is the key space of its checkout
+/// forms (the form's key is random already; this makes a key that leaked, in a shared
+/// screenshot or a log, useless from any other browser) and the identity a drop's pass
+/// is bound to.
+pub fn browser(req: &actix_web::HttpRequest) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(super::csrf::token(req).as_bytes());
+    format!("b{}", &hex::encode(digest)[..32])
+}

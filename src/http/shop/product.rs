@@ -15,6 +15,16 @@ pub struct ProductPage {
     chrome: Chrome,
     product: ProductView,
     max_quantity: i32,
+    /// The drop the product is in, as this shopper sees it.
+    drop: Option<super::drop::DropBox>,
+}
+
+impl ProductPage {
+    /// Whether the "Add to cart" form is shown: always, unless the product is in a drop
+    /// this shopper holds no pass of.
+    fn may_add(&self) -> bool {
+        self.drop.as_ref().is_none_or(|d| d.may_buy())
+    }
 }
 
 #[tracing::instrument(skip_all, fields(sku = %path))]
@@ -35,6 +45,7 @@ pub async fn get_product(
         .await?
         .ok_or_else(not_found)?;
     Ok(ProductPage {
+        drop: super::drop::drop_box(&req, &state, sku.as_str()).await?,
         chrome: Chrome::new(&req),
         product,
         max_quantity: state.settings.max_line_quantity,

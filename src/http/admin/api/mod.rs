@@ -1,7 +1,9 @@
 //! The admin JSON API (`/api/v1/admin/…`), every area's in one place: the dashboard's
 //! numbers, a product's settings, stock changes (applied once per `Idempotency-Key`), and
-//! webhook endpoints and deliveries. Browser clients send the session's CSRF token in
+//! webhook endpoints and deliveries, and drops ([`drops`]). Browser clients send the session's CSRF token in
 //! `X-CSRF-Token`.
+
+pub mod drops;
 
 use std::time::Duration;
 
@@ -122,7 +124,7 @@ pub struct Resent {
 #[derive(utoipa::IntoParams)]
 #[into_params(parameter_in = Header)]
 #[allow(dead_code)]
-struct CsrfHeader {
+pub(super) struct CsrfHeader {
     /// The admin session's CSRF token (shown on the admin pages).
     #[param(rename = "X-CSRF-Token")]
     csrf_token: String,

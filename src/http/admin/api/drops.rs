@@ -1,0 +1,189 @@
+//! The admin API's drops: list, schedule, read one live, and pause, resume or end one.
+
+use actix_web::http::header;
+use actix_web::{HttpRequest, HttpResponse, web};
+use uuid::Uuid;
+
+use super::super::check_api_csrf;
+use super::super::drops::{DropForm, apply_change, drop_error};
+use crate::admin::Admin;
+use crate::drops::db::Change;
+use crate::drops::live::{Live, live};
+use crate::error::AppError;
+use crate::http::AppState;
+use crate::http::json::Json;
+use crate::http::openapi::{AdminActionErrors, AdminCreateErrors, AdminReadErrors};
+
+/// A drop to schedule.
+#[derive(utoipa::ToSchema)]
+#[schema(example = json!({
+    "sku": "KB-ALPINE-75", "opens_at": "+300", "prequeue_seconds": 300,
+    "queueing": "lottery", "admit_per_minute": 120, "session_seconds": 600
+}))]
+#[allow(dead_code)] // read as JSON into `DropForm`; this is its shape
+pub struct NewDropBody {
+    #[schema(value_type = crate::http::openapi::inputs::SkuInput)]
+    sku: String,
+    /// RFC 3339, or `+SECONDS` from now.
+    opens_at: String,
+    /// Joining opens this long before the opening (0 to 604800; default 0).
+    #[schema(minimum = 0, maximum = 604800)]
+    prequeue_seconds: Option<i64>,
+    /// `fifo`, or `lottery` (the pre-queue in a random order drawn once).
+    queueing: String,
+    #[schema(minimum = 1, maximum = 1000000)]
+    admit_per_minute: i64,
+    /// Most shoppers admitted at once (none or 0: no limit).
+    #[schema(minimum = 0, maximum = 1000000)]
+    max_active: Option<i64>,
+    /// How long an admission lasts (30 to 86400; default 600).
+    #[schema(minimum = 30, maximum = 86400)]
+    session_seconds: Option<i64>,
+}
+
+fn no_drop() -> AppError {
+    AppError::not_found("There is no such drop.")
+}
+
+async fn find(state: &AppState, raw: &str) -> Result<crate::drops::Drop, AppError> {
+    let id = Uuid::try_parse(raw).map_err(|_| no_drop())?;
+    crate::drops::db::get(&state.db, id)
+        .await?
+        .ok_or_else(no_drop)
+}
+
+fn no_store(mut res: actix_web::HttpResponseBuilder, body: &impl serde::Serialize) -> HttpResponse {
+    res.insert_header((header::CACHE_CONTROL, "no-store"))
+        .json(body)
+}
+
+/// The latest drops (up to 50), newest first, with their live figures.
+#[utoipa::path(
+    get,
+    path = "/api/v1/admin/drops",
+    tag = "admin",
+    security(("admin_session" = [])),
+    responses(
+        (status = 200, description = "The drops.", body = Vec<Live>),
+        AdminReadErrors,
+    )
+)]
+pub async fn get_api_drops(
+    _admin: Admin,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, AppError> {
+    let mut all = Vec::new();
+    for drop in crate::drops::db::recent(&state.db, 50).await? {
+        all.push(live(&state.db, &state.redis, &drop).await?);
+    }
+    Ok(no_store(HttpResponse::Ok(), &all))
+}
+
+/// Schedules a drop. Its product needs a pass from the queue for every hold and order
+/// from a few seconds after this answer until the drop ends.
+#[utoipa::path(
+    post,
+    path = "/api/v1/admin/drops",
+    tag = "admin",
+    security(("admin_session" = [])),
+    params(super::CsrfHeader),
+    request_body = NewDropBody,
+    responses(
+        (status = 201, description = "The drop.", body = Live),
+        (status = 409, response = crate::http::openapi::Conflict),
+        AdminCreateErrors,
+    )
+)]
+pub async fn post_api_drops(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+    body: Json<serde_json::Value>,
+) -> Result<HttpResponse, AppError> {
+    check_api_csrf(&req, &admin)?;
+    let form: DropForm = serde_json::from_value(body.into_inner()).map_err(|e| {
+        AppError::Unprocessable(format!(
+            "The body must be {{\"sku\": …, \"opens_at\": \"<RFC 3339 or +SECONDS>\", \
+             \"queueing\": \"fifo\" or \"lottery\", \"admit_per_minute\": N, …}}: {}.",
+            crate::http::json::plain(&e)
+        ))
+    })?;
+    let new = form.parse()?;
+    let drop = crate::drops::db::create(&state.db, &new)
+        .await
+        .map_err(drop_error)?;
+    state.drops.reload(&state.db).await?;
+    tracing::info!(admin = %admin.username, drop = %drop.id, sku = %drop.sku, "drop scheduled");
+    let body = live(&state.db, &state.redis, &drop).await?;
+    Ok(no_store(
+        HttpResponse::Created()
+            .insert_header((header::LOCATION, format!("/api/v1/admin/drops/{}", drop.id)))
+            .take(),
+        &body,
+    ))
+}
+
+/// A drop with its live figures: waiting, admitted, active, sold, left, the admission
+/// rate and the estimated time to sell out.
+#[utoipa::path(
+    get,
+    path = "/api/v1/admin/drops/{id}",
+    tag = "admin",
+    security(("admin_session" = [])),
+    params(("id" = String, Path, description = "The drop's id.")),
+    responses(
+        (status = 200, description = "The drop.", body = Live),
+        (status = 404, response = crate::http::openapi::NotFound),
+        AdminReadErrors,
+    )
+)]
+pub async fn get_api_drop(
+    _admin: Admin,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, AppError> {
+    let drop = find(&state, &path).await?;
+    Ok(no_store(
+        HttpResponse::Ok(),
+        &live(&state.db, &state.redis, &drop).await?,
+    ))
+}
+
+/// Pauses (nobody is let in; passes given keep working), resumes, or ends a drop (the
+/// queue closes, everyone waiting is told, and the product sells as usual again). Doing
+/// what is done already changes nothing; an ended drop cannot be paused or resumed (409).
+#[utoipa::path(
+    post,
+    path = "/api/v1/admin/drops/{id}/{action}",
+    tag = "admin",
+    security(("admin_session" = [])),
+    params(
+        ("id" = String, Path, description = "The drop's id."),
+        ("action" = String, Path, description = "`pause`, `resume` or `end`.",
+            pattern = "^(pause|resume|end)$"),
+        super::CsrfHeader,
+    ),
+    responses(
+        (status = 200, description = "The drop, after the change.", body = Live),
+        (status = 409, response = crate::http::openapi::Conflict),
+        AdminActionErrors,
+    )
+)]
+pub async fn post_api_drop_change(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, AppError> {
+    check_api_csrf(&req, &admin)?;
+    let (id, action) = path.into_inner();
+    let change = Change::parse(&action)
+        .ok_or_else(|| AppError::not_found("A drop can be paused, resumed or ended."))?;
+    let drop = find(&state, &id).await?;
+    apply_change(&state, drop.id, change, &admin.username).await?;
+    let drop = find(&state, &id).await?;
+    Ok(no_store(
+        HttpResponse::Ok(),
+        &live(&state.db, &state.redis, &drop).await?,
+    ))
+}

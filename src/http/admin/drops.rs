@@ -1,0 +1,308 @@
+//! Drops in the admin: the list with a form to schedule one, and each drop's live view
+//! (waiting, admitted, active, sold, left, the admission rate, the time to sell out) with
+//! pause, resume and end buttons, each applied once per form (as the stock forms are).
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, web};
+use askama::Template;
+use chrono::Utc;
+use serde::Deserialize;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use super::once::{DoneQuery, FormOutcome, apply_form, done_notice, form_key, new_form_key};
+use super::page_chrome;
+use crate::admin::Admin;
+use crate::drops::db::{Change, DropError};
+use crate::drops::live::Live;
+use crate::drops::{self, NewDrop, Queueing};
+use crate::error::AppError;
+use crate::http::{AppState, Chrome, csrf, html};
+use crate::idempotency::StoredResponse;
+
+/// A drop error as the admin sees it.
+pub(super) fn drop_error(e: DropError) -> AppError {
+    match e {
+        DropError::Invalid(m) => AppError::Unprocessable(m),
+        DropError::NoProduct(_) => AppError::Unprocessable(e.to_string()),
+        DropError::AlreadyLive(_) | DropError::Over(_) => AppError::conflict(e.to_string()),
+        DropError::NotFound(_) => AppError::not_found("There is no such drop."),
+        DropError::Database(e) => e.into(),
+    }
+}
+
+/// What the new-drop form and the admin API's body say, as text and numbers.
+#[derive(Debug, Deserialize)]
+pub(super) struct DropForm {
+    pub(super) sku: String,
+    /// RFC 3339, or `+SECONDS` from now.
+    pub(super) opens_at: String,
+    #[serde(default)]
+    pub(super) prequeue_seconds: Option<i64>,
+    pub(super) queueing: String,
+    pub(super) admit_per_minute: i64,
+    #[serde(default)]
+    pub(super) max_active: Option<i64>,
+    #[serde(default)]
+    pub(super) session_seconds: Option<i64>,
+}
+
+impl DropForm {
+    /// The drop asked for, or what is wrong in words.
+    pub(super) fn parse(&self) -> Result<NewDrop, AppError> {
+        let bad = |m: String| AppError::Unprocessable(m);
+        let queueing = Queueing::parse(&self.queueing).ok_or_else(|| {
+            bad("Queueing must be \"fifo\" (first come, first served) or \"lottery\".".into())
+        })?;
+        let int = |v: i64, what: &str| {
+            i32::try_from(v).map_err(|_| bad(format!("{what} is out of range.")))
+        };
+        Ok(NewDrop {
+            sku: crate::catalog::Sku::parse(&self.sku)
+                .map_err(|e| bad(format!("{e}.")))?
+                .to_string(),
+            opens_at: drops::parse_opens_at(&self.opens_at, Utc::now()).map_err(bad)?,
+            prequeue_seconds: int(self.prequeue_seconds.unwrap_or(0), "The pre-queue")?,
+            queueing,
+            admit_per_minute: int(self.admit_per_minute, "Shoppers let in per minute")?,
+            max_active: self
+                .max_active
+                .filter(|n| *n != 0)
+                .map(|n| int(n, "Shoppers active at once"))
+                .transpose()?,
+            session_seconds: int(
+                self.session_seconds
+                    .unwrap_or(i64::from(drops::DEFAULT_SESSION_SECONDS)),
+                "The admission's length",
+            )?,
+        })
+    }
+}
+
+/// Applies `change` to drop `id` and what follows from it in this process: the drops
+/// read again, and an ended drop's queue left for Redis to forget.
+pub(super) async fn apply_change(
+    state: &AppState,
+    id: Uuid,
+    change: Change,
+    actor: &str,
+) -> Result<bool, AppError> {
+    let changed = drops::db::change(&state.db, id, change, actor)
+        .await
+        .map_err(drop_error)?;
+    state.drops.reload(&state.db).await?;
+    if change == Change::End {
+        drops::queue::expire(&state.redis, id).await;
+    }
+    Ok(changed)
+}
+
+#[derive(Template)]
+#[template(path = "admin/drops.html")]
+struct DropsPage {
+    chrome: Chrome,
+    drops: Vec<drops::Drop>,
+    key: String,
+    notice: Option<String>,
+}
+
+pub async fn get_drops(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+    query: web::Query<DoneQuery>,
+) -> Result<HttpResponse, AppError> {
+    let page = DropsPage {
+        chrome: page_chrome(&req, &admin),
+        drops: drops::db::recent(&state.db, 50).await?,
+        key: new_form_key(),
+        notice: done_notice(&state, &admin, "/admin/drops", query.done.as_deref()).await?,
+    };
+    html(StatusCode::OK, &page)
+}
+
+#[derive(Deserialize)]
+pub struct NewDropForm {
+    #[serde(default)]
+    csrf: String,
+    key: String,
+    #[serde(flatten)]
+    drop: DropFormText,
+}
+
+/// The form's fields as sent (empty fields are "not given").
+#[derive(Deserialize, serde::Serialize)]
+pub struct DropFormText {
+    sku: String,
+    opens_at: String,
+    #[serde(default)]
+    prequeue_seconds: String,
+    queueing: String,
+    admit_per_minute: String,
+    #[serde(default)]
+    max_active: String,
+    #[serde(default)]
+    session_seconds: String,
+}
+
+impl DropFormText {
+    fn form(&self) -> Result<DropForm, AppError> {
+        let number = |raw: &str, what: &str| -> Result<Option<i64>, AppError> {
+            let raw = raw.trim();
+            if raw.is_empty() {
+                return Ok(None);
+            }
+            raw.parse().map(Some).map_err(|_| {
+                AppError::Unprocessable(format!("{what} must be a whole number, not {raw:?}."))
+            })
+        };
+        Ok(DropForm {
+            sku: self.sku.clone(),
+            opens_at: self.opens_at.clone(),
+            prequeue_seconds: number(&self.prequeue_seconds, "The pre-queue")?,
+            queueing: self.queueing.clone(),
+            admit_per_minute: number(&self.admit_per_minute, "Shoppers let in per minute")?
+                .ok_or_else(|| {
+                    AppError::Unprocessable("Say how many shoppers to let in per minute.".into())
+                })?,
+            max_active: number(&self.max_active, "Shoppers active at once")?,
+            session_seconds: number(&self.session_seconds, "The admission's length")?,
+        })
+    }
+}
+
+/// Schedules a drop from the form; applied once per form.
+pub async fn post_drops(
+    admin: Admin,
+    state: web::Data<AppState>,
+    form: web::Form<NewDropForm>,
+) -> Result<HttpResponse, AppError> {
+    csrf::check_admin(&admin, &form.csrf)?;
+    let key = form_key(&form.key)?;
+    let new = form.drop.form()?.parse()?;
+    let shared = state.clone().into_inner();
+    apply_form(
+        &state,
+        &admin,
+        &key,
+        &form.drop,
+        async move |_: &mut PgConnection| -> Result<StoredResponse, AppError> {
+            let drop = drops::db::create(&shared.db, &new)
+                .await
+                .map_err(drop_error)?;
+            shared.drops.reload(&shared.db).await?;
+            tracing::info!(drop = %drop.id, sku = %drop.sku, "drop scheduled");
+            let outcome = FormOutcome {
+                page: format!("/admin/drops/{}", drop.id),
+                notice: format!("Drop of {} scheduled.", drop.sku),
+            };
+            Ok(outcome.stored())
+        },
+    )
+    .await?
+}
+
+#[derive(Template)]
+#[template(path = "admin/drop.html")]
+struct DropPage {
+    chrome: Chrome,
+    live: Live,
+    /// A fresh key for each of the pause, resume and end forms.
+    keys: [String; 3],
+    notice: Option<String>,
+}
+
+impl DropPage {
+    fn over(&self) -> bool {
+        self.live.status == "ended" || self.live.status == "sold_out"
+    }
+
+    fn opt(n: &Option<u64>) -> String {
+        n.map_or_else(|| "—".into(), |n| n.to_string())
+    }
+
+    fn rate(&self) -> String {
+        self.live
+            .admission_rate_per_minute
+            .map_or_else(|| "—".into(), |r| format!("{r:.1}/min"))
+    }
+
+    fn eta(&self) -> String {
+        match self.live.estimated_seconds_to_sell_out {
+            None => "—".into(),
+            Some(s) if s < 120 => format!("{s} s"),
+            Some(s) => format!("{} min", s.div_ceil(60)),
+        }
+    }
+}
+
+fn drop_id(raw: &str) -> Result<Uuid, AppError> {
+    Uuid::try_parse(raw).map_err(|_| AppError::not_found("There is no such drop."))
+}
+
+/// A drop's live view (it refreshes itself while the drop runs).
+pub async fn get_drop(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    query: web::Query<DoneQuery>,
+) -> Result<HttpResponse, AppError> {
+    let id = drop_id(&path)?;
+    let drop = drops::db::get(&state.db, id)
+        .await?
+        .ok_or_else(|| AppError::not_found("There is no such drop."))?;
+    let page_path = format!("/admin/drops/{id}");
+    let page = DropPage {
+        chrome: page_chrome(&req, &admin),
+        live: drops::live::live(&state.db, &state.redis, &drop).await?,
+        keys: [new_form_key(), new_form_key(), new_form_key()],
+        notice: done_notice(&state, &admin, &page_path, query.done.as_deref()).await?,
+    };
+    html(StatusCode::OK, &page)
+}
+
+#[derive(Deserialize)]
+pub struct ChangeForm {
+    #[serde(default)]
+    csrf: String,
+    key: String,
+}
+
+/// Pauses, resumes or ends a drop; applied once per form.
+pub async fn post_drop_change(
+    admin: Admin,
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+    form: web::Form<ChangeForm>,
+) -> Result<HttpResponse, AppError> {
+    csrf::check_admin(&admin, &form.csrf)?;
+    let key = form_key(&form.key)?;
+    let (id, action) = path.into_inner();
+    let id = drop_id(&id)?;
+    let change = Change::parse(&action)
+        .ok_or_else(|| AppError::not_found("A drop can be paused, resumed or ended."))?;
+    let shared = state.clone().into_inner();
+    let actor = admin.username.clone();
+    apply_form(
+        &state,
+        &admin,
+        &key,
+        &(action.as_str(), id),
+        async move |_: &mut PgConnection| -> Result<StoredResponse, AppError> {
+            let changed = apply_change(&shared, id, change, &actor).await?;
+            let notice = match (change, changed) {
+                (Change::Pause, true) => "Paused: nobody is let in until you resume.",
+                (Change::Resume, true) => "Resumed: shoppers are let in again.",
+                (Change::End, true) => "Ended: the queue is closed and the product sells as usual.",
+                (_, false) => "The drop was already in that state; nothing changed.",
+            };
+            let outcome = FormOutcome {
+                page: format!("/admin/drops/{id}"),
+                notice: notice.into(),
+            };
+            Ok(outcome.stored())
+        },
+    )
+    .await?
+}

@@ -1,0 +1,300 @@
+//! A drop's queue for API clients: join (a ticket), then poll it until admitted (a pass
+//! to send as `Drop-Pass` with the hold or order of the drop's product).
+
+use actix_web::http::header;
+use actix_web::{HttpRequest, HttpResponse, web};
+use uuid::Uuid;
+
+use crate::clients::{Caller, Limit};
+use crate::drops::queue::{self, Joined, Joiner};
+use crate::drops::ticket::{self, LookError, TicketView};
+use crate::drops::{Drop, registry::RequireError};
+use crate::error::AppError;
+use crate::http::openapi::{LookupErrors, QueueErrors};
+use crate::http::{AppState, limits};
+
+/// The header an admitted API client sends its pass in.
+pub const PASS_HEADER: &str = "drop-pass";
+/// The header a client acting for many buyers (one with no rate limit) names the buyer in.
+pub const SHOPPER_HEADER: &str = "drop-shopper";
+
+/// Who a pass is for, from the API, and the owner part of their idempotency keys: the
+/// client; for a client acting for many buyers (no rate limit: a platform, the load
+/// tools), the buyer it names in `Drop-Shopper`. Anonymous callers share one identity.
+pub fn identity(req: &HttpRequest, caller: &Caller) -> Result<(String, String), AppError> {
+    let owner = caller.owner();
+    let Some(raw) = req.headers().get(SHOPPER_HEADER) else {
+        return Ok((owner.clone(), owner));
+    };
+    let shopper = raw
+        .to_str()
+        .ok()
+        .map(str::trim)
+        .filter(|s| {
+            (1..=64).contains(&s.len())
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        })
+        .ok_or_else(|| {
+            AppError::BadRequest(
+                "Drop-Shopper must be 1 to 64 letters, digits, dashes or underscores.".into(),
+            )
+        })?;
+    match caller {
+        Caller::Client(c) if c.limit == Limit::Unlimited => {
+            Ok((format!("{owner}/{shopper}"), owner))
+        }
+        _ => Err(AppError::Unprocessable(
+            "Only an API client without a rate limit may act for several buyers with \
+             Drop-Shopper; send the request without it."
+                .into(),
+        )),
+    }
+}
+
+/// The drop `id`, or 404: a live one as this process knows it (no database read per
+/// poll), an ended one from the database.
+pub async fn find(state: &AppState, id: &str) -> Result<Drop, AppError> {
+    let missing = || AppError::not_found("There is no drop at this address.");
+    let id = Uuid::try_parse(id).map_err(|_| missing())?;
+    if let Some(live) = state.drops.by_id(&state.db, id).await? {
+        return Ok((*live).clone());
+    }
+    crate::drops::db::get(&state.db, id)
+        .await?
+        .ok_or_else(missing)
+}
+
+/// A hold or order refused for want of a pass (403 naming the queue), or a database error.
+pub fn refused(e: RequireError) -> AppError {
+    match e {
+        RequireError::NeedsPass(n) => AppError::NeedsPass {
+            message: n.message,
+            details: serde_json::json!({
+                "queue": format!("/api/v1{}", n.queue_path),
+                "queue_page": n.queue_path,
+                "drop_id": n.drop_id,
+                "sku": n.sku,
+            }),
+        },
+        RequireError::Database(e) => e.into(),
+    }
+}
+
+pub fn unreachable() -> AppError {
+    AppError::Unavailable {
+        message: "The drop's queue cannot be reached right now; nobody is let in meanwhile. \
+                  Please try again in a moment: your place is kept."
+            .into(),
+        retry_after: 2,
+    }
+}
+
+/// Why joining was refused, in words; `None` when joining is open.
+pub fn join_refusal(drop: &Drop, now: chrono::DateTime<chrono::Utc>) -> Option<AppError> {
+    if drop.status.is_over() {
+        return Some(AppError::conflict(
+            "This drop has ended; its queue is closed.",
+        ));
+    }
+    let from = drop.prequeue_at();
+    (now < from).then(|| AppError::Conflict {
+        message: format!(
+            "The queue for this drop opens at {}; please come back then.",
+            from.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        ),
+        retry_after: Some((from - now).num_seconds().max(1) as u64),
+        details: Some(serde_json::json!({ "queue_opens_at": from })),
+    })
+}
+
+/// Joins the queue for `joiner`, or the refusal in words.
+pub async fn join(state: &AppState, drop: &Drop, joiner: &Joiner<'_>) -> Result<Uuid, AppError> {
+    if let Some(refusal) = join_refusal(drop, chrono::Utc::now()) {
+        return Err(refusal);
+    }
+    let per_address = state.settings.drop_places_per_address;
+    match queue::join(&state.redis, drop, joiner, per_address).await {
+        Err(queue::Unreachable) => Err(unreachable()),
+        Ok(Joined::Ticket { ticket, .. }) => Ok(ticket),
+        // Redis's clock says the pre-queue has not opened yet (ours runs a little ahead).
+        Ok(Joined::Early) => Err(join_refusal(
+            drop,
+            drop.prequeue_at() - chrono::Duration::seconds(1),
+        )
+        .unwrap_or_else(unreachable)),
+        Ok(Joined::AddressFull) => Err(AppError::TooManyRequests {
+            message: format!(
+                "{per_address} shoppers from your network have joined this drop's queue, as many \
+                 as one address may; if you are one of them, use the browser or key you joined with."
+            ),
+            retry_after: 60,
+        }),
+    }
+}
+
+/// `ticket` for `identity`, or 404/503 in words.
+pub async fn look(
+    state: &AppState,
+    drop: &Drop,
+    ticket: &str,
+    identity: &str,
+) -> Result<TicketView, AppError> {
+    let missing = || {
+        AppError::not_found(
+            "There is no such ticket in this drop's queue for you; join the queue to get one.",
+        )
+    };
+    let ticket = Uuid::try_parse(ticket).map_err(|_| missing())?;
+    match ticket::look(&state.db, &state.redis, drop, ticket, identity).await {
+        Ok(Some(view)) => Ok(view),
+        Ok(None) => Err(missing()),
+        Err(LookError::Unreachable) => Err(unreachable()),
+        Err(LookError::Database(e)) => Err(e.into()),
+    }
+}
+
+fn ticket_response(mut res: actix_web::HttpResponseBuilder, view: &TicketView) -> HttpResponse {
+    if view.retry_after_seconds > 0 {
+        res.insert_header((header::RETRY_AFTER, view.retry_after_seconds.to_string()));
+    }
+    res.insert_header((
+        header::LOCATION,
+        format!("/api/v1/drops/{}/queue/{}", view.drop_id, view.ticket),
+    ))
+    .json(view)
+}
+
+/// The `Drop-Shopper` request header, as the contract describes it.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Header)]
+#[allow(dead_code)]
+pub(crate) struct ShopperHeader {
+    /// For a client without a rate limit acting for many buyers: the buyer this is for.
+    #[param(
+        rename = "Drop-Shopper",
+        min_length = 1,
+        max_length = 64,
+        pattern = "^[A-Za-z0-9_-]{1,64}$"
+    )]
+    drop_shopper: Option<String>,
+}
+
+/// Joins a drop's queue (or, joined already, returns the same ticket). One place per
+/// caller (per `Drop-Shopper` for a client acting for many buyers); poll the ticket's
+/// `Location` no sooner than `Retry-After`.
+#[utoipa::path(
+    post,
+    path = "/api/v1/drops/{id}/queue",
+    tag = "drops",
+    security(("api_key" = [])),
+    params(("id" = String, Path, description = "The drop's id."), ShopperHeader),
+    responses(
+        (status = 201, description = "The ticket, new or the one this caller had.",
+            body = TicketView,
+            headers(
+                ("Location" = String, description = "The ticket's address, to poll."),
+                ("Retry-After" = u64, description = "Seconds before asking again."),
+            )),
+        QueueErrors,
+    )
+)]
+pub async fn post_queue(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, AppError> {
+    let caller = limits::caller(&req, &state).await?;
+    if caller == Caller::Anonymous {
+        return Err(AppError::ApiKey {
+            message: "Joining a drop's queue needs an API key (`Authorization: Bearer sk_…`): \
+                      a pass is given to one client."
+                .into(),
+            invalid: false,
+        });
+    }
+    let drop = find(&state, &path).await?;
+    let (identity, key_owner) = identity(&req, &caller)?;
+    let address = crate::http::client_addr(&req, &state.settings).to_string();
+    let joiner = Joiner {
+        identity: &identity,
+        key_owner: &key_owner,
+        address: &address,
+    };
+    let ticket = join(&state, &drop, &joiner).await?;
+    let view = look(&state, &drop, &ticket.to_string(), &identity).await?;
+    Ok(ticket_response(HttpResponse::Created(), &view))
+}
+
+/// Where a ticket stands; once admitted, the pass. Only the caller that joined sees it.
+#[utoipa::path(
+    get,
+    path = "/api/v1/drops/{id}/queue/{ticket}",
+    tag = "drops",
+    security(("api_key" = [])),
+    params(
+        ("id" = String, Path, description = "The drop's id."),
+        ("ticket" = String, Path, description = "The ticket's id."),
+        ShopperHeader,
+    ),
+    responses(
+        (status = 200, description = "The ticket.", body = TicketView,
+            headers(("Retry-After" = u64, description = "Seconds before asking again."))),
+        QueueErrors,
+    )
+)]
+pub async fn get_queue_ticket(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, AppError> {
+    let caller = limits::caller(&req, &state).await?;
+    let (drop, ticket) = path.into_inner();
+    let drop = find(&state, &drop).await?;
+    let (identity, _) = identity(&req, &caller)?;
+    let view = look(&state, &drop, &ticket, &identity).await?;
+    Ok(ticket_response(HttpResponse::Ok(), &view))
+}
+
+/// A drop as shoppers see it.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct PublicDrop {
+    id: Uuid,
+    sku: String,
+    /// `scheduled`, `paused`, `ended` or `sold_out`.
+    status: String,
+    opens_at: chrono::DateTime<chrono::Utc>,
+    /// When joining the queue opens (the pre-queue).
+    queue_opens_at: chrono::DateTime<chrono::Utc>,
+    /// `fifo` or `lottery`.
+    queueing: String,
+    /// Where to join (`POST`).
+    queue: String,
+}
+
+/// A drop: its product, when it opens, and where its queue is.
+#[utoipa::path(
+    get,
+    path = "/api/v1/drops/{id}",
+    tag = "drops",
+    params(("id" = String, Path, description = "The drop's id.")),
+    responses(
+        (status = 200, description = "The drop.", body = PublicDrop),
+        LookupErrors,
+    )
+)]
+pub async fn get_drop(
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, AppError> {
+    let drop = find(&state, &path).await?;
+    Ok(HttpResponse::Ok().json(PublicDrop {
+        id: drop.id,
+        sku: drop.sku.clone(),
+        status: drop.status.as_str().into(),
+        opens_at: drop.opens_at,
+        queue_opens_at: drop.prequeue_at(),
+        queueing: drop.queueing.as_str().into(),
+        queue: format!("/api/v1{}", drop.queue_path()),
+    }))
+}
