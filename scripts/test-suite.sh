@@ -16,6 +16,10 @@ run_id="suite-$$-$(date +%s)"
 log=$(mktemp /tmp/stockade-suite.XXXXXX)
 trap 'rm -f "$log"' EXIT
 
+# Built first, on their own: a build that fails must fail the run (the list below is read
+# through a pipe, whose failure `set -e` does not see: it would be an empty list).
+cargo test --locked --all-targets --no-run
+
 # The test executables, in the order cargo runs them.
 mapfile -t executables < <(
   cargo test --locked --all-targets --no-run --message-format=json-render-diagnostics |
@@ -32,6 +36,11 @@ for line in sys.stdin:
 # Four tests at a time on any machine: most of a test's time is spent waiting on the
 # servers it started, not on a core. (RUST_TEST_THREADS or --test-threads say otherwise.)
 export RUST_TEST_THREADS="${RUST_TEST_THREADS:-4}"
+
+if [ "${#executables[@]}" = 0 ]; then
+  echo "no test executables were built" >&2
+  exit 1
+fi
 
 status=0
 for exe in "${executables[@]}"; do

@@ -213,6 +213,18 @@ pub async fn revoke(db: &PgPool, id: i64) -> sqlx::Result<bool> {
         == 1)
 }
 
+/// Revokes every live client whose name is `like` the pattern (a load test's shoppers);
+/// how many.
+pub async fn revoke_matching(db: &PgPool, pattern: &str) -> sqlx::Result<u64> {
+    Ok(sqlx::query!(
+        "update api_clients set revoked_at = now() where name like $1 and revoked_at is null",
+        pattern,
+    )
+    .execute(db)
+    .await?
+    .rows_affected())
+}
+
 /// Revokes the live client called `name`.
 #[tracing::instrument(skip_all)]
 pub async fn revoke_by_name(db: &PgPool, name: &str) -> Result<i64, ClientError> {

@@ -299,3 +299,23 @@ pub async fn sales(db: &PgPool, drop: &Drop) -> sqlx::Result<Sales> {
         left: row.left,
     })
 }
+
+/// An admission as recorded.
+#[derive(Debug, Clone)]
+pub struct AdmissionRow {
+    pub ticket: Uuid,
+    pub identity: String,
+    pub admitted_at: DateTime<Utc>,
+}
+
+/// Drop `id`'s admissions, in the order they were let in.
+pub async fn admissions(db: &PgPool, id: Uuid) -> sqlx::Result<Vec<AdmissionRow>> {
+    sqlx::query_as!(
+        AdmissionRow,
+        "select ticket, identity, admitted_at from drop_admissions
+          where drop_id = $1 order by admitted_at, ticket",
+        id
+    )
+    .fetch_all(db)
+    .await
+}

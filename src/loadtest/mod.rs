@@ -8,6 +8,7 @@
 
 pub mod check;
 mod command;
+pub mod drop;
 pub mod quick;
 pub mod report;
 pub mod run;
@@ -42,6 +43,9 @@ pub enum Scenario {
     Catalogue,
     /// Both at once: every other buyer is in the flash sale.
     Mixed,
+    /// A drop through its waiting room: shoppers queue, are let in, buy (needs
+    /// DATABASE_URL; see the --queueing and other "Drop scenario" options).
+    Drop,
 }
 
 /// `stockade loadtest` options.
@@ -53,9 +57,10 @@ pub struct LoadtestArgs {
     pub targets: Vec<String>,
     #[arg(long, value_enum, default_value = "flash-sale")]
     pub scenario: Scenario,
-    /// Units of the hot SKU (and of each catalogue SKU) set before the run.
-    #[arg(long, default_value_t = 100)]
-    pub stock: i32,
+    /// Units of the hot SKU (and of each catalogue SKU, or of the drop's product) set
+    /// before the run [default: 100; 500 for the drop scenario].
+    #[arg(long)]
+    pub stock: Option<i32>,
     /// Buyers in all (each places one order, or one hold and its confirmation).
     #[arg(long, default_value_t = 2000)]
     pub buyers: u64,
@@ -128,6 +133,8 @@ pub struct LoadtestArgs {
     /// Seed for the buyers' choices, for repeatable runs.
     #[arg(long, default_value_t = 2026)]
     pub seed: u64,
+    #[command(flatten)]
+    pub drop: drop::DropArgs,
 }
 
 /// The hot SKU of the flash sale.
@@ -136,13 +143,27 @@ pub const HOT_SKU: &str = "FLASH-DROP";
 pub const CATALOGUE_SKUS: usize = 20;
 
 impl LoadtestArgs {
+    /// The units each SKU of the run starts with.
+    pub fn stock(&self) -> i32 {
+        self.stock.unwrap_or(match self.scenario {
+            Scenario::Drop => 500,
+            _ => 100,
+        })
+    }
+
     fn plan(&self, targets: Vec<String>, run_id: String, api_key: Option<String>) -> Plan {
         Plan {
             targets,
             scenario: self.scenario,
-            hot_sku: HOT_SKU.to_string(),
+            hot_sku: match self.scenario {
+                Scenario::Drop => drop::DROP_SKU.to_string(),
+                _ => HOT_SKU.to_string(),
+            },
             catalogue: (1..=CATALOGUE_SKUS).map(|i| format!("LT-{i:04}")).collect(),
-            buyers: self.buyers,
+            buyers: match self.scenario {
+                Scenario::Drop => self.drop.prequeue_shoppers + self.drop.later_shoppers,
+                _ => self.buyers,
+            },
             concurrency: self.concurrency.max(1),
             rate: self.rate,
             duration: Duration::from_secs(self.duration),
@@ -176,8 +197,11 @@ impl LoadtestArgs {
         if self.rate.is_some_and(|r| !(r > 0.0 && r.is_finite())) {
             bail!("--rate must be a positive number of buyers per second");
         }
-        if self.stock < 0 {
+        if self.stock() < 0 {
             bail!("--stock must not be negative");
+        }
+        if self.scenario == Scenario::Drop {
+            self.drop.validate()?;
         }
         if self.compare && !self.targets.is_empty() {
             bail!("--compare starts its own servers; leave out --target");
@@ -237,7 +261,7 @@ async fn against_targets(args: &LoadtestArgs) -> anyhow::Result<Report> {
             None
         }
     };
-    let run = one_run(
+    let runs = runs(
         args,
         &targets,
         db.as_ref(),
@@ -254,7 +278,7 @@ async fn against_targets(args: &LoadtestArgs) -> anyhow::Result<Report> {
         ),
         scenario: scenario_name(args.scenario).into(),
         parameters: serde_json::to_value(args)?,
-        runs: vec![run],
+        runs,
     })
 }
 
@@ -316,6 +340,8 @@ async fn self_hosted(args: &LoadtestArgs) -> anyhow::Result<Report> {
             ("STOCKADE_LISTEN", "127.0.0.1:0".to_string()),
             ("STOCKADE_ORDER_STRATEGY", strategy.clone()),
             ("STOCKADE_LOG", "warn".to_string()),
+            // Every shopper of the drop scenario comes from this one address.
+            ("STOCKADE_DROP_PLACES_PER_ADDRESS", "0".to_string()),
         ];
         let flags: &[&str] = if strategy == "naive-unsafe" {
             &["--allow-unsafe"]
@@ -336,7 +362,7 @@ async fn self_hosted(args: &LoadtestArgs) -> anyhow::Result<Report> {
             url: redis_url.clone(),
             prefix,
         };
-        let run = one_run(
+        let run = self::runs(
             args,
             &targets,
             Some(&db),
@@ -349,7 +375,7 @@ async fn self_hosted(args: &LoadtestArgs) -> anyhow::Result<Report> {
             server.stop();
         }
         db.close().await;
-        runs.push(run?);
+        runs.extend(run?);
     }
     if let Some((services, dir)) = local {
         tokio::task::spawn_blocking(move || services.stop()).await?;
@@ -412,7 +438,34 @@ fn scenario_name(s: Scenario) -> &'static str {
         Scenario::FlashSale => "flash-sale",
         Scenario::Catalogue => "catalogue",
         Scenario::Mixed => "mixed",
+        Scenario::Drop => "drop",
     }
+}
+
+/// The runs against one set of servers: one, or the drop scenario's one per method.
+async fn runs(
+    args: &LoadtestArgs,
+    targets: &[String],
+    db: Option<&PgPool>,
+    redis: Option<&RedisTarget>,
+    strategy: String,
+    api_key: Option<String>,
+) -> anyhow::Result<Vec<StrategyRun>> {
+    if args.scenario != Scenario::Drop {
+        return Ok(vec![
+            one_run(args, targets, db, redis, strategy, api_key, None).await?,
+        ]);
+    }
+    let db = db.context(
+        "the drop scenario schedules its drop and reads its admissions through DATABASE_URL; \
+         give --database-url (the servers' database)",
+    )?;
+    let mut runs = Vec::new();
+    for method in args.drop.validate()? {
+        let label = format!("{strategy} {}", method.as_str());
+        runs.push(one_run(args, targets, Some(db), redis, label, None, Some(method)).await?);
+    }
+    Ok(runs)
 }
 
 /// Setup, run with progress, checks.
@@ -423,22 +476,33 @@ async fn one_run(
     redis: Option<&RedisTarget>,
     strategy: String,
     api_key: Option<String>,
+    drop: Option<crate::drops::Queueing>,
 ) -> anyhow::Result<StrategyRun> {
-    if let Some(db) = db.filter(|_| !args.no_setup) {
+    if let Some(db) = db.filter(|_| !args.no_setup && drop.is_none()) {
         setup(db, redis, args).await?;
     }
     let run_id = format!("lt-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let plan = args.plan(targets.to_vec(), run_id, api_key);
     let live = Arc::new(Live::default());
     let progress = (!args.quiet).then(|| progress_bar(&plan, live.clone(), strategy.clone()));
-    let result = run::run(&plan, live).await;
+    let (result, drop) = match (drop, db) {
+        (Some(method), Some(db)) => {
+            match self::drop::run(args, &plan, db, redis, method, live).await {
+                Ok((result, section)) => (Ok(result), Some(section)),
+                Err(e) => (Err(e), None),
+            }
+        }
+        _ => (run::run(&plan, live).await, None),
+    };
     if let Some((bar, task)) = progress {
         task.abort();
         bar.finish_and_clear();
     }
     let result = result?;
     std::fs::create_dir_all(&args.out)?;
-    let log_path = args.out.join(format!("client-log-{strategy}.jsonl"));
+    let log_path = args
+        .out
+        .join(format!("client-log-{}.jsonl", strategy.replace(' ', "-")));
     let mut log = String::new();
     for entry in &result.log {
         log.push_str(&serde_json::to_string(entry)?);
@@ -469,6 +533,7 @@ async fn one_run(
         result,
         verdicts,
         balances,
+        drop,
     })
 }
 

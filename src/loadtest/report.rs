@@ -17,6 +17,9 @@ pub struct StrategyRun {
     pub result: RunResult,
     pub verdicts: Vec<Verdict>,
     pub balances: Vec<SkuBalance>,
+    /// The drop scenario's figures.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drop: Option<super::drop::DropSection>,
 }
 
 impl StrategyRun {
@@ -24,8 +27,14 @@ impl StrategyRun {
         self.balances.iter().map(SkuBalance::oversold).sum()
     }
 
+    /// Every invariant held (and, in a drop, nobody held two places or bought without
+    /// their own pass).
     pub fn passed(&self) -> bool {
         self.verdicts.iter().all(|v| v.pass)
+            && self
+                .drop
+                .as_ref()
+                .is_none_or(|d| d.admitted_twice == 0 && d.misuse_accepted == 0)
     }
 
     /// Orders per second over the whole run.
@@ -92,6 +101,9 @@ pub fn summary(report: &Report) -> String {
             outcomes.join(", "),
             r.latency_ms.p999
         );
+        if let Some(drop) = &run.drop {
+            out.push_str(&super::drop::summary(&run.strategy, drop));
+        }
         if let Some(offered) = r.offered_rate {
             let _ = writeln!(
                 out,
@@ -249,6 +261,8 @@ struct HtmlReport<'a> {
     compare: Vec<String>,
     charts: Vec<String>,
     verdicts: &'a [StrategyRun],
+    /// The drop scenario's sections, as the terminal shows them.
+    drops: Vec<String>,
     parameters: String,
 }
 
@@ -348,6 +362,10 @@ pub fn html(report: &Report) -> anyhow::Result<String> {
         compare,
         charts,
         verdicts: runs,
+        drops: runs
+            .iter()
+            .filter_map(|r| Some(super::drop::summary(&r.strategy, r.drop.as_ref()?)))
+            .collect(),
         parameters: serde_json::to_string_pretty(&report.parameters)?,
     };
     Ok(page.render()?)

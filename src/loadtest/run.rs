@@ -123,7 +123,7 @@ pub struct Percentiles {
 }
 
 impl Percentiles {
-    fn of(h: &Histogram<u64>) -> Self {
+    pub(super) fn of(h: &Histogram<u64>) -> Self {
         let ms = |v: u64| v as f64 / 1000.0;
         if h.is_empty() {
             return Self::default();
@@ -195,10 +195,10 @@ impl Recorder {
 
 /// An answer, classified.
 #[derive(Debug, Clone)]
-struct Answer {
-    status: u16,
-    outcome: &'static str,
-    id: Option<String>,
+pub(super) struct Answer {
+    pub status: u16,
+    pub outcome: &'static str,
+    pub id: Option<String>,
 }
 
 impl Answer {
@@ -215,7 +215,7 @@ impl Answer {
     }
 }
 
-async fn send(request: reqwest::RequestBuilder) -> Answer {
+pub(super) async fn send(request: reqwest::RequestBuilder) -> Answer {
     let res = match request.send().await {
         Ok(res) => res,
         Err(e) => return Answer::none(&e),
@@ -231,7 +231,8 @@ async fn send(request: reqwest::RequestBuilder) -> Answer {
         409 if body.get("shortages").is_some() => "sold-out",
         409 if retry_after => "in-flight",
         409 => "rejected",
-        400 | 404 | 422 => "rejected",
+        // 403: a drop's product without a valid pass.
+        400 | 403 | 404 | 422 => "rejected",
         503 => "busy",
         _ => "error",
     };
@@ -249,7 +250,7 @@ async fn send(request: reqwest::RequestBuilder) -> Answer {
 /// One buyer's shopping list: `(sku, quantity)` lines.
 fn lines_for(plan: &Plan, buyer: u64, rng: &mut StdRng) -> Vec<(String, i64)> {
     let flash = match plan.scenario {
-        Scenario::FlashSale => true,
+        Scenario::FlashSale | Scenario::Drop => true,
         Scenario::Catalogue => false,
         Scenario::Mixed => buyer.is_multiple_of(2),
     };
@@ -439,7 +440,7 @@ async fn sample_stock(plan: &Plan, client: &reqwest::Client) -> Option<i64> {
         .await
         .ok()?;
     let watched = |sku: &str| match plan.scenario {
-        Scenario::FlashSale => sku == plan.hot_sku,
+        Scenario::FlashSale | Scenario::Drop => sku == plan.hot_sku,
         Scenario::Catalogue => plan.catalogue.iter().any(|s| s == sku),
         Scenario::Mixed => sku == plan.hot_sku || plan.catalogue.iter().any(|s| s == sku),
     };
@@ -588,7 +589,7 @@ pub async fn run(plan: &Plan, live: Arc<Live>) -> anyhow::Result<RunResult> {
     ))
 }
 
-fn summarise(
+pub(super) fn summarise(
     plan: &Plan,
     mut log: Vec<LogEntry>,
     stock: Vec<(f64, i64)>,

@@ -42,7 +42,7 @@ pub async fn setup(
     let mut hinted = Vec::new();
     for (sku, name, price) in skus {
         let sku = Sku::parse(&sku)?;
-        set_stock(db, &sku, &name, price, args.stock).await?;
+        set_stock(db, &sku, &name, price, args.stock()).await?;
         if let Some(redis) = &redis
             && !redis.clear_sold_out(&sku).await
         {
@@ -54,6 +54,26 @@ pub async fn setup(
             "Redis did not answer: {} may answer \"sold out\" for a few seconds",
             hinted.join(", ")
         );
+    }
+    Ok(())
+}
+
+/// Sets one product to `units` (created when missing) and clears its sold-out hint.
+pub(super) async fn reset_sku(
+    db: &PgPool,
+    redis: Option<&RedisTarget>,
+    sku: &str,
+    name: &str,
+    price: i64,
+    units: i32,
+) -> anyhow::Result<()> {
+    let sku = Sku::parse(sku)?;
+    set_stock(db, &sku, name, price, units).await?;
+    if let Some(target) = redis {
+        let redis = crate::locking::Redis::connect_lazy(&target.url, &target.prefix)?;
+        if !redis.clear_sold_out(&sku).await {
+            eprintln!("Redis did not answer: {sku} may answer \"sold out\" for a few seconds");
+        }
     }
     Ok(())
 }
