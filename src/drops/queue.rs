@@ -327,6 +327,27 @@ pub fn rate_per_second(drop: &Drop, stats: &Stats) -> f64 {
     stats.admitted_last_minute as f64 / window
 }
 
+/// Every ticket drop `id` let in and when (ms since the epoch, Redis's clock), whether or
+/// not its shopper came back to see it (PostgreSQL records those who did): for the load
+/// test's fairness figures. `None` when Redis does not answer.
+pub async fn admitted(redis: &Redis, id: Uuid) -> Option<Vec<(Uuid, i64)>> {
+    let mut conn = redis.conn();
+    let mut cmd = redis::cmd("ZRANGE");
+    cmd.arg(key(redis, id, "admt"))
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES");
+    let pairs: Vec<(String, f64)> = redis
+        .call("reading a drop's admissions", cmd.query_async(&mut conn))
+        .await?;
+    Some(
+        pairs
+            .into_iter()
+            .filter_map(|(t, at)| Some((Uuid::try_parse(&t).ok()?, at as i64)))
+            .collect(),
+    )
+}
+
 /// Lets Redis forget an ended drop's queue a day later (its admissions stay in PostgreSQL).
 pub async fn expire(redis: &Redis, id: Uuid) {
     let mut pipe = redis::pipe();

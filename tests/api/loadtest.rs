@@ -628,3 +628,81 @@ async fn the_loadtest_command_runs_against_targets_and_writes_its_report() {
         .await;
     assert!(sold > 0);
 }
+
+#[tokio::test]
+async fn the_drop_scenario_queues_admits_and_sells_fairly_and_refuses_every_misuse() {
+    let app = spawn_app().await;
+    // Every shopper comes from 127.0.0.1: no cap on places per address.
+    let open = [("STOCKADE_DROP_PLACES_PER_ADDRESS", "0".to_string())];
+    let servers = [
+        serve_app(&app, &open, &[]).await,
+        serve_app(&app, &open, &[]).await,
+    ];
+    let targets: Vec<String> = servers.iter().map(|s| s.address.clone()).collect();
+    let args = args(
+        &app,
+        &targets,
+        &[
+            "--scenario",
+            "drop",
+            "--queueing",
+            "fifo,lottery",
+            "--stock",
+            "100",
+            "--prequeue-seconds",
+            "3",
+            "--prequeue-shoppers",
+            "160",
+            "--later-shoppers",
+            "40",
+            "--join-rate",
+            "40",
+            "--admit-per-minute",
+            "4800",
+            "--misbehave-share",
+            "0.2",
+            "--duration",
+            "40",
+        ],
+    );
+    let report = run_report(&args).await.unwrap();
+    assert_eq!(report.runs.len(), 2, "one run per queueing method");
+    for run in &report.runs {
+        assert!(run.passed(), "{}: {:#?}", run.strategy, run.verdicts);
+        assert!(
+            run.verdicts.iter().any(|v| v.id == "I8" && v.pass),
+            "I8 checked"
+        );
+        let drop = run.drop.as_ref().expect("a drop section");
+        let summary = stockade::loadtest::drop::summary(&run.strategy, drop);
+        // The stock sold to admitted shoppers only, each place held once, every misuse
+        // (no pass, a borrowed pass) tried and refused.
+        assert_eq!(drop.orders, 100, "{summary}");
+        assert_eq!(run.oversold(), 0);
+        assert_eq!((drop.shoppers, drop.joined), (200, 200), "{summary}");
+        assert_eq!(drop.admitted_twice, 0, "{summary}");
+        assert!(drop.misuse_tried >= 10, "{summary}");
+        assert_eq!(drop.misuse_accepted, 0, "{summary}");
+        assert!(drop.admitted >= 100 && drop.recorded >= 100, "{summary}");
+        let fairness = &drop.fairness;
+        let kendall = fairness.kendall.as_ref().expect("a Kendall τ");
+        match drop.queueing {
+            stockade::drops::Queueing::Fifo => {
+                // Arrival order kept: only joins answered within moments of each other
+                // may swap (at most 1 % of pairs).
+                assert!(kendall.tau_b > 0.9, "{summary}");
+                assert!(kendall.discordant_pairs * 100 <= kendall.pairs, "{summary}");
+                assert!(fairness.independence.is_none());
+            }
+            stockade::drops::Queueing::Lottery => {
+                // Over ≥ 100 pre-queued shoppers τ's deviation is under 0.07: |τ| < 0.35
+                // is five of them; the independence test's p-value is uniform on 0–1
+                // for a fair draw, and 1e-6 is not reached by chance.
+                assert!(fairness.n >= 100, "{summary}");
+                assert!(kendall.tau_b.abs() < 0.35, "{summary}");
+                let test = fairness.independence.as_ref().expect("a chi-square test");
+                assert!(test.p_value > 1e-6, "{summary}");
+            }
+        }
+    }
+}

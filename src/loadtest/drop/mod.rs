@@ -98,8 +98,10 @@ pub struct DropSection {
     pub prequeued: u64,
     pub misbehaving: u64,
     pub joined: u64,
-    /// Let in (recorded in PostgreSQL).
+    /// Let in (by the queue in Redis, when the tool could read it; else as recorded).
     pub admitted: u64,
+    /// Admissions recorded in PostgreSQL: those whose shopper came back to see the pass.
+    pub recorded: u64,
     /// Identities let in more than once, or given a second place (must be 0).
     pub admitted_twice: u64,
     /// Orders of admitted shoppers with their own pass: accepted, and refused as sold out.
@@ -133,10 +135,11 @@ pub struct Fairness {
     pub kendall: Option<Concordance>,
     /// A lottery's pre-queue: admission rank deciles against join-time deciles.
     pub independence: Option<Independence>,
-    /// Mean admission rank (0 first, 1 last) of shoppers polling ten times a second and of
-    /// the fair ones joined in the same phase: fast polling should buy nothing.
-    pub fast_pollers_mean_rank: Option<f64>,
-    pub others_mean_rank: Option<f64>,
+    /// Places gained on average (join rank − admission rank, as a share of those
+    /// judged) by shoppers polling ten times a second and by the fair ones: fast polling
+    /// should buy nothing (FIFO: both about 0).
+    pub fast_pollers_gained: Option<f64>,
+    pub fair_gained: Option<f64>,
 }
 
 /// Runs one drop with `queueing` against `plan.targets`; the run's orders as a
@@ -236,7 +239,24 @@ pub async fn run(
     }
     let wall = started.elapsed();
     crate::drops::db::change(db, drop.id, crate::drops::db::Change::End, "loadtest").await?;
-    let admissions = crate::drops::db::admissions(db, drop.id).await?;
+    let recorded = crate::drops::db::admissions(db, drop.id).await?;
+    // Who was let in, from the queue itself when it can be read: PostgreSQL records only
+    // the admissions a shopper came back to see before the queue closed.
+    let from_queue = match redis {
+        Some(t) => {
+            let redis = crate::locking::Redis::connect_lazy(&t.url, &t.prefix)?;
+            crate::drops::queue::admitted(&redis, drop.id).await
+        }
+        None => None,
+    };
+    let admissions = Admissions {
+        recorded: recorded
+            .iter()
+            .map(|a| (a.ticket, a.admitted_at.timestamp_millis()))
+            .collect(),
+        from_queue,
+        twice: twice(&recorded),
+    };
     revoke_shopper_keys(db, &plan.run_id).await?;
 
     let log = std::mem::take(&mut *shared.log.lock().expect("log lock"));
@@ -280,29 +300,40 @@ fn mean(values: &[f64]) -> Option<f64> {
 }
 
 /// The drop's section, from what the shoppers saw and the admissions PostgreSQL recorded.
-fn section(
-    drop: &crate::drops::Drop,
-    outcomes: &[Outcome],
-    admissions: &[crate::drops::db::AdmissionRow],
-) -> DropSection {
-    let by_ticket: HashMap<&str, &Outcome> = outcomes
-        .iter()
-        .filter_map(|o| Some((o.ticket.as_deref()?, o)))
-        .collect();
+/// Who a drop let in: `(ticket, ms since the epoch)`.
+struct Admissions {
+    /// As PostgreSQL recorded them (a shopper saw the pass).
+    recorded: Vec<(uuid::Uuid, i64)>,
+    /// As the queue in Redis holds them, when it could be read.
+    from_queue: Option<Vec<(uuid::Uuid, i64)>>,
+    /// Identities PostgreSQL recorded more than once.
+    twice: u64,
+}
+
+fn twice(recorded: &[crate::drops::db::AdmissionRow]) -> u64 {
     let mut per_identity: HashMap<&str, u64> = HashMap::new();
-    for a in admissions {
+    for a in recorded {
         *per_identity.entry(a.identity.as_str()).or_default() += 1;
     }
-    let admitted_twice = per_identity.values().filter(|&&n| n > 1).count() as u64
-        + outcomes.iter().filter(|o| o.second_place).count() as u64;
+    per_identity.values().filter(|&&n| n > 1).count() as u64
+}
+
+fn section(drop: &crate::drops::Drop, outcomes: &[Outcome], admissions: &Admissions) -> DropSection {
+    let by_ticket: HashMap<uuid::Uuid, &Outcome> = outcomes
+        .iter()
+        .filter_map(|o| Some((uuid::Uuid::try_parse(o.ticket.as_deref()?).ok()?, o)))
+        .collect();
+    let admitted_twice =
+        admissions.twice + outcomes.iter().filter(|o| o.second_place).count() as u64;
+    let all = admissions
+        .from_queue
+        .as_ref()
+        .unwrap_or(&admissions.recorded);
     // Admitted shoppers with when they joined and when they were let in (Redis's clock,
     // to the millisecond; one script's admissions share it).
-    let mut admitted: Vec<(&Outcome, f64)> = admissions
+    let mut admitted: Vec<(&Outcome, f64)> = all
         .iter()
-        .filter_map(|a| {
-            let o = by_ticket.get(a.ticket.to_string().as_str())?;
-            Some((*o, a.admitted_at.timestamp_millis() as f64))
-        })
+        .filter_map(|(ticket, at)| Some((*by_ticket.get(ticket)?, *at as f64)))
         .filter(|(o, _)| o.joined_ms.is_some())
         .collect();
     admitted.sort_by(|a, b| a.1.total_cmp(&b.1));
@@ -316,17 +347,22 @@ fn section(
     let independence = lottery
         .then(|| fairness::independence(&fairness::ranks(&joined), &fairness::ranks(&let_in)))
         .flatten();
-    // Mean admission rank (0 first, 1 last) of the fast pollers and of the fair shoppers.
-    let rank_of = |polls_fast: bool| {
-        let n = judged.len().max(2) as f64 - 1.0;
-        let ranks: Vec<f64> = judged
+    // Places gained (join rank − admission rank, as a share of those judged) by the fast
+    // pollers and by the fair shoppers.
+    let join_ranks = fairness::ranks(&joined);
+    let gained = |polls_fast: bool| {
+        let n = judged.len().max(1) as f64;
+        let gains: Vec<f64> = judged
             .iter()
+            .zip(&join_ranks)
             .enumerate()
-            .filter(|(_, (o, _))| (o.conduct == Conduct::PollsFast) == polls_fast)
-            .filter(|(_, (o, _))| polls_fast || o.conduct == Conduct::Fair)
-            .map(|(i, _)| i as f64 / n)
+            .filter(|(_, ((o, _), _))| match polls_fast {
+                true => o.conduct == Conduct::PollsFast,
+                false => o.conduct == Conduct::Fair,
+            })
+            .map(|(admitted, (_, &joined))| (joined as f64 - admitted as f64) / n)
             .collect();
-        mean(&ranks)
+        mean(&gains)
     };
     let first_last = admitted.first().zip(admitted.last());
     let count = |f: &dyn Fn(&Outcome) -> bool| outcomes.iter().filter(|o| f(o)).count() as u64;
@@ -337,7 +373,8 @@ fn section(
         prequeued: count(&|o| o.prequeued),
         misbehaving: count(&|o| o.conduct != Conduct::Fair),
         joined: count(&|o| o.ticket.is_some()),
-        admitted: admissions.len() as u64,
+        admitted: all.len() as u64,
+        recorded: admissions.recorded.len() as u64,
         admitted_twice,
         orders: count(&|o| o.order_status == Some(201)),
         sold_out: count(&|o| o.order_status == Some(409)),
@@ -367,8 +404,8 @@ fn section(
             n: judged.len(),
             kendall: fairness::kendall(&joined, &let_in),
             independence,
-            fast_pollers_mean_rank: rank_of(true),
-            others_mean_rank: rank_of(false),
+            fast_pollers_gained: gained(true),
+            fair_gained: gained(false),
         },
     }
 }
@@ -379,7 +416,7 @@ pub fn summary(label: &str, d: &DropSection) -> String {
     let opt = |v: Option<f64>, digits: usize| v.map_or("-".into(), |v| format!("{v:.digits$}"));
     let mut out = format!(
         "{label}: drop {} ({}): {} shoppers ({} in the pre-queue, {} misbehaving), {} joined, \
-         {} admitted at {:.1}/s, {} never admitted\n",
+         {} admitted ({} came back for their pass) at {:.1}/s, {} never saw a pass\n",
         d.drop_id,
         d.queueing.as_str(),
         d.shoppers,
@@ -387,6 +424,7 @@ pub fn summary(label: &str, d: &DropSection) -> String {
         d.misbehaving,
         d.joined,
         d.admitted,
+        d.recorded,
         d.admission_rate_per_s,
         d.never_admitted,
     );
@@ -420,9 +458,9 @@ pub fn summary(label: &str, d: &DropSection) -> String {
         );
     }
     out += &format!(
-        "; mean admission rank (0 first, 1 last): fast pollers {}, fair shoppers {}\n",
-        opt(f.fast_pollers_mean_rank, 2),
-        opt(f.others_mean_rank, 2)
+        "; places gained on average: fast pollers {}, fair shoppers {}\n",
+        opt(f.fast_pollers_gained, 3),
+        opt(f.fair_gained, 3)
     );
     out
 }
