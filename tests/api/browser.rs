@@ -2,6 +2,7 @@
 
 mod admin;
 mod axe;
+mod drop;
 mod keyboard;
 mod layout;
 mod markup;

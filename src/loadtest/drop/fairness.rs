@@ -201,8 +201,16 @@ mod tests {
             assert!(close(four, want, 1e-10), "k=4 x={x}: {four}");
         }
         // One degree of freedom at its 5 % and 1 % critical values.
-        assert!(close(chi_square_survival(3.841_458_820_694_124, 1.0), 0.05, 1e-9));
-        assert!(close(chi_square_survival(6.634_896_601_021_213, 1.0), 0.01, 1e-9));
+        assert!(close(
+            chi_square_survival(3.841_458_820_694_124, 1.0),
+            0.05,
+            1e-9
+        ));
+        assert!(close(
+            chi_square_survival(6.634_896_601_021_213, 1.0),
+            0.01,
+            1e-9
+        ));
         // 81 degrees of freedom (deciles): the median is near 80.3; 185 is far out.
         let median = chi_square_survival(80.334, 81.0);
         assert!((median - 0.5).abs() < 0.002, "{median}");
@@ -215,7 +223,10 @@ mod tests {
         let x: Vec<f64> = (0..50).map(f64::from).collect();
         let reversed: Vec<f64> = x.iter().rev().copied().collect();
         let same = kendall(&x, &x).unwrap();
-        assert_eq!((same.tau_b, same.discordant_pairs, same.pairs), (1.0, 0, 1225));
+        assert_eq!(
+            (same.tau_b, same.discordant_pairs, same.pairs),
+            (1.0, 0, 1225)
+        );
         let back = kendall(&x, &reversed).unwrap();
         assert_eq!((back.tau_b, back.discordant_pairs), (-1.0, 1225));
         // Admitted five at a time, in arrival order: ties, no pair out of order, and τ-b
@@ -250,7 +261,10 @@ mod tests {
         let kept = independence(&joined, &joined).unwrap();
         assert!(kept.p_value < 1e-12, "{kept:?}");
         // Fewer items, fewer bins: 100 give 4 × 4 cells of 6.25.
-        assert_eq!(independence(&joined[..100], &joined[..100]).unwrap().bins, 4);
+        assert_eq!(
+            independence(&joined[..100], &joined[..100]).unwrap().bins,
+            4
+        );
         assert_eq!(independence(&joined[..19], &joined[..19]), None);
     }
 

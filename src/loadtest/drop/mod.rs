@@ -40,7 +40,11 @@ pub const DROP_SKU: &str = "DROP-LT";
 #[derive(Debug, Clone, Args, serde::Serialize)]
 pub struct DropArgs {
     /// Drop scenario: how places are given, one run each: fifo, lottery, or both.
-    #[arg(long = "queueing", value_delimiter = ',', default_value = "fifo,lottery")]
+    #[arg(
+        long = "queueing",
+        value_delimiter = ',',
+        default_value = "fifo,lottery"
+    )]
     pub queueing: Vec<String>,
     /// Drop scenario: seconds the queue is open before the opening.
     #[arg(long, default_value_t = 5)]
@@ -156,12 +160,18 @@ pub async fn run(
     // An earlier run's drop of this product, if one is still live, ends first.
     for old in crate::drops::db::live(db).await? {
         if old.sku == DROP_SKU {
-            crate::drops::db::change(db, old.id, crate::drops::db::Change::End, "loadtest")
-                .await?;
+            crate::drops::db::change(db, old.id, crate::drops::db::Change::End, "loadtest").await?;
         }
     }
-    super::setup::reset_sku(db, redis, DROP_SKU, "Drop: Load-test Edition", 24_900, args.stock())
-        .await?;
+    super::setup::reset_sku(
+        db,
+        redis,
+        DROP_SKU,
+        "Drop: Load-test Edition",
+        24_900,
+        args.stock(),
+    )
+    .await?;
     let total = d.prequeue_shoppers + d.later_shoppers;
     let keys = shopper_keys(db, &plan.run_id, total).await?;
     // The opening leaves time for every server to learn of the drop before it binds.
@@ -318,7 +328,11 @@ fn twice(recorded: &[crate::drops::db::AdmissionRow]) -> u64 {
     per_identity.values().filter(|&&n| n > 1).count() as u64
 }
 
-fn section(drop: &crate::drops::Drop, outcomes: &[Outcome], admissions: &Admissions) -> DropSection {
+fn section(
+    drop: &crate::drops::Drop,
+    outcomes: &[Outcome],
+    admissions: &Admissions,
+) -> DropSection {
     let by_ticket: HashMap<uuid::Uuid, &Outcome> = outcomes
         .iter()
         .filter_map(|o| Some((uuid::Uuid::try_parse(o.ticket.as_deref()?).ok()?, o)))

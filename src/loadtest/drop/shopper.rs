@@ -30,7 +30,12 @@ pub enum Conduct {
 impl Conduct {
     /// The `i`-th misbehaving shopper's conduct: the four in turn.
     pub fn misbehaving(i: u64) -> Self {
-        [Self::JoinsMany, Self::NoPass, Self::BorrowsPass, Self::PollsFast][(i % 4) as usize]
+        [
+            Self::JoinsMany,
+            Self::NoPass,
+            Self::BorrowsPass,
+            Self::PollsFast,
+        ][(i % 4) as usize]
     }
 }
 
@@ -103,7 +108,11 @@ impl Shopper {
     }
 
     fn queue(&self, shared: &Shared) -> String {
-        format!("{}/api/v1/drops/{}/queue", self.base(shared).1, shared.drop_id)
+        format!(
+            "{}/api/v1/drops/{}/queue",
+            self.base(shared).1,
+            shared.drop_id
+        )
     }
 
     async fn get_json(&self, request: reqwest::RequestBuilder) -> Option<(u16, Value)> {
@@ -190,8 +199,7 @@ impl Shopper {
         } else {
             1
         };
-        let answers =
-            futures_util::future::join_all((0..joins).map(|_| self.join(&shared))).await;
+        let answers = futures_util::future::join_all((0..joins).map(|_| self.join(&shared))).await;
         let joined_at = Instant::now();
         let mut tickets = Vec::new();
         for answer in &answers {
@@ -223,7 +231,8 @@ impl Shopper {
                 let theirs = shared.passes.lock().expect("passes").first().cloned();
                 if let Some(theirs) = theirs {
                     borrowed = true;
-                    self.misuse(&shared, &mut outcome, "borrowed", &theirs).await;
+                    self.misuse(&shared, &mut outcome, "borrowed", &theirs)
+                        .await;
                 }
             }
             let answer = self.get_json(shared.client.get(&url)).await;
@@ -255,8 +264,10 @@ impl Shopper {
             } else {
                 Duration::from_secs(wait.max(1))
             };
-            tokio::time::sleep(pause.min(shared.deadline.saturating_duration_since(Instant::now())))
-                .await;
+            tokio::time::sleep(
+                pause.min(shared.deadline.saturating_duration_since(Instant::now())),
+            )
+            .await;
         };
         outcome.admitted_ms = Some(shared.ms_since_opening(Instant::now()));
         shared.passes.lock().expect("passes").push(pass.clone());
