@@ -121,8 +121,17 @@ impl Shopper {
         Some((status, res.json().await.unwrap_or(Value::Null)))
     }
 
+    /// Joins, asking again (as a careful client) after a busy or lost answer.
     async fn join(&self, shared: &Shared) -> Option<(u16, Value)> {
-        self.get_json(shared.client.post(self.queue(shared))).await
+        let mut answer = None;
+        for attempt in 0..4 {
+            answer = self.get_json(shared.client.post(self.queue(shared))).await;
+            if !matches!(answer, None | Some((503, _))) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250 << attempt)).await;
+        }
+        answer
     }
 
     /// An order of one unit of the drop's product under `key`, with `pass` if any; logged
