@@ -128,10 +128,10 @@ async fn a_shopper_queues_sees_the_place_move_and_is_let_in_to_buy_at_phone_and_
         for (i, (b, _, _)) in shoppers.iter().enumerate() {
             match queue_state(b).await {
                 Some((state, _)) if state == "admitted" => admitted[i] = true,
-                Some((state, Some(place))) if state == "waiting" => {
-                    if seen[i].last() != Some(&place) {
-                        seen[i].push(place);
-                    }
+                Some((state, Some(place)))
+                    if state == "waiting" && seen[i].last() != Some(&place) =>
+                {
+                    seen[i].push(place)
                 }
                 _ => {}
             }
