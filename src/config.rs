@@ -280,6 +280,9 @@ environment {
         |var, v| bounded(var, v, 0, 1_000_000);
     /// How often each process releases expired holds.
     sweep_interval: Duration, "STOCKADE_SWEEP_INTERVAL_MS" = "1000", millis;
+    /// How often each process lets a live drop's shoppers in (besides on every poll) and
+    /// looks for drops that opened or sold out.
+    drop_tick_interval: Duration, "STOCKADE_DROP_TICK_MS" = "250", millis;
     /// How often each process's dispatcher looks for events to route and deliveries to send
     /// when it has nothing to do.
     dispatch_interval: Duration, "STOCKADE_DISPATCH_INTERVAL_MS" = "500", millis;

@@ -109,7 +109,12 @@ impl Application {
         ));
         let confirmer = Arc::new(crate::holds::Confirmer::new(db.clone(), settings.batch_max));
         let drops = Arc::new(crate::drops::Registry::default());
-        crate::drops::spawn_ticker(db.clone(), redis.clone(), drops.clone());
+        crate::drops::spawn_ticker(
+            db.clone(),
+            redis.clone(),
+            drops.clone(),
+            settings.drop_tick_interval,
+        );
         let state = web::Data::new(AppState {
             confirmer,
             db,

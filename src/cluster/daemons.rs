@@ -291,6 +291,28 @@ pub(super) fn start_sentinel(
     )
 }
 
+/// Waits until the Redis replica on `port` has copied its master and follows its stream
+/// (`master_link_status:up`): until then a failover would promote an empty replica, and
+/// everything kept only in Redis (a drop's queue) would be lost with the master.
+pub(super) async fn wait_for_redis_replica(port: u16, password: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let client = redis::Client::open(format!("redis://:{password}@127.0.0.1:{port}"))?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    loop {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut conn)
+            .await?;
+        if info.lines().any(|l| l.trim() == "master_link_status:up") {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("the Redis replica on port {port} did not copy its master within 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Waits until every Sentinel knows the replica and enough other Sentinels to fail over
 /// (`SENTINEL CKQUORUM`), so a failure right after start is handled.
 pub(super) async fn wait_for_sentinels(ports: &[u16]) -> anyhow::Result<()> {

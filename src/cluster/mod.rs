@@ -32,7 +32,8 @@ mod daemons;
 
 pub use daemons::Daemon;
 use daemons::{
-    start_haproxy, start_pgbouncer, start_sentinel, wait_for_sentinels, wait_for_server_connections,
+    start_haproxy, start_pgbouncer, start_sentinel, wait_for_redis_replica, wait_for_sentinels,
+    wait_for_server_connections,
 };
 
 /// The master name the Sentinels monitor.
@@ -123,11 +124,16 @@ impl Cluster {
 
         let redis_password = redis_password(&dir)?;
         let (pw, a_dir) = (redis_password.clone(), dir.join("redis-a"));
-        let master = blocking(move || LocalRedis::start_with(&a_dir, None, Some(&pw), "")).await?;
-        let follow = format!("replicaof 127.0.0.1 {}", master.port);
+        // A replica's first copy starts at once (the default waits 5 s for more replicas
+        // to share it), on either server, as either may be master after a failover.
+        const SYNC_NOW: &str = "repl-diskless-sync-delay 0";
+        let master =
+            blocking(move || LocalRedis::start_with(&a_dir, None, Some(&pw), SYNC_NOW)).await?;
+        let follow = format!("replicaof 127.0.0.1 {}\n{SYNC_NOW}", master.port);
         let (pw, b_dir) = (redis_password.clone(), dir.join("redis-b"));
         let redis_replica =
             blocking(move || LocalRedis::start_with(&b_dir, None, Some(&pw), &follow)).await?;
+        wait_for_redis_replica(redis_replica.port, &redis_password).await?;
         let mut sentinels = Vec::new();
         for i in 0..SENTINELS {
             sentinels.push(start_sentinel(

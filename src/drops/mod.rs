@@ -7,7 +7,8 @@
 //!   how long a shopper's admission lasts.
 //! - The queue lives in Redis ([`queue`]): each change is one Lua script, so positions
 //!   are the same from every process. Admission is a token bucket inside the script
-//!   every process runs (on each poll and every [`TICK`]): the rate is the drop's, not
+//!   every process runs (on each poll and every `STOCKADE_DROP_TICK_MS`, 250 ms): the
+//!   rate is the drop's, not
 //!   the number of processes', and a shopper popped from the queue is popped once.
 //! - An admitted shopper gets a pass ([`pass`]): signed with the drop's key, expiring
 //!   with their admission, bound to who they are (a browser's cookie, an API client).
@@ -36,11 +37,12 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
-/// How often each process lets shoppers in and looks for drops that opened or sold out.
-pub const TICK: Duration = Duration::from_millis(250);
+/// How long one tick's database call may take before it is cut off (and the tick tried
+/// again at the next): a tick that waits on a dead network must not hold a connection.
+pub const TICK_LIMIT: Duration = Duration::from_secs(2);
 
 /// How places are given.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Queueing {
     /// In the order shoppers joined.

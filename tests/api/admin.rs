@@ -27,20 +27,42 @@ async fn concrete(app: &TestApp, pattern: &str) -> String {
         .fetch_one(&app.db)
         .await
         .unwrap();
+    let drop = sqlx::query_scalar!(r#"select id::text as "id!" from drops limit 1"#)
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
     let id = if pattern.starts_with("/admin/holds") {
         hold
+    } else if pattern.contains("/admin/drops") {
+        drop
     } else {
         order
     };
     pattern
         .replace("{sku}", "KB-ALPINE-75")
         .replace("{id}", &id)
+        .replace("{action}", "pause")
 }
 
-/// An app with the demo catalogue, one order and one hold.
+/// An app with the demo catalogue, one order, one hold and one drop (of a product the
+/// order and hold leave alone).
 async fn stocked_app() -> TestApp {
     let app = spawn_app().await;
     app.seed_demo().await;
+    stockade::drops::db::create(
+        &app.db,
+        &stockade::drops::NewDrop {
+            sku: "KB-DROP-ORCA".into(),
+            opens_at: chrono::Utc::now() + chrono::Duration::hours(1),
+            prequeue_seconds: 0,
+            queueing: stockade::drops::Queueing::Fifo,
+            admit_per_minute: 60,
+            max_active: None,
+            session_seconds: 600,
+        },
+    )
+    .await
+    .unwrap();
     assert_eq!(
         app.post_order("o1", &[("MS-DRIFT-WL", 1)])
             .await

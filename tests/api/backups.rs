@@ -251,8 +251,8 @@ async fn a_restore_to_a_moment_mid_sale_has_every_order_acknowledged_before_it_a
             .await
             .unwrap();
     assert!(
-        verdicts.iter().all(|v| v.pass) && verdicts.len() == 7,
-        "I1–I7 on the restored database: {verdicts:?}"
+        verdicts.iter().all(|v| v.pass) && verdicts.len() == 8,
+        "I1–I8 on the restored database: {verdicts:?}"
     );
     eprintln!(
         "point-in-time restore: {} orders before the moment, {} after; backup during the \

@@ -3,6 +3,8 @@
 //! through Sentinel and reads on the streaming replica, and is checked with the invariant
 //! checker (I1–I6) and the client log. One cluster serves every phase, in turn.
 
+mod drop;
+
 use std::time::{Duration, Instant};
 
 use clap::Parser;
@@ -229,27 +231,36 @@ async fn a_flash_sale_through_haproxy_survives_losing_a_redis_master_an_app_the_
     //    counter raised past every fence the database has seen.
     // Enough stock that the sale outlasts the failover on a fast machine too: the last
     //    check needs orders after leases are back.
+    //    A drop's queue meanwhile: its shoppers queued now, its opening just after the
+    //    kill; they are let in across the failover and buy with their passes afterwards.
     let stock = 800;
     let args = sale(&cluster, stock, 2_400, standby, 1);
+    let queued = drop::queue(&cluster, &primary, Duration::from_millis(2_500)).await;
+    let shop = cluster.url();
     let sale_started = Instant::now();
-    let (report, (killed_at, fence_before, leases_back)) = tokio::join!(run_report(&args), async {
-        tokio::time::sleep(Duration::from_millis(1_500)).await;
-        let fence_before = max_fence(&primary).await;
-        let killed_at = Instant::now();
-        cluster.redis[0].kill9();
-        // Leases are usable again once the promoted replica's counter has been raised.
-        let mut leases_back = None;
-        while killed_at.elapsed() < Duration::from_secs(20) {
-            if fence_counter(&cluster, standby).await > fence_before + FENCE_EPOCH / 2 {
-                leases_back = Some(killed_at.elapsed());
-                break;
+    let (report, (killed_at, fence_before, leases_back), passes) = tokio::join!(
+        run_report(&args),
+        async {
+            tokio::time::sleep(Duration::from_millis(1_500)).await;
+            let fence_before = max_fence(&primary).await;
+            let killed_at = Instant::now();
+            cluster.redis[0].kill9();
+            // Leases are usable again once the promoted replica's counter has been raised.
+            let mut leases_back = None;
+            while killed_at.elapsed() < Duration::from_secs(20) {
+                if fence_counter(&cluster, standby).await > fence_before + FENCE_EPOCH / 2 {
+                    leases_back = Some(killed_at.elapsed());
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        (killed_at, fence_before, leases_back)
-    });
+            (killed_at, fence_before, leases_back)
+        },
+        queued.wait_for_passes(&shop, Duration::from_secs(60)),
+    );
     let run = &report.unwrap().runs[0];
     assert_sold_exactly(run, stock, "Redis master killed", false);
+    queued.buy_and_check(&cluster, &primary, &passes).await;
     assert_eq!(cluster.current_master_port().await.unwrap(), standby);
     let leases_back = leases_back.expect("the new master's fence counter was raised");
     // The sale may sell out before leases are back (group commit sells fast): orders

@@ -138,7 +138,7 @@ async fn a_flash_sale_with_retries_and_double_submits_passes_every_invariant() {
     let report = run_report(&args).await.unwrap();
     let run = &report.runs[0];
     assert!(run.passed(), "{:#?}", run.verdicts);
-    assert_eq!(run.verdicts.len(), 7, "I1–I7 all checked");
+    assert_eq!(run.verdicts.len(), 8, "I1–I8 all checked");
     assert_eq!(
         run.result.orders_acknowledged, 20,
         "{:?}",

@@ -125,6 +125,7 @@ pub async fn get_drops(
 pub struct NewDropForm {
     #[serde(default)]
     csrf: String,
+    #[serde(default)]
     key: String,
     #[serde(flatten)]
     drop: DropFormText,
@@ -132,12 +133,18 @@ pub struct NewDropForm {
 
 /// The form's fields as sent (empty fields are "not given").
 #[derive(Deserialize, serde::Serialize)]
+// Every field defaults to empty, so a form missing one is refused by the CSRF check or
+// by `form()` in words, not by the extractor.
 pub struct DropFormText {
+    #[serde(default)]
     sku: String,
+    #[serde(default)]
     opens_at: String,
     #[serde(default)]
     prequeue_seconds: String,
+    #[serde(default)]
     queueing: String,
+    #[serde(default)]
     admit_per_minute: String,
     #[serde(default)]
     max_active: String,
@@ -266,6 +273,7 @@ pub async fn get_drop(
 pub struct ChangeForm {
     #[serde(default)]
     csrf: String,
+    #[serde(default)]
     key: String,
 }
 

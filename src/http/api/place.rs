@@ -87,10 +87,12 @@ pub(super) async fn place(
     };
     let request =
         OrderRequest::from_json(&body, state.settings.max_line_quantity)?.placed_by(shopper);
-    // A product in a drop: only with this caller's pass from its queue.
+    // A product in a drop: only with this caller's pass from its queue; but a key that
+    // already has a record is answered from it (a retry after the pass expired gets the
+    // order it placed, not a refusal that would contradict it).
     let (identity, _) = super::drops::identity(&req, &caller)?;
     let skus = request.skus();
-    state
+    let allowed = state
         .drops
         .require_pass(
             &state.db,
@@ -103,8 +105,14 @@ pub(super) async fn place(
                     .map(str::to_string)
             },
         )
-        .await
-        .map_err(super::drops::refused)?;
+        .await;
+    if let Err(refusal) = allowed {
+        let known =
+            crate::idempotency::present(&state.db, &[(scope.as_str(), key.as_str())]).await?;
+        if !known.first().copied().unwrap_or(false) {
+            return Err(super::drops::refused(refusal));
+        }
+    }
     let answer_by = answer_by(&req, state.settings.request_budget);
     let state = state.into_inner();
     let placement = detached(crate::checkout::work_limit(&state.settings), async move {

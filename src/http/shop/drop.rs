@@ -1,6 +1,7 @@
 //! A drop in the storefront: the product page's countdown and "Join the queue", and the
-//! queue page (`/drops/{id}/queue`), which refreshes itself at the interval the server
-//! gives (a meta refresh: no script needed) until the shopper is let in. Their ticket
+//! queue page (`/drops/{id}/queue`), which keeps itself current at the interval the server
+//! gives (`static/app.js` fetches it again and swaps the queue's content; without
+//! JavaScript a `<noscript>` refresh reloads it) until the shopper is let in. Their ticket
 //! and, once admitted, their pass live in cookies named after the drop.
 
 use actix_web::cookie::SameSite;

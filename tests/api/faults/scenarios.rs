@@ -160,11 +160,13 @@ async fn pool_gauge(app: &TestApp, name: &str) -> u32 {
 
 #[tokio::test]
 async fn requests_in_flight_when_the_database_network_dies_answer_503_within_the_budget() {
-    // No event dispatch or hold sweeps, whose rounds would wait on the dead network for
-    // `pg::ROUND_LIMIT`: the connections counted below are the requests' alone.
+    // No event dispatch, hold sweeps or drop ticks, whose rounds would wait on the dead
+    // network for `pg::ROUND_LIMIT` (a tick: `drops::TICK_LIMIT`, then again): the
+    // connections counted below are the requests' alone.
     let (app, proxy) = behind_database_proxy(Settings {
         dispatch_interval: Duration::from_secs(3600),
         sweep_interval: Duration::from_secs(3600),
+        drop_tick_interval: Duration::from_secs(3600),
         ..tight(test_settings().await)
     })
     .await;

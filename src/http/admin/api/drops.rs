@@ -24,12 +24,16 @@ use crate::http::openapi::{AdminActionErrors, AdminCreateErrors, AdminReadErrors
 pub struct NewDropBody {
     #[schema(value_type = crate::http::openapi::inputs::SkuInput)]
     sku: String,
-    /// RFC 3339, or `+SECONDS` from now.
+    /// RFC 3339, or `+SECONDS` from now; not in the past.
+    #[schema(
+        pattern = r"^(\+[0-9]{1,9}|[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2}))$"
+    )]
     opens_at: String,
     /// Joining opens this long before the opening (0 to 604800; default 0).
     #[schema(minimum = 0, maximum = 604800)]
     prequeue_seconds: Option<i64>,
     /// `fifo`, or `lottery` (the pre-queue in a random order drawn once).
+    #[schema(value_type = crate::drops::Queueing)]
     queueing: String,
     #[schema(minimum = 1, maximum = 1000000)]
     admit_per_minute: i64,
