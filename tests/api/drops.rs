@@ -725,3 +725,61 @@ async fn one_address_takes_at_most_its_places_and_joining_twice_keeps_one() {
         "{body}"
     );
 }
+
+#[tokio::test]
+async fn a_retried_order_is_answered_from_its_key_after_the_pass_is_gone_and_a_new_one_is_refused()
+{
+    let app = spawn_app().await;
+    app.add_product("DROP-R", "Drop R", 1000, 5).await;
+    let drop = schedule(
+        &app,
+        "DROP-R",
+        Duration::from_secs(4),
+        Duration::from_secs(60),
+        Queueing::Fifo,
+        6000,
+        None,
+    )
+    .await;
+    let buyer = Buyer {
+        key: key(&app, true).await,
+        shopper: Some("retrier".into()),
+    };
+    let (status, body) = buyer.join(&app.address, drop.id).await;
+    assert_eq!(status, 201, "{body}");
+    let ticket = body["ticket"].as_str().unwrap().to_string();
+    sleep_until(drop.opens_at).await;
+    let pass = buyer
+        .wait_for_pass(&app.address, drop.id, &ticket, Duration::from_secs(10))
+        .await;
+    let order = |pass: Option<String>, key: &'static str| {
+        let mut rb = buyer
+            .request(helpers_client().post(format!("{}/api/v1/orders", app.address)))
+            .header("Idempotency-Key", key)
+            .json(&serde_json::json!({"lines": [{"sku": "DROP-R", "quantity": 1}]}));
+        if let Some(pass) = pass {
+            rb = rb.header("Drop-Pass", pass);
+        }
+        async move {
+            let res = rb.send().await.unwrap();
+            let replayed = res.headers().contains_key("idempotency-replayed");
+            (
+                res.status().as_u16(),
+                replayed,
+                res.json::<Value>().await.unwrap(),
+            )
+        }
+    };
+    let (status, _, first) = order(Some(pass), "k-1").await;
+    assert_eq!(status, 201, "{first}");
+    // The retry comes after the pass is gone (expired, or a client that lost it): the
+    // key's record answers it, the same order, rather than a refusal contradicting it.
+    let (status, replayed, again) = order(None, "k-1").await;
+    assert_eq!((status, replayed), (201, true), "{again}");
+    assert_eq!(again["id"], first["id"]);
+    // A new key without a pass is still refused, and changes nothing.
+    let (status, _, refused) = order(None, "k-2").await;
+    assert_eq!(status, 403, "{refused}");
+    assert_eq!(app.count("select count(*) from orders").await, 1);
+    assert!(i8(&app).await.pass);
+}
