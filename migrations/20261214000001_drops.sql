@@ -42,6 +42,9 @@ create table drop_admissions (
     primary key (drop_id, ticket)
 );
 create index drop_admissions_owner on drop_admissions (drop_id, key_owner, admitted_at);
+-- One admission per identity and drop: a ticket let in again after Redis lost some of its
+-- queue (a failover) is answered with the admission already recorded.
+create unique index drop_admissions_one_per_identity on drop_admissions (drop_id, identity);
 
 alter table events drop constraint events_type_check;
 alter table events add constraint events_type_check check (type in (

@@ -234,15 +234,16 @@ pub async fn mark_opened(db: &PgPool, drop: &Drop) -> sqlx::Result<bool> {
     Ok(updated == 1)
 }
 
-/// Ends the drop as sold out (with `drop.sold_out`) when its product has no unit left
-/// that is not held; once, by whichever process sees it first.
+/// Ends the drop as sold out (with `drop.sold_out`) when every unit of its product is sold:
+/// none on hand (units in carts may come back, and go to the queue); once, by whichever
+/// process sees it first.
 pub async fn mark_sold_out_if_gone(db: &PgPool, drop: &Drop) -> sqlx::Result<bool> {
     let mut tx = db.begin().await?;
     let updated = sqlx::query!(
         "update drops d set status = 'sold_out', ended_at = now()
            from stock s
           where d.id = $1 and d.ended_at is null and d.opens_at <= now()
-            and s.sku = d.sku and s.on_hand - s.reserved <= 0",
+            and s.sku = d.sku and s.on_hand <= 0",
         drop.id
     )
     .execute(&mut *tx)
@@ -256,15 +257,23 @@ pub async fn mark_sold_out_if_gone(db: &PgPool, drop: &Drop) -> sqlx::Result<boo
     Ok(updated == 1)
 }
 
-/// Writes an admission (again: a repeat changes nothing) before its pass is shown.
+/// Writes an admission before its pass is shown, and returns the one recorded for its
+/// identity: this one, or (again, or after Redis lost part of its queue and let the
+/// identity in under another ticket) the first, whose ticket and expiry the pass then
+/// carries: one identity, one admission.
 pub async fn record_admission(
     db: &PgPool,
     drop_id: Uuid,
     admission: &super::queue::Admission,
-) -> sqlx::Result<()> {
-    sqlx::query!(
-        "insert into drop_admissions (drop_id, ticket, identity, key_owner, admitted_at, expires_at)
-         values ($1, $2, $3, $4, $5, $6) on conflict do nothing",
+) -> sqlx::Result<(Uuid, DateTime<Utc>)> {
+    let recorded = sqlx::query!(
+        r#"with new as (
+               insert into drop_admissions (drop_id, ticket, identity, key_owner, admitted_at, expires_at)
+               values ($1, $2, $3, $4, $5, $6) on conflict do nothing
+               returning ticket, expires_at)
+           select ticket as "ticket!", expires_at as "expires_at!" from new
+           union all
+           select ticket, expires_at from drop_admissions where drop_id = $1 and identity = $3"#,
         drop_id,
         admission.ticket,
         admission.identity,
@@ -272,9 +281,13 @@ pub async fn record_admission(
         admission.admitted_at,
         admission.expires_at,
     )
-    .execute(db)
+    .fetch_all(db)
     .await?;
-    Ok(())
+    Ok(recorded
+        .first()
+        .map_or((admission.ticket, admission.expires_at), |r| {
+            (r.ticket, r.expires_at)
+        }))
 }
 
 /// What the admin's live view counts from PostgreSQL: units sold since the opening and

@@ -24,7 +24,7 @@ pub enum Refused {
     Missing,
     #[error("This pass is not one the shop gave to you for this drop.")]
     Invalid,
-    #[error("Your pass for this drop has expired; join the queue again.")]
+    #[error("Your pass for this drop has expired: your turn to buy is over.")]
     Expired,
 }
 

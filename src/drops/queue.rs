@@ -89,6 +89,7 @@ if open == '1' and now >= opens then
 elseif open == '0' then
   -- Paused: the bucket does not fill meanwhile.
   redis.call('HSET', bucket, 'refill', string.format('%.0f', now))
+  redis.call('PEXPIREAT', bucket, ARGV[8])
 end
 local stats = {now, redis.call('ZCARD', q), redis.call('ZCOUNT', adm, string.format('(%.0f', now), '+inf'),
                redis.call('ZCARD', admt), redis.call('ZCOUNT', admt, string.format('%.0f', now - 60000), string.format('%.0f', now)), let_in}

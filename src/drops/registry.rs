@@ -48,6 +48,20 @@ impl Registry {
     /// Reads the live drops again.
     pub async fn reload(&self, db: &PgPool) -> sqlx::Result<()> {
         let _one = self.reloading.lock().await;
+        self.read(db).await
+    }
+
+    /// Reads them again unless fresh by the time it is this caller's turn: requests
+    /// finding the copy stale together read it once.
+    async fn refresh(&self, db: &PgPool) -> sqlx::Result<()> {
+        let _one = self.reloading.lock().await;
+        if self.fresh() {
+            return Ok(());
+        }
+        self.read(db).await
+    }
+
+    async fn read(&self, db: &PgPool) -> sqlx::Result<()> {
         let started = Instant::now();
         let drops = super::db::live(db).await?;
         let mut known = self.known.write().expect("drops registry");
@@ -67,16 +81,25 @@ impl Registry {
     /// The live drops (reloaded first when this copy is stale).
     pub async fn live(&self, db: &PgPool) -> sqlx::Result<Vec<Arc<Drop>>> {
         if !self.fresh() {
-            self.reload(db).await?;
+            self.refresh(db).await?;
         }
         let known = self.known.read().expect("drops registry");
         Ok(known.by_sku.values().cloned().collect())
     }
 
+    /// Whether any live drop binds its product at `now` (reloaded first when stale).
+    pub async fn binds_any(&self, db: &PgPool, now: chrono::DateTime<Utc>) -> sqlx::Result<bool> {
+        if !self.fresh() {
+            self.refresh(db).await?;
+        }
+        let known = self.known.read().expect("drops registry");
+        Ok(known.by_sku.values().any(|d| d.binds_at <= now))
+    }
+
     /// The drop `sku` is in, if any (reloaded first when this copy is stale).
     pub async fn of_sku(&self, db: &PgPool, sku: &str) -> sqlx::Result<Option<Arc<Drop>>> {
         if !self.fresh() {
-            self.reload(db).await?;
+            self.refresh(db).await?;
         }
         Ok(self
             .known
@@ -91,7 +114,7 @@ impl Registry {
     /// that ended (or does not exist).
     pub async fn by_id(&self, db: &PgPool, id: Uuid) -> sqlx::Result<Option<Arc<Drop>>> {
         if !self.fresh() {
-            self.reload(db).await?;
+            self.refresh(db).await?;
         }
         let known = self.known.read().expect("drops registry");
         Ok(known.by_sku.values().find(|d| d.id == id).cloned())

@@ -52,17 +52,15 @@ async fn tick(
     if drop.opened_at.is_none() && bounded(TICK_LIMIT, db::mark_opened(db, drop)).await? {
         tracing::info!(drop = %drop.id, sku = %drop.sku, "drop opened");
     }
-    let left = bounded(
+    // Sold out when nothing is on hand: held units may still come back to the queue.
+    let on_hand = bounded(
         TICK_LIMIT,
-        sqlx::query_scalar!(
-            r#"select (on_hand - reserved)::bigint as "left!" from stock where sku = $1"#,
-            drop.sku
-        )
-        .fetch_optional(db),
+        sqlx::query_scalar!("select on_hand from stock where sku = $1", drop.sku)
+            .fetch_optional(db),
     )
     .await?
     .unwrap_or(0);
-    if left <= 0 && bounded(TICK_LIMIT, db::mark_sold_out_if_gone(db, drop)).await? {
+    if on_hand <= 0 && bounded(TICK_LIMIT, db::mark_sold_out_if_gone(db, drop)).await? {
         tracing::info!(drop = %drop.id, sku = %drop.sku, "drop sold out; its queue is closed");
         bounded(TICK_LIMIT, registry.reload(db)).await?;
         queue::expire(redis, drop.id).await;

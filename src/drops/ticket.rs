@@ -121,9 +121,16 @@ pub async fn look(
         }
         Standing::Admitted(admission) if admission.expires_at <= stats.now => {
             view.state = State::Expired;
+            view.pass_expires_at = Some(admission.expires_at);
         }
         Standing::Admitted(admission) => {
-            super::db::record_admission(db, drop.id, &admission).await?;
+            let (recorded, expires_at) =
+                super::db::record_admission(db, drop.id, &admission).await?;
+            if expires_at <= stats.now {
+                view.state = State::Expired;
+                view.pass_expires_at = Some(expires_at);
+                return Ok(Some(view));
+            }
             view.state = State::Admitted;
             view.position = Some(0);
             view.ahead = Some(0);
@@ -131,11 +138,11 @@ pub async fn look(
             view.pass = Some(pass::sign(
                 &drop.secret,
                 drop.id,
-                ticket,
-                admission.expires_at,
+                recorded,
+                expires_at,
                 identity,
             ));
-            view.pass_expires_at = Some(admission.expires_at);
+            view.pass_expires_at = Some(expires_at);
         }
     }
     Ok(Some(view))

@@ -503,3 +503,18 @@ pub(super) async fn confirm_many(conn: &mut PgConnection, w: &Confirmations) -> 
     .fetch_one(conn)
     .await
 }
+
+/// The SKUs of hold `id` while it is active, each with when the hold was placed (none for
+/// a hold confirmed, released or expired): what a drop asks of a hold about to be confirmed.
+pub async fn active_skus(db: &PgPool, id: Uuid) -> sqlx::Result<Vec<(String, DateTime<Utc>)>> {
+    Ok(sqlx::query!(
+        r#"select l.sku, h.created_at from holds h join hold_lines l on l.hold_id = h.id
+            where h.id = $1 and h.state = 'active'"#,
+        id
+    )
+    .fetch_all(db)
+    .await?
+    .into_iter()
+    .map(|r| (r.sku, r.created_at))
+    .collect())
+}

@@ -221,7 +221,9 @@ async fn a_drops_product_refuses_holds_and_orders_without_a_valid_pass_and_sells
         bob.place(base, "orders", "DROP-A", Some(&pass)).await.0,
         403
     );
-    let forged = format!("{}0", &pass[..pass.len() - 1]);
+    // (Its last hex digit changed: to 1 if it was 0, else to 0.)
+    let last = if pass.ends_with('0') { '1' } else { '0' };
+    let forged = format!("{}{last}", &pass[..pass.len() - 1]);
     assert_eq!(
         ada.place(base, "orders", "DROP-A", Some(&forged)).await.0,
         403
@@ -782,4 +784,141 @@ async fn a_retried_order_is_answered_from_its_key_after_the_pass_is_gone_and_a_n
     assert_eq!(status, 403, "{refused}");
     assert_eq!(app.count("select count(*) from orders").await, 1);
     assert!(i8(&app).await.pass);
+}
+
+#[tokio::test]
+async fn a_hold_placed_before_the_drop_bound_its_product_is_confirmed_only_with_a_pass_and_held_units_keep_the_queue_open()
+ {
+    let app = spawn_app().await;
+    app.add_product("DROP-H", "Drop H", 1000, 1).await;
+    let ada = Buyer {
+        key: key(&app, true).await,
+        shopper: Some("ada".into()),
+    };
+    // The last unit held before any drop: the hold is Ada's, placed without a pass.
+    let (status, hold) = ada.place(&app.address, "holds", "DROP-H", None).await;
+    assert_eq!(status, 201, "{hold}");
+    let hold = hold["id"].as_str().unwrap().to_string();
+    let drop = schedule(
+        &app,
+        "DROP-H",
+        Duration::from_secs(4),
+        Duration::from_secs(60),
+        Queueing::Fifo,
+        6000,
+        None,
+    )
+    .await;
+    let confirm = |pass: Option<String>| {
+        let mut rb = ada
+            .request(helpers_client().post(format!("{}/api/v1/holds/{hold}/confirm", app.address)));
+        if let Some(pass) = pass {
+            rb = rb.header("Drop-Pass", pass);
+        }
+        async move {
+            let res = rb.send().await.unwrap();
+            (res.status().as_u16(), res.json::<Value>().await.unwrap())
+        }
+    };
+    // Bound: without a pass the hold does not become an order, and stays as it was.
+    let (status, body) = confirm(None).await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(app.count("select count(*) from orders").await, 0);
+    // Every unit held, none sold: the drop stays open after the opening (the held unit may
+    // come back), and Ada queues for her pass.
+    let (status, joined) = ada.join(&app.address, drop.id).await;
+    assert_eq!(status, 201, "{joined}");
+    sleep_until(drop.opens_at).await;
+    let pass = ada
+        .wait_for_pass(
+            &app.address,
+            drop.id,
+            joined["ticket"].as_str().unwrap(),
+            Duration::from_secs(10),
+        )
+        .await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let status: String = sqlx::query_scalar("select status from drops where id = $1")
+        .bind(drop.id)
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(
+        status, "scheduled",
+        "a drop whose units are held is not sold out"
+    );
+    let (status, order) = confirm(Some(pass)).await;
+    assert_eq!(status, 201, "{order}");
+    // Now every unit is sold: the queue closes.
+    let closed = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let status: String = sqlx::query_scalar("select status from drops where id = $1")
+            .bind(drop.id)
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
+        if status == "sold_out" {
+            break;
+        }
+        assert!(std::time::Instant::now() < closed, "still {status}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(i8(&app).await.pass);
+}
+
+#[tokio::test]
+async fn a_shopper_let_in_again_under_a_new_ticket_after_redis_lost_the_first_keeps_one_admission()
+{
+    let app = spawn_app().await;
+    app.add_product("DROP-L", "Drop L", 1000, 5).await;
+    let drop = schedule(
+        &app,
+        "DROP-L",
+        Duration::from_secs(4),
+        Duration::from_secs(60),
+        Queueing::Fifo,
+        6000,
+        None,
+    )
+    .await;
+    let ada = Buyer {
+        key: key(&app, true).await,
+        shopper: Some("ada".into()),
+    };
+    let (_, first) = ada.join(&app.address, drop.id).await;
+    let first = first["ticket"].as_str().unwrap().to_string();
+    sleep_until(drop.opens_at).await;
+    let pass = ada
+        .wait_for_pass(&app.address, drop.id, &first, Duration::from_secs(10))
+        .await;
+    // Redis forgets that Ada joined (a failover that lost the write): she joins again,
+    // gets a new ticket, and is let in under it.
+    let mut redis = app.redis().await;
+    let ids = format!("{}drop:{}:ids", app.settings.redis_prefix, drop.id.simple());
+    let _: i64 = redis::cmd("DEL")
+        .arg(&ids)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let (status, second) = ada.join(&app.address, drop.id).await;
+    assert_eq!(status, 201, "{second}");
+    let second = second["ticket"].as_str().unwrap().to_string();
+    assert_ne!(
+        second, first,
+        "a new ticket: Redis no longer knew the first"
+    );
+    let again = ada
+        .wait_for_pass(&app.address, drop.id, &second, Duration::from_secs(10))
+        .await;
+    // One admission, the first: the second pass carries its ticket and expiry.
+    let admissions: Vec<String> =
+        sqlx::query_scalar("select ticket::text from drop_admissions where drop_id = $1")
+            .bind(drop.id)
+            .fetch_all(&app.db)
+            .await
+            .unwrap();
+    assert_eq!(admissions, vec![first.clone()]);
+    let simple = Uuid::parse_str(&first).unwrap().simple().to_string();
+    assert!(again.contains(&simple), "{again} carries {simple}");
+    assert_eq!(again, pass, "the same pass as before");
 }

@@ -65,6 +65,69 @@ pub async fn find(state: &AppState, id: &str) -> Result<Drop, AppError> {
         .ok_or_else(missing)
 }
 
+/// A hold or order of `skus` may go ahead for `identity` (`Err`: a caller whose identity is
+/// not valid, which matters only for a product in a drop) with `passes`; and one refused
+/// for want of a pass still goes ahead when its key (`scope`, `key`) already has a record,
+/// so a retry is answered from it (the order or hold it made), never contradicted.
+pub async fn may_place(
+    state: &AppState,
+    skus: &[crate::catalog::Sku],
+    identity: Result<&str, &AppError>,
+    passes: impl Fn(Uuid) -> Option<String>,
+    record: (
+        crate::idempotency::Scope,
+        &crate::idempotency::IdempotencyKey,
+    ),
+) -> Result<(), RequireError> {
+    let who = identity.as_ref().map_or("", |i| *i);
+    let refusal = match state
+        .drops
+        .require_pass(&state.db, skus.iter().map(|s| s.as_str()), who, passes)
+        .await
+    {
+        Ok(()) => return Ok(()),
+        Err(RequireError::Database(e)) => return Err(e.into()),
+        Err(refusal) => refusal,
+    };
+    let (scope, key) = record;
+    let known = crate::idempotency::present(&state.db, &[(scope.as_str(), key.as_str())]).await?;
+    if known.first().copied().unwrap_or(false) {
+        return Ok(());
+    }
+    Err(refusal)
+}
+
+/// A hold made before its product's drop bound it was placed without a pass, so it becomes
+/// an order only with one: checked when a drop binds any product (one read of the hold),
+/// and only while the hold is active (a confirmed one is answered from its record).
+pub async fn may_confirm(
+    state: &AppState,
+    hold: Uuid,
+    identity: &str,
+    passes: impl Fn(Uuid) -> Option<String>,
+) -> Result<(), RequireError> {
+    let now = chrono::Utc::now();
+    if !state.drops.binds_any(&state.db, now).await? {
+        return Ok(());
+    }
+    let mut unbound = Vec::new();
+    for (sku, created_at) in crate::holds::db::active_skus(&state.db, hold).await? {
+        let drop = state.drops.of_sku(&state.db, &sku).await?;
+        if drop.is_some_and(|d| d.binds_at <= now && created_at < d.binds_at) {
+            unbound.push(sku);
+        }
+    }
+    state
+        .drops
+        .require_pass(
+            &state.db,
+            unbound.iter().map(String::as_str),
+            identity,
+            passes,
+        )
+        .await
+}
+
 /// A hold or order refused for want of a pass (403 naming the queue), or a database error.
 pub fn refused(e: RequireError) -> AppError {
     match e {

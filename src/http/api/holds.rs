@@ -142,6 +142,19 @@ pub async fn post_hold_confirm(
     // The body is optional; when present it is JSON by the rule every body follows.
     let body: ConfirmBody = json::optional(&req, &body)?.unwrap_or_default();
     let details = OrderRequest::check_contact(body.email.as_deref(), body.name.as_deref())?;
+    // A hold placed before its product's drop bound it: only with this caller's pass (a
+    // `Drop-Shopper` this caller may not send names nobody, and no pass is theirs).
+    let identity = super::drops::identity(&req, &caller).map_or(String::new(), |(i, _)| i);
+    if let Err(refusal) = super::drops::may_confirm(&state, id, &identity, |_| {
+        req.headers()
+            .get(super::drops::PASS_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    })
+    .await
+    {
+        return Err(super::drops::refused(refusal));
+    }
     let answer_by = answer_by(&req, state.settings.request_budget);
     let shared = state.clone().into_inner();
     let confirmed = detached(crate::checkout::work_limit(&state.settings), async move {

@@ -7,6 +7,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 
 use crate::checkout::{self, HoldOutcome, OrderOutcome, OrderRequest, Shopper};
 use crate::clients::Caller;
+use crate::drops::registry::RequireError;
 use crate::error::AppError;
 use crate::http::json::Json;
 use crate::http::limits::{self, limit_placement};
@@ -87,31 +88,28 @@ pub(super) async fn place(
     };
     let request =
         OrderRequest::from_json(&body, state.settings.max_line_quantity)?.placed_by(shopper);
-    // A product in a drop: only with this caller's pass from its queue; but a key that
-    // already has a record is answered from it (a retry after the pass expired gets the
-    // order it placed, not a refusal that would contradict it).
-    let (identity, _) = super::drops::identity(&req, &caller)?;
+    // A product in a drop: only with this caller's pass from its queue (a retry under a
+    // key that has a record is answered from it). Who the caller is counts only there: a
+    // `Drop-Shopper` that is not allowed is refused only for a product in a drop.
+    let identity = super::drops::identity(&req, &caller).map(|(identity, _)| identity);
     let skus = request.skus();
-    let allowed = state
-        .drops
-        .require_pass(
-            &state.db,
-            skus.iter().map(|s| s.as_str()),
-            &identity,
-            |_| {
-                req.headers()
-                    .get(super::drops::PASS_HEADER)
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_string)
-            },
-        )
-        .await;
-    if let Err(refusal) = allowed {
-        let known =
-            crate::idempotency::present(&state.db, &[(scope.as_str(), key.as_str())]).await?;
-        if !known.first().copied().unwrap_or(false) {
-            return Err(super::drops::refused(refusal));
-        }
+    let allowed = super::drops::may_place(
+        &state,
+        &skus,
+        identity.as_deref(),
+        |_| {
+            req.headers()
+                .get(super::drops::PASS_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        },
+        (scope, &key),
+    )
+    .await;
+    match (allowed, identity) {
+        (Ok(()), _) => {}
+        (Err(RequireError::NeedsPass(_)), Err(e)) => return Err(e),
+        (Err(refusal), _) => return Err(super::drops::refused(refusal)),
     }
     let answer_by = answer_by(&req, state.settings.request_budget);
     let state = state.into_inner();

@@ -63,18 +63,18 @@ pub async fn post_checkout(
         .browser(&form.csrf)
         .address(crate::http::client_addr(&req, &state.settings));
     let request = OrderRequest::new(lines, None, None, max_quantity(&state))?.placed_by(shopper);
-    // A product in a drop: only with this browser's pass; without one, to its queue.
+    // A product in a drop: only with this browser's pass (without one, to its queue), or
+    // when this form's key already has a record (a second press is answered from it).
     let skus = request.skus();
     let identity = super::browser(&req);
-    let allowed = state
-        .drops
-        .require_pass(
-            &state.db,
-            skus.iter().map(|s| s.as_str()),
-            &identity,
-            |id| super::drop::browser_pass(&req, id),
-        )
-        .await;
+    let allowed = crate::http::api::drops::may_place(
+        &state,
+        &skus,
+        Ok(&identity),
+        |id| super::drop::browser_pass(&req, id),
+        (Scope::Page, &key),
+    )
+    .await;
     match allowed {
         Ok(()) => {}
         Err(crate::drops::registry::RequireError::NeedsPass(n)) => {
@@ -215,6 +215,18 @@ pub async fn post_checkout_confirm(
     if form.email.trim().is_empty() {
         let why = "Please give an email address, so we can reach you about your order.";
         return wrong("email", why).await;
+    }
+    // A hold placed before its product's drop bound it: only with this browser's pass.
+    let allowed = crate::http::api::drops::may_confirm(&state, id, &super::browser(&req), |d| {
+        super::drop::browser_pass(&req, d)
+    })
+    .await;
+    match allowed {
+        Ok(()) => {}
+        Err(crate::drops::registry::RequireError::NeedsPass(n)) => {
+            return Ok(see_other(&n.queue_path));
+        }
+        Err(crate::drops::registry::RequireError::Database(e)) => return Err(e.into()),
     }
     let contact = match OrderRequest::check_contact(Some(&form.email), Some(&form.name)) {
         Ok(contact) => contact,

@@ -130,7 +130,7 @@ pub struct DropSection {
 #[derive(Debug, Clone, Serialize)]
 pub struct Fairness {
     /// What the numbers are over: `fifo`: every admitted shopper, arrival against
-    /// admission; `lottery`: the admitted pre-queue.
+    /// admission; `lottery`: the admitted shoppers it drew places for.
     pub over: String,
     pub n: usize,
     /// Join order against admission order: FIFO expects τ near 1 and no pair out of
@@ -139,11 +139,11 @@ pub struct Fairness {
     pub kendall: Option<Concordance>,
     /// A lottery's pre-queue: admission rank deciles against join-time deciles.
     pub independence: Option<Independence>,
-    /// Places gained on average (join rank − admission rank, as a share of those
-    /// judged) by shoppers polling ten times a second and by the fair ones: fast polling
-    /// should buy nothing (FIFO: both about 0).
-    pub fast_pollers_gained: Option<f64>,
-    pub fair_gained: Option<f64>,
+    /// Of the admitted shoppers who saw their pass, the share who bought: those polling
+    /// ten times a second, and the fair ones. Their place is the queue's, not theirs to
+    /// improve; seeing the pass sooner is an edge only while units last.
+    pub fast_pollers_bought: Option<f64>,
+    pub fair_bought: Option<f64>,
 }
 
 /// Runs one drop with `queueing` against `plan.targets`; the run's orders as a
@@ -305,10 +305,6 @@ fn percentiles(values: impl Iterator<Item = f64>) -> Percentiles {
     Percentiles::of(&h)
 }
 
-fn mean(values: &[f64]) -> Option<f64> {
-    (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
-}
-
 /// The drop's section, from what the shoppers saw and the admissions PostgreSQL recorded.
 /// Who a drop let in: `(ticket, ms since the epoch)`.
 struct Admissions {
@@ -352,31 +348,32 @@ fn section(
         .collect();
     admitted.sort_by(|a, b| a.1.total_cmp(&b.1));
     let lottery = drop.queueing == Queueing::Lottery;
+    // A lottery is judged over the shoppers it drew places for (as their join's answer
+    // said): one whose join landed after the opening queued by arrival, behind them.
     let judged: Vec<&(&Outcome, f64)> = admitted
         .iter()
-        .filter(|(o, _)| !lottery || o.prequeued)
+        .filter(|(o, _)| !lottery || o.drawn)
         .collect();
     let joined: Vec<f64> = judged.iter().map(|(o, _)| o.joined_ms.unwrap()).collect();
     let let_in: Vec<f64> = judged.iter().map(|(_, at)| *at).collect();
     let independence = lottery
         .then(|| fairness::independence(&fairness::ranks(&joined), &fairness::ranks(&let_in)))
         .flatten();
-    // Places gained (join rank − admission rank, as a share of those judged) by the fast
-    // pollers and by the fair shoppers.
-    let join_ranks = fairness::ranks(&joined);
-    let gained = |polls_fast: bool| {
-        let n = judged.len().max(1) as f64;
-        let gains: Vec<f64> = judged
-            .iter()
-            .zip(&join_ranks)
-            .enumerate()
-            .filter(|(_, ((o, _), _))| match polls_fast {
+    // Of the admitted shoppers, the share who bought: polling ten times a second sees the
+    // pass sooner, which is an edge only while units last.
+    let bought = |polls_fast: bool| {
+        let (mut admitted_n, mut bought_n) = (0u32, 0u32);
+        for (o, _) in &admitted {
+            let counted = match polls_fast {
                 true => o.conduct == Conduct::PollsFast,
                 false => o.conduct == Conduct::Fair,
-            })
-            .map(|(admitted, (_, &joined))| (joined as f64 - admitted as f64) / n)
-            .collect();
-        mean(&gains)
+            };
+            if counted && o.admitted_ms.is_some() {
+                admitted_n += 1;
+                bought_n += u32::from(o.order_status == Some(201));
+            }
+        }
+        (admitted_n > 0).then(|| f64::from(bought_n) / f64::from(admitted_n))
     };
     let first_last = admitted.first().zip(admitted.last());
     let count = |f: &dyn Fn(&Outcome) -> bool| outcomes.iter().filter(|o| f(o)).count() as u64;
@@ -411,15 +408,16 @@ fn section(
         }),
         fairness: Fairness {
             over: if lottery {
-                "the admitted pre-queue: join order against admission order".into()
+                "the admitted shoppers drawn in the pre-queue: join order against admission order"
+                    .into()
             } else {
                 "every admitted shopper: arrival order against admission order".into()
             },
             n: judged.len(),
             kendall: fairness::kendall(&joined, &let_in),
             independence,
-            fast_pollers_gained: gained(true),
-            fair_gained: gained(false),
+            fast_pollers_bought: bought(true),
+            fair_bought: bought(false),
         },
     }
 }
@@ -472,9 +470,9 @@ pub fn summary(label: &str, d: &DropSection) -> String {
         );
     }
     out += &format!(
-        "; places gained on average: fast pollers {}, fair shoppers {}\n",
-        opt(f.fast_pollers_gained, 3),
-        opt(f.fair_gained, 3)
+        "; bought, of those admitted: fast pollers {}, fair shoppers {}\n",
+        opt(f.fast_pollers_bought.map(|v| v * 100.0), 0) + "%",
+        opt(f.fair_bought.map(|v| v * 100.0), 0) + "%"
     );
     out
 }

@@ -46,6 +46,8 @@ pub struct Outcome {
     pub conduct: Conduct,
     /// Joined during the pre-queue (by its schedule).
     pub prequeued: bool,
+    /// The join's answer hid the place: a lottery draw, made before the opening.
+    pub drawn: bool,
     /// When the join was answered, ms since the opening (negative: before it).
     pub joined_ms: Option<f64>,
     pub ticket: Option<String>,
@@ -191,6 +193,7 @@ impl Shopper {
             index: self.index,
             conduct: self.conduct,
             prequeued: self.prequeued,
+            drawn: false,
             joined_ms: None,
             ticket: None,
             second_place: false,
@@ -213,7 +216,10 @@ impl Shopper {
         let mut tickets = Vec::new();
         for answer in &answers {
             match answer {
-                Some((201, body)) => tickets.extend(body["ticket"].as_str().map(str::to_string)),
+                Some((201, body)) => {
+                    tickets.extend(body["ticket"].as_str().map(str::to_string));
+                    outcome.drawn |= body["state"] == "waiting" && body["position"].is_null();
+                }
                 Some((status, _)) => outcome.last_state = format!("join-{status}"),
                 None => outcome.last_state = "join-no-answer".into(),
             }
