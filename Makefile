@@ -86,6 +86,8 @@ define install_missing
 	fi; \
 	if [ "$(1)" = test ]; then \
 	  command -v pgbackrest >/dev/null 2>&1 || missing="$$missing pgbackrest"; \
+	  command -v patroni >/dev/null 2>&1 || missing="$$missing patroni"; \
+	  command -v etcd >/dev/null 2>&1 || missing="$$missing etcd-server"; \
 	  ( command -v chromium && command -v chromedriver ) >/dev/null 2>&1 || missing="$$missing chromium chromium-driver"; \
 	  command -v docker-compose >/dev/null 2>&1 || missing="$$missing docker-compose"; \
 	  python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing="$$missing python3-venv"; \
@@ -100,7 +102,7 @@ define install_missing
 	    $(SUDO) $(APT) install -y -q $$missing | (grep --line-buffered '^Setting up ' | sed 's/^/  /' || true) || exit 1; \
 	  else \
 	    echo "Please install:$$missing"; \
-	    echo "(a PostgreSQL server with postgres and initdb; a Redis server; for the tests and the bench pgbench; for the tests and the cluster HAProxy, PgBouncer and Redis Sentinel; for the tests Chromium with ChromeDriver, docker-compose and npm)"; \
+	    echo "(a PostgreSQL server with postgres and initdb; a Redis server; for the tests and the bench pgbench; for the tests and the cluster HAProxy, PgBouncer and Redis Sentinel; for the tests Chromium with ChromeDriver, docker-compose, npm, Patroni and etcd)"; \
 	    exit 1; \
 	  fi; \
 	fi

@@ -39,7 +39,7 @@ impl std::fmt::Debug for Daemon {
 }
 
 impl Daemon {
-    fn start(
+    pub(super) fn start(
         name: &'static str,
         port: u16,
         log: PathBuf,
@@ -91,6 +91,18 @@ impl Daemon {
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills the process and every process of its group at once (SIGKILL): a server and
+    /// the children it runs, as a machine dying would take them.
+    pub fn kill9_group(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                Signal::SIGKILL,
+            );
             let _ = child.wait();
         }
     }

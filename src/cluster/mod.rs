@@ -29,6 +29,7 @@ use crate::local::{
 };
 
 mod daemons;
+pub mod patroni;
 
 pub use daemons::Daemon;
 use daemons::{

@@ -26,6 +26,7 @@ mod limits;
 mod loadtest;
 mod openapi;
 mod orders;
+mod patroni;
 mod plans;
 mod process;
 mod retention;

@@ -1,0 +1,446 @@
+//! PostgreSQL made highly available by Patroni, with etcd as its consensus store.
+//!
+//! Each node is a Patroni process that runs its own PostgreSQL and holds or watches the
+//! leader key in etcd; the node holding it is the primary, the others stream from it.
+//! Which node leads is decided by Patroni alone: HAProxy asks every node's REST API
+//! (`/primary`, `/replica`) and sends writes to the one that answers 200 as primary, reads
+//! to the replicas. Nothing here, and nothing in the app, picks a primary.
+//!
+//! - `synchronous_mode: true`: a commit is acknowledged only once a standby has it, and
+//!   Patroni promotes only a node that was the synchronous standby, so a primary lost
+//!   with its node loses no acknowledged commit (RPO 0).
+//! - `synchronous_mode_strict: false`: when no standby is left, the primary goes on alone
+//!   rather than refuse every write. That trades durability for availability only while
+//!   the cluster is already degraded, and the lone primary's commits are not lost by a
+//!   failover either: Patroni will not promote a standby that was not in sync.
+//! - Timing: the leader key lives `ttl` (20 s, Patroni's floor) after its holder stops
+//!   renewing it; `loop_wait` 2 s and `retry_timeout` 5 s keep `loop_wait + 2 ×
+//!   retry_timeout` (12 s) under it. A postmaster that dies under a live Patroni is
+//!   restarted in place and, should that not bring it up within `master_start_timeout`
+//!   (10 s), failed over.
+//! - A failed leader that comes back rejoins as a replica, rewound with `pg_rewind`
+//!   (`use_pg_rewind`, with `wal_log_hints` on), without a person's help.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use nix::unistd::User;
+use serde_json::json;
+use sqlx::Connection;
+
+use super::daemons::{Daemon, write_owned};
+use crate::local::{PG_DATABASE, PG_USER, find_binary, free_port, private_dir, run_as};
+
+/// Patroni's scope: the cluster's name in etcd.
+pub const SCOPE: &str = "stockade";
+/// The leader key's life after its holder stops renewing it.
+pub const TTL: Duration = Duration::from_secs(20);
+
+/// One node: its Patroni (REST API on `daemon.port`) and the PostgreSQL it runs.
+pub struct Node {
+    pub name: String,
+    pub daemon: Daemon,
+    pub pg_port: u16,
+    pub data_dir: PathBuf,
+}
+
+impl Node {
+    /// Its Patroni REST API.
+    pub fn patroni_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.daemon.port)
+    }
+
+    /// The postmaster's pid, from its pid file.
+    pub fn postmaster_pid(&self) -> Option<i32> {
+        let pid = fs::read_to_string(self.data_dir.join("postmaster.pid")).ok()?;
+        pid.lines().next()?.trim().parse().ok()
+    }
+
+    /// SIGKILLs the node: its Patroni and its PostgreSQL, as a machine dying would.
+    pub fn kill9(&mut self) {
+        let postmaster = self.postmaster_pid();
+        self.daemon.kill9_group();
+        if let Some(pid) = postmaster {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+
+    /// Whether its REST API answers 200 at `path` (`/primary`, `/replica`, `/sync`).
+    pub async fn answers(&self, path: &str) -> bool {
+        crate::install_tls_provider(); // a library caller (a test) may not have
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(2))
+            .build();
+        let Ok(client) = client else {
+            return false;
+        };
+        client
+            .get(format!("{}{path}", self.patroni_url()))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().as_u16() == 200)
+    }
+}
+
+/// etcd, the Patroni nodes, and HAProxy's two database ports in front of them.
+pub struct Patroni {
+    pub etcd: Daemon,
+    pub nodes: Vec<Node>,
+    /// `write_port` reaches the leader, `read_port` the replicas.
+    pub haproxy: Daemon,
+    pub write_port: u16,
+    pub read_port: u16,
+    password: String,
+}
+
+/// PostgreSQL's passwords in this cluster: the superuser's, replication's, pg_rewind's and
+/// the app's, one random value per cluster (on loopback only).
+fn passwords(dir: &Path) -> anyhow::Result<String> {
+    let file = dir.join("patroni.password");
+    if let Ok(p) = fs::read_to_string(&file)
+        && !p.trim().is_empty()
+    {
+        return Ok(p.trim().to_string());
+    }
+    let p = uuid::Uuid::new_v4().simple().to_string();
+    crate::local::write_private(&file, &p)?;
+    Ok(p)
+}
+
+impl Patroni {
+    /// Starts etcd, `nodes` Patroni nodes and HAProxy; waits for a leader with a
+    /// synchronous standby, then creates the app's role and database through it.
+    pub async fn start(dir: &Path, nodes: usize, ephemeral: bool) -> anyhow::Result<Self> {
+        fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let dir = &dir.canonicalize()?;
+        let owner = crate::local::service_user()?;
+        let password = passwords(dir)?;
+        let etcd = start_etcd(dir, owner.clone())?;
+        let mut started = Vec::new();
+        for i in 1..=nodes.max(1) {
+            started.push(start_node(
+                dir,
+                owner.clone(),
+                i,
+                etcd.port,
+                &password,
+                ephemeral,
+            )?);
+        }
+        let (write_port, read_port) = (free_port()?, free_port()?);
+        let haproxy = start_haproxy(dir, write_port, read_port, &started)?;
+        let cluster = Self {
+            etcd,
+            nodes: started,
+            haproxy,
+            write_port,
+            read_port,
+            password,
+        };
+        let leader = cluster
+            .wait_for_leader(Duration::from_secs(60))
+            .await
+            .context("no Patroni node became the leader within a minute")?;
+        if cluster.nodes.len() > 1 {
+            cluster.wait_for(Duration::from_secs(60), "/sync").await?;
+        }
+        cluster.create_database(leader).await?;
+        Ok(cluster)
+    }
+
+    /// The app's database through HAProxy's write port: whichever node leads.
+    pub fn database_url(&self) -> String {
+        format!(
+            "postgres://{PG_USER}:{}@127.0.0.1:{}/{PG_DATABASE}",
+            self.password, self.write_port
+        )
+    }
+
+    /// The app's database through HAProxy's read port: a replica.
+    pub fn replica_url(&self) -> String {
+        format!(
+            "postgres://{PG_USER}:{}@127.0.0.1:{}/{PG_DATABASE}",
+            self.password, self.read_port
+        )
+    }
+
+    /// The node Patroni says leads now, if any answers so.
+    pub async fn leader(&self) -> Option<usize> {
+        for (i, node) in self.nodes.iter().enumerate() {
+            if node.answers("/primary").await {
+                return Some(i);
+            }
+        }
+        None
+    }
+
+    /// Waits until a node leads; which.
+    pub async fn wait_for_leader(&self, within: Duration) -> anyhow::Result<usize> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(i) = self.leader().await {
+                return Ok(i);
+            }
+            if Instant::now() > deadline {
+                bail!("no leader within {within:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Waits until some node answers 200 at `path`; which.
+    pub async fn wait_for(&self, within: Duration, path: &str) -> anyhow::Result<usize> {
+        let deadline = Instant::now() + within;
+        loop {
+            for (i, node) in self.nodes.iter().enumerate() {
+                if node.answers(path).await {
+                    return Ok(i);
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("no Patroni node answered {path} within {within:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn create_database(&self, leader: usize) -> anyhow::Result<()> {
+        let url = format!(
+            "postgres://postgres:{}@127.0.0.1:{}/postgres",
+            self.password, self.nodes[leader].pg_port
+        );
+        let mut conn = sqlx::PgConnection::connect(&url).await?;
+        // Runtime strings, not `query!`: role and database names are identifiers, and the
+        // password a literal, none of which can be bound.
+        let exists: bool =
+            sqlx::query_scalar("select exists (select 1 from pg_roles where rolname = $1)")
+                .bind(PG_USER)
+                .fetch_one(&mut conn)
+                .await?;
+        if !exists {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "create role {PG_USER} login password '{}'",
+                self.password
+            )))
+            .execute(&mut conn)
+            .await?;
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "create database {PG_DATABASE} owner {PG_USER}"
+            )))
+            .execute(&mut conn)
+            .await?;
+        }
+        conn.close().await?;
+        Ok(())
+    }
+
+    /// Stops everything, HAProxy first, then the nodes, then etcd.
+    pub fn stop(mut self) {
+        self.haproxy.stop();
+        for node in &mut self.nodes {
+            node.daemon.stop();
+        }
+        self.etcd.stop();
+    }
+}
+
+fn start_etcd(dir: &Path, owner: Option<User>) -> anyhow::Result<Daemon> {
+    let bin = find_binary("etcd")
+        .context("etcd not found: install it (Debian/Ubuntu: apt-get install etcd-server)")?;
+    let data = private_dir(&dir.join("etcd"), owner.as_ref())?;
+    let (client, peer) = (free_port()?, free_port()?);
+    let log = dir.join("etcd.log");
+    let out = fs::File::create(&log)?;
+    Daemon::start("etcd", client, log, move || {
+        let mut cmd = Command::new(&bin);
+        cmd.arg("--name")
+            .arg("etcd1")
+            .arg("--data-dir")
+            .arg(data.join("data"))
+            .arg("--listen-client-urls")
+            .arg(format!("http://127.0.0.1:{client}"))
+            .arg("--advertise-client-urls")
+            .arg(format!("http://127.0.0.1:{client}"))
+            .arg("--listen-peer-urls")
+            .arg(format!("http://127.0.0.1:{peer}"))
+            .arg("--initial-advertise-peer-urls")
+            .arg(format!("http://127.0.0.1:{peer}"))
+            .arg("--initial-cluster")
+            .arg(format!("etcd1=http://127.0.0.1:{peer}"));
+        run_as(&mut cmd, owner.as_ref());
+        if let Ok(out) = out.try_clone() {
+            cmd.stdout(out.try_clone().map_or(Stdio::null(), Stdio::from));
+            cmd.stderr(Stdio::from(out));
+        }
+        cmd
+    })
+}
+
+fn start_node(
+    dir: &Path,
+    owner: Option<User>,
+    i: usize,
+    etcd_port: u16,
+    password: &str,
+    ephemeral: bool,
+) -> anyhow::Result<Node> {
+    let bin = find_binary("patroni")
+        .context("patroni not found: install it (Debian/Ubuntu: apt-get install patroni)")?;
+    // The folder the server binaries really are in (a PATH folder may hold links to a
+    // few of them): Patroni also runs pg_basebackup and pg_rewind from it.
+    let postgres = fs::canonicalize(crate::local::postgres_bin_dir()?.join("postgres"))?;
+    let pg_bin = postgres
+        .parent()
+        .context("the postgres binary has no folder")?
+        .to_path_buf();
+    let name = format!("pg{i}");
+    let home = private_dir(&dir.join(format!("patroni-{i}")), owner.as_ref())?;
+    let data_dir = home.join("data");
+    let (rest, pg_port) = (free_port()?, free_port()?);
+    let mut parameters = json!({
+        "wal_log_hints": "on",
+        "max_wal_senders": 10,
+        "max_replication_slots": 10,
+        "hot_standby": "on",
+    });
+    if ephemeral {
+        // Not `full_page_writes`: pg_rewind needs it on.
+        parameters["fsync"] = json!("off");
+    }
+    let config = json!({
+        "scope": SCOPE,
+        "name": name,
+        "log": {"level": "WARNING"},
+        "restapi": {"listen": format!("127.0.0.1:{rest}"), "connect_address": format!("127.0.0.1:{rest}")},
+        "etcd3": {"hosts": [format!("127.0.0.1:{etcd_port}")]},
+        "bootstrap": {
+            "dcs": {
+                "ttl": TTL.as_secs(),
+                "loop_wait": 2,
+                "retry_timeout": 5,
+                "master_start_timeout": 10,
+                "synchronous_mode": true,
+                "synchronous_mode_strict": false,
+                "postgresql": {"use_pg_rewind": true, "use_slots": true, "parameters": parameters},
+            },
+            "initdb": [{"encoding": "UTF8"}, {"auth": "scram-sha-256"}],
+            "pg_hba": [
+                "local all all trust",
+                "host replication replicator 127.0.0.1/32 scram-sha-256",
+                "host all all 127.0.0.1/32 scram-sha-256",
+            ],
+        },
+        "postgresql": {
+            "listen": format!("127.0.0.1:{pg_port}"),
+            "connect_address": format!("127.0.0.1:{pg_port}"),
+            "data_dir": data_dir.display().to_string(),
+            "bin_dir": pg_bin.display().to_string(),
+            "pgpass": home.join("pgpass").display().to_string(),
+            "authentication": {
+                "superuser": {"username": "postgres", "password": password},
+                "replication": {"username": "replicator", "password": password},
+                "rewind": {"username": "rewinder", "password": password},
+            },
+            "parameters": {"unix_socket_directories": home.display().to_string()},
+        },
+    });
+    // JSON is YAML: Patroni reads it as its configuration file.
+    let file = home.join("patroni.yml");
+    write_owned(
+        &file,
+        &serde_json::to_string_pretty(&config)?,
+        owner.as_ref(),
+    )?;
+    let log = home.join("patroni.log");
+    let out = fs::File::create(&log)?;
+    let daemon = Daemon::start("patroni", rest, log, move || {
+        let mut cmd = Command::new(&bin);
+        cmd.arg(&file);
+        run_as(&mut cmd, owner.as_ref());
+        if let Ok(out) = out.try_clone() {
+            cmd.stdout(out.try_clone().map_or(Stdio::null(), Stdio::from));
+            cmd.stderr(Stdio::from(out));
+        }
+        cmd
+    })?;
+    Ok(Node {
+        name,
+        daemon,
+        pg_port,
+        data_dir,
+    })
+}
+
+/// HAProxy in TCP mode: `write_port` to the node whose Patroni answers `/primary`,
+/// `read_port` to those answering `/replica`. A node that
+/// stops answering is marked down after two checks a second apart and its sessions are
+/// cut, so a demoted or dead node keeps no client.
+fn start_haproxy(
+    dir: &Path,
+    write_port: u16,
+    read_port: u16,
+    nodes: &[Node],
+) -> anyhow::Result<Daemon> {
+    let bin = find_binary("haproxy")
+        .or_else(|| Some(PathBuf::from("/usr/sbin/haproxy")).filter(|p| p.is_file()))
+        .context("haproxy not found: install it (Debian/Ubuntu: apt-get install haproxy)")?;
+    let dir = dir.join("haproxy-postgres");
+    fs::create_dir_all(&dir)?;
+    let servers: String = nodes
+        .iter()
+        .map(|n| {
+            format!(
+                "  server {} 127.0.0.1:{} check port {}\n",
+                n.name, n.pg_port, n.daemon.port
+            )
+        })
+        .collect();
+    let config = dir.join("haproxy.cfg");
+    crate::local::write_private(
+        &config,
+        &format!(
+            "global\n\
+             \x20 maxconn 4000\n\
+             defaults\n\
+             \x20 mode tcp\n\
+             \x20 timeout connect 1s\n\
+             \x20 timeout client 30m\n\
+             \x20 timeout server 30m\n\
+             \x20 timeout check 1s\n\
+             \x20 default-server inter 1s fall 2 rise 2 on-marked-down shutdown-sessions\n\
+             listen postgres-write\n\
+             \x20 bind 127.0.0.1:{write_port}\n\
+             \x20 option httpchk GET /primary\n\
+             \x20 http-check expect status 200\n\
+             {}\
+             listen postgres-read\n\
+             \x20 bind 127.0.0.1:{read_port}\n\
+             \x20 balance roundrobin\n\
+             \x20 option httpchk GET /replica\n\
+             \x20 http-check expect status 200\n\
+             {}",
+            servers, servers,
+        ),
+    )?;
+    let log = dir.join("haproxy.log");
+    let out = fs::File::create(&log)?;
+    Daemon::start("haproxy", write_port, log, move || {
+        let mut cmd = Command::new(&bin);
+        cmd.arg("-db").arg("-f").arg(&config);
+        if let Ok(out) = out.try_clone() {
+            cmd.stdout(out.try_clone().map_or(Stdio::null(), Stdio::from));
+            cmd.stderr(Stdio::from(out));
+        }
+        cmd
+    })
+}
