@@ -98,9 +98,12 @@ pub async fn look(
         }
         _ if drop.status.is_over() => {}
         Standing::Waiting { ahead, drawn, .. } => {
-            let before_opening = (drop.opens_at - stats.now).num_seconds().max(0) as u64;
+            // In milliseconds: a lottery's place stays hidden until the opening itself, not
+            // only until its last whole second.
+            let until_opening = (drop.opens_at - stats.now).num_milliseconds().max(0) as u64;
+            let before_opening = until_opening.div_ceil(1000);
             let rate = queue::rate_per_second(drop, &stats);
-            let hidden = drawn && before_opening > 0;
+            let hidden = drawn && until_opening > 0;
             // Before a lottery's opening the place is secret, and so is the wait it implies:
             // the pre-queue's average is shown instead.
             let place = if hidden {
