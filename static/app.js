@@ -59,29 +59,30 @@ document.addEventListener("DOMContentLoaded", () => {
   tick();
 });
 
-// A drop's queue page keeps itself current: every `data-refresh` seconds (the server's
-// figure) it fetches the page again and swaps the queue's content in place, so the
-// section, a polite live region, reads out the new place. Without this file the page
-// reloads itself (a <noscript> refresh).
+// Parts of a page that keep themselves current (a drop's queue, the admin's live view of
+// a drop): an element with an id and `data-refresh="N"` is fetched again every N seconds
+// (the server's figure, which each fetch may change; 0 stops) and its content swapped in
+// place. The queue is a polite live region, so a screen reader reads out the new place.
+// Without this file such a page reloads itself (a <noscript> refresh).
 document.addEventListener("DOMContentLoaded", () => {
-  const queue = document.getElementById("queue");
-  if (!queue) return;
-  const later = (seconds) => {
-    if (seconds > 0) setTimeout(update, seconds * 1000);
-  };
-  const update = async () => {
-    try {
-      const res = await fetch(location.href, { credentials: "same-origin" });
-      const page = new DOMParser().parseFromString(await res.text(), "text/html");
-      const fresh = page.getElementById("queue");
-      if (!fresh) return later(5);
-      queue.replaceChildren(...[...fresh.childNodes].map((n) => document.importNode(n, true)));
-      queue.dataset.refresh = fresh.dataset.refresh;
-      guardForms();
-      later(Number(fresh.dataset.refresh));
-    } catch {
-      later(5);
-    }
-  };
-  later(Number(queue.dataset.refresh));
+  for (const part of document.querySelectorAll("[data-refresh][id]")) {
+    const later = (seconds) => {
+      if (seconds > 0) setTimeout(update, seconds * 1000);
+    };
+    const update = async () => {
+      try {
+        const res = await fetch(location.href, { credentials: "same-origin" });
+        const page = new DOMParser().parseFromString(await res.text(), "text/html");
+        const fresh = page.getElementById(part.id);
+        if (!fresh) return later(5);
+        part.replaceChildren(...[...fresh.childNodes].map((n) => document.importNode(n, true)));
+        part.dataset.refresh = fresh.dataset.refresh;
+        guardForms();
+        later(Number(fresh.dataset.refresh));
+      } catch {
+        later(5);
+      }
+    };
+    later(Number(part.dataset.refresh));
+  }
 });
