@@ -37,8 +37,20 @@ pub fn is_unreachable(e: &sqlx::Error) -> bool {
             db.code().as_deref(),
             // admin_shutdown, crash_shutdown, cannot_connect_now; connection_exception,
             // sqlclient_unable_to_establish_sqlconnection, connection_does_not_exist,
-            // sqlserver_rejected_establishment_of_sqlconnection, connection_failure
-            Some("57P01" | "57P02" | "57P03" | "08000" | "08001" | "08003" | "08004" | "08006")
+            // sqlserver_rejected_establishment_of_sqlconnection, connection_failure;
+            // read_only_sql_transaction: a write reached a node that is (or became) a
+            // standby, as during a failover; the primary is elsewhere or on its way
+            Some(
+                "57P01"
+                    | "57P02"
+                    | "57P03"
+                    | "08000"
+                    | "08001"
+                    | "08003"
+                    | "08004"
+                    | "08006"
+                    | "25006"
+            )
         ),
         _ => false,
     }

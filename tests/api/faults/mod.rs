@@ -7,6 +7,7 @@
 pub mod proxy;
 pub mod sale;
 
+mod demoted;
 mod idle;
 mod kill_lot;
 mod late;
