@@ -92,6 +92,28 @@ impl Node {
     }
 }
 
+/// What to start.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Patroni nodes (PostgreSQL servers).
+    pub nodes: usize,
+    /// Trade durability for speed (fsync off): for tests only.
+    pub ephemeral: bool,
+    /// `synchronous_mode`: a commit acknowledged only once a standby has it. Off only to
+    /// measure what it costs.
+    pub synchronous: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            nodes: 2,
+            ephemeral: false,
+            synchronous: true,
+        }
+    }
+}
+
 /// etcd, the Patroni nodes, and HAProxy's two database ports in front of them.
 pub struct Patroni {
     pub etcd: Daemon,
@@ -120,22 +142,16 @@ fn passwords(dir: &Path) -> anyhow::Result<String> {
 impl Patroni {
     /// Starts etcd, `nodes` Patroni nodes and HAProxy; waits for a leader with a
     /// synchronous standby, then creates the app's role and database through it.
-    pub async fn start(dir: &Path, nodes: usize, ephemeral: bool) -> anyhow::Result<Self> {
+    pub async fn start(dir: &Path, options: Options) -> anyhow::Result<Self> {
         fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let dir = &dir.canonicalize()?;
         let owner = crate::local::service_user()?;
         let password = passwords(dir)?;
         let etcd = start_etcd(dir, owner.clone())?;
         let mut started = Vec::new();
-        for i in 1..=nodes.max(1) {
-            started.push(start_node(
-                dir,
-                owner.clone(),
-                i,
-                etcd.port,
-                &password,
-                ephemeral,
-            )?);
+        for i in 1..=options.nodes.max(1) {
+            let node = start_node(dir, owner.clone(), i, etcd.port, &password, options)?;
+            started.push(node);
         }
         let (write_port, read_port) = (free_port()?, free_port()?);
         let haproxy = start_haproxy(dir, write_port, read_port, &started)?;
@@ -151,7 +167,7 @@ impl Patroni {
             .wait_for_leader(Duration::from_secs(60))
             .await
             .context("no Patroni node became the leader within a minute")?;
-        if cluster.nodes.len() > 1 {
+        if cluster.nodes.len() > 1 && options.synchronous {
             cluster.wait_for(Duration::from_secs(60), "/sync").await?;
         }
         cluster.create_database(leader).await?;
@@ -292,7 +308,7 @@ fn start_node(
     i: usize,
     etcd_port: u16,
     password: &str,
-    ephemeral: bool,
+    options: Options,
 ) -> anyhow::Result<Node> {
     let bin = find_binary("patroni")
         .context("patroni not found: install it (Debian/Ubuntu: apt-get install patroni)")?;
@@ -313,7 +329,7 @@ fn start_node(
         "max_replication_slots": 10,
         "hot_standby": "on",
     });
-    if ephemeral {
+    if options.ephemeral {
         // Not `full_page_writes`: pg_rewind needs it on.
         parameters["fsync"] = json!("off");
     }
@@ -329,7 +345,7 @@ fn start_node(
                 "loop_wait": 2,
                 "retry_timeout": 5,
                 "master_start_timeout": 10,
-                "synchronous_mode": true,
+                "synchronous_mode": options.synchronous,
                 "synchronous_mode_strict": false,
                 "postgresql": {"use_pg_rewind": true, "use_slots": true, "parameters": parameters},
             },

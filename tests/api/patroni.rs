@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use stockade::cluster::patroni::{Patroni, TTL};
+use stockade::cluster::patroni::{Options, Patroni, TTL};
 use stockade::loadtest::{LoadtestArgs, run_report};
 
 use crate::helpers::{ServerProcess, servers};
@@ -91,7 +91,11 @@ async fn killing_the_patroni_leader_mid_sale_loses_no_acknowledged_order_and_it_
  {
     let started = Instant::now();
     let dir = std::env::temp_dir().join(format!("stockade-patroni-{}", uuid::Uuid::new_v4()));
-    let mut pg = Patroni::start(&dir, 2, true).await.expect("Patroni starts");
+    let options = Options {
+        ephemeral: true,
+        ..Options::default()
+    };
+    let mut pg = Patroni::start(&dir, options).await.expect("Patroni starts");
     eprintln!(
         "Patroni: two nodes, a leader and a synchronous standby, in {:.1} s",
         started.elapsed().as_secs_f64()
