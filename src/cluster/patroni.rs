@@ -171,6 +171,7 @@ impl Patroni {
             cluster.wait_for(Duration::from_secs(60), "/sync").await?;
         }
         cluster.create_database(leader).await?;
+        cluster.wait_for_write_port(Duration::from_secs(30)).await?;
         Ok(cluster)
     }
 
@@ -227,6 +228,24 @@ impl Patroni {
                 bail!("no Patroni node answered {path} within {within:?}");
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Waits until HAProxy's write port reaches the leader (it marks a node up after two
+    /// checks a second apart).
+    async fn wait_for_write_port(&self, within: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + within;
+        loop {
+            match sqlx::PgConnection::connect(&self.database_url()).await {
+                Ok(conn) => {
+                    conn.close().await?;
+                    return Ok(());
+                }
+                Err(e) if Instant::now() > deadline => {
+                    return Err(e).context("HAProxy's write port did not reach the leader");
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
         }
     }
 
