@@ -376,9 +376,6 @@ pub(super) fn start_haproxy(
     port: u16,
     apps: &[ServerProcess],
 ) -> anyhow::Result<Daemon> {
-    let bin = find_binary("haproxy")
-        .or_else(|| Some(PathBuf::from("/usr/sbin/haproxy")).filter(|p| p.is_file()))
-        .context("haproxy not found: install it (Debian/Ubuntu: apt-get install haproxy)")?;
     let dir = dir.join("haproxy");
     fs::create_dir_all(&dir)?;
     let mut servers = String::new();
@@ -421,15 +418,34 @@ pub(super) fn start_haproxy(
              {servers}"
         ),
     )?;
+    run_haproxy(&dir, config, port)
+}
+
+/// The haproxy binary: on `PATH`, or where Debian puts it.
+pub(super) fn haproxy_binary() -> anyhow::Result<PathBuf> {
+    find_binary("haproxy")
+        .or_else(|| Some(PathBuf::from("/usr/sbin/haproxy")).filter(|p| p.is_file()))
+        .context("haproxy not found: install it (Debian/Ubuntu: apt-get install haproxy)")
+}
+
+/// Runs `haproxy -db -f config` (in the foreground), its output in `dir/haproxy.log`; ready
+/// once `port` accepts connections.
+pub(super) fn run_haproxy(dir: &Path, config: PathBuf, port: u16) -> anyhow::Result<Daemon> {
+    let bin = haproxy_binary()?;
     let log = dir.join("haproxy.log");
     let out = fs::File::create(&log)?;
     Daemon::start("haproxy", port, log, move || {
         let mut cmd = Command::new(&bin);
         cmd.arg("-db").arg("-f").arg(&config);
-        if let Ok(out) = out.try_clone() {
-            cmd.stdout(out.try_clone().map_or(Stdio::null(), Stdio::from));
-            cmd.stderr(Stdio::from(out));
-        }
+        log_to(&mut cmd, &out);
         cmd
     })
+}
+
+/// Sends a daemon's standard output and error to `log`.
+pub(super) fn log_to(cmd: &mut Command, log: &fs::File) {
+    if let (Ok(out), Ok(err)) = (log.try_clone(), log.try_clone()) {
+        cmd.stdout(Stdio::from(out));
+        cmd.stderr(Stdio::from(err));
+    }
 }

@@ -23,7 +23,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -31,7 +31,7 @@ use nix::unistd::User;
 use serde_json::json;
 use sqlx::Connection;
 
-use super::daemons::{Daemon, write_owned};
+use super::daemons::{Daemon, log_to, run_haproxy, write_owned};
 use crate::local::{PG_DATABASE, PG_USER, find_binary, free_port, private_dir, run_as};
 
 /// Patroni's scope: the cluster's name in etcd.
@@ -313,10 +313,7 @@ fn start_etcd(dir: &Path, owner: Option<User>) -> anyhow::Result<Daemon> {
             .arg("--initial-cluster")
             .arg(format!("etcd1=http://127.0.0.1:{peer}"));
         run_as(&mut cmd, owner.as_ref());
-        if let Ok(out) = out.try_clone() {
-            cmd.stdout(out.try_clone().map_or(Stdio::null(), Stdio::from));
-            cmd.stderr(Stdio::from(out));
-        }
+        log_to(&mut cmd, &out);
         cmd
     })
 }
@@ -402,10 +399,7 @@ fn start_node(
         let mut cmd = Command::new(&bin);
         cmd.arg(&file);
         run_as(&mut cmd, owner.as_ref());
-        if let Ok(out) = out.try_clone() {
-            cmd.stdout(out.try_clone().map_or(Stdio::null(), Stdio::from));
-            cmd.stderr(Stdio::from(out));
-        }
+        log_to(&mut cmd, &out);
         cmd
     })?;
     Ok(Node {
@@ -426,9 +420,6 @@ fn start_haproxy(
     read_port: u16,
     nodes: &[Node],
 ) -> anyhow::Result<Daemon> {
-    let bin = find_binary("haproxy")
-        .or_else(|| Some(PathBuf::from("/usr/sbin/haproxy")).filter(|p| p.is_file()))
-        .context("haproxy not found: install it (Debian/Ubuntu: apt-get install haproxy)")?;
     let dir = dir.join("haproxy-postgres");
     fs::create_dir_all(&dir)?;
     let servers: String = nodes
@@ -467,15 +458,5 @@ fn start_haproxy(
             servers, servers,
         ),
     )?;
-    let log = dir.join("haproxy.log");
-    let out = fs::File::create(&log)?;
-    Daemon::start("haproxy", write_port, log, move || {
-        let mut cmd = Command::new(&bin);
-        cmd.arg("-db").arg("-f").arg(&config);
-        if let Ok(out) = out.try_clone() {
-            cmd.stdout(out.try_clone().map_or(Stdio::null(), Stdio::from));
-            cmd.stderr(Stdio::from(out));
-        }
-        cmd
-    })
+    run_haproxy(&dir, config, write_port)
 }

@@ -14,6 +14,7 @@ pub mod report;
 pub mod run;
 pub mod servers;
 mod setup;
+mod summary;
 
 pub use command::{CheckArgs, check_command};
 pub use setup::setup;

@@ -270,7 +270,7 @@ pub async fn run(
     revoke_shopper_keys(db, &plan.run_id).await?;
 
     let log = std::mem::take(&mut *shared.log.lock().expect("log lock"));
-    let result = super::run::summarise(plan, log, Vec::new(), wall, total, wall);
+    let result = super::summary::summarise(plan, log, Vec::new(), wall, total, wall);
     let section = section(&drop, &outcomes, &admissions);
     Ok((result, section))
 }

@@ -166,23 +166,11 @@ async fn before_the_pre_queue_joining_is_refused_with_the_time_it_opens_and_noth
     assert_eq!(app.count("select count(*) from drop_admissions").await, 0);
 }
 
-/// The admission times of drop `id`'s tickets, from Redis: ticket → ms.
-
 #[tokio::test]
 async fn a_retried_order_is_answered_from_its_key_after_the_pass_is_gone_and_a_new_one_is_refused()
 {
     let app = spawn_app().await;
-    app.add_product("DROP-R", "Drop R", 1000, 5).await;
-    let drop = schedule(
-        &app,
-        "DROP-R",
-        Duration::from_secs(4),
-        Duration::from_secs(60),
-        Queueing::Fifo,
-        6000,
-        None,
-    )
-    .await;
+    let drop = sold_in_a_drop_soon(&app, "DROP-R").await;
     let buyer = Buyer {
         key: key(&app, true).await,
         shopper: Some("retrier".into()),
@@ -310,17 +298,7 @@ async fn a_hold_placed_before_the_drop_bound_its_product_is_confirmed_only_with_
 async fn a_shopper_let_in_again_under_a_new_ticket_after_redis_lost_the_first_keeps_one_admission()
 {
     let app = spawn_app().await;
-    app.add_product("DROP-L", "Drop L", 1000, 5).await;
-    let drop = schedule(
-        &app,
-        "DROP-L",
-        Duration::from_secs(4),
-        Duration::from_secs(60),
-        Queueing::Fifo,
-        6000,
-        None,
-    )
-    .await;
+    let drop = sold_in_a_drop_soon(&app, "DROP-L").await;
     let ada = Buyer {
         key: key(&app, true).await,
         shopper: Some("ada".into()),

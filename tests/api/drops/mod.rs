@@ -45,6 +45,14 @@ async fn schedule(
     drop
 }
 
+/// `sku`, 5 units, sold in a first-come drop (100 let in a second) opening in 4 s, its
+/// queue open for a minute before.
+async fn sold_in_a_drop_soon(app: &TestApp, sku: &str) -> Drop {
+    app.add_product(sku, sku, 1000, 5).await;
+    let (opens_in, prequeue) = (Duration::from_secs(4), Duration::from_secs(60));
+    schedule(app, sku, opens_in, prequeue, Queueing::Fifo, 6000, None).await
+}
+
 async fn sleep_until(at: chrono::DateTime<Utc>) {
     if let Ok(left) = (at - Utc::now()).to_std() {
         tokio::time::sleep(left + Duration::from_millis(50)).await;

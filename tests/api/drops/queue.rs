@@ -3,6 +3,7 @@
 
 use super::*;
 
+/// The admission times of drop `id`'s tickets, from Redis: ticket → ms.
 async fn admitted_at(app: &TestApp, id: Uuid) -> HashMap<String, i64> {
     let mut redis = app.redis().await;
     let key = format!("{}drop:{}:admt", app.settings.redis_prefix, id.simple());
