@@ -25,7 +25,8 @@ test: deps-test lint
 test-stress: deps-test deps-stress
 	scripts/test-stress.sh
 
-## cluster: HAProxy, three app processes, PgBouncer, a PostgreSQL replica, Redis Sentinel
+## cluster: HAProxy, three app processes, PgBouncer, three PostgreSQL nodes under Patroni
+## and etcd, Redis Sentinel
 cluster: deps-cluster
 	cargo build --release --locked
 	./target/release/stockade cluster
@@ -69,9 +70,9 @@ clean:
 
 # Installs what is missing with one apt-get run (Debian/Ubuntu); elsewhere names it.
 # $(1): "run" (servers), "bench" (servers, pgbench), "cluster" (servers, HAProxy, PgBouncer,
-# Redis Sentinel) or "test" (all of these, browser, docker-compose, python3-venv for schemathesis,
-# npm for axe-core). pgbench comes with the server on Debian 12; newer releases ship it in
-# postgresql-client.
+# Redis Sentinel, Patroni, etcd, pgBackRest) or "test" (all of these, browser, docker-compose,
+# python3-venv for schemathesis, npm for axe-core). pgbench comes with the server on Debian
+# 12; newer releases ship it in postgresql-client.
 define install_missing
 	@missing=""; \
 	( command -v initdb || ls /usr/lib/postgresql/*/bin/initdb ) >/dev/null 2>&1 || missing="$$missing postgresql"; \
@@ -83,11 +84,11 @@ define install_missing
 	  ( command -v haproxy || test -x /usr/sbin/haproxy ) >/dev/null 2>&1 || missing="$$missing haproxy"; \
 	  ( command -v pgbouncer || test -x /usr/sbin/pgbouncer ) >/dev/null 2>&1 || missing="$$missing pgbouncer"; \
 	  command -v redis-sentinel >/dev/null 2>&1 || missing="$$missing redis-sentinel"; \
-	fi; \
-	if [ "$(1)" = test ]; then \
 	  command -v pgbackrest >/dev/null 2>&1 || missing="$$missing pgbackrest"; \
 	  command -v patroni >/dev/null 2>&1 || missing="$$missing patroni"; \
 	  command -v etcd >/dev/null 2>&1 || missing="$$missing etcd-server"; \
+	fi; \
+	if [ "$(1)" = test ]; then \
 	  ( command -v chromium && command -v chromedriver ) >/dev/null 2>&1 || missing="$$missing chromium chromium-driver"; \
 	  command -v docker-compose >/dev/null 2>&1 || missing="$$missing docker-compose"; \
 	  python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing="$$missing python3-venv"; \
@@ -102,7 +103,7 @@ define install_missing
 	    $(SUDO) $(APT) install -y -q $$missing | (grep --line-buffered '^Setting up ' | sed 's/^/  /' || true) || exit 1; \
 	  else \
 	    echo "Please install:$$missing"; \
-	    echo "(a PostgreSQL server with postgres and initdb; a Redis server; for the tests and the bench pgbench; for the tests and the cluster HAProxy, PgBouncer and Redis Sentinel; for the tests Chromium with ChromeDriver, docker-compose, npm, Patroni and etcd)"; \
+	    echo "(a PostgreSQL server with postgres and initdb; a Redis server; for the tests and the bench pgbench; for the tests and the cluster HAProxy, PgBouncer, Redis Sentinel, Patroni, etcd and pgBackRest; for the tests Chromium with ChromeDriver, docker-compose and npm)"; \
 	    exit 1; \
 	  fi; \
 	fi

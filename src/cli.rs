@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
 
 mod backup;
@@ -71,13 +71,27 @@ struct ClusterArgs {
     /// Where the servers keep their files.
     #[arg(long, default_value = "./.stockade/cluster")]
     data_dir: PathBuf,
-    /// Server connections PgBouncer keeps to the primary, shared equally by the apps.
+    /// PostgreSQL servers, each run by Patroni (one leads, the others replicate; a
+    /// commit is acknowledged once a second one has it, when there is a second).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=9))]
+    postgres_nodes: u16,
+    /// Server connections PgBouncer keeps to the leader, shared equally by the apps.
     #[arg(long, default_value_t = 48, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pgbouncer_pool: u32,
-    /// Archive the primary's WAL to, and keep pgBackRest backups in, this folder (a full
+    /// Archive the leader's WAL to, and keep pgBackRest backups in, this folder (a full
     /// backup is taken at start when it has none); see `stockade backup`.
     #[arg(long)]
     backups: Option<PathBuf>,
+    /// Once everything is up, write what was started to this file as JSON (the shop's and
+    /// the database's URLs, and each process's name, role, pid and ports), for scripts
+    /// that fault the cluster.
+    #[arg(long)]
+    state_file: Option<PathBuf>,
+    /// Route each PostgreSQL node's traffic with etcd and the other nodes through a proxy
+    /// of its own (listed in the state file as `link-pgN`): stopping one (SIGSTOP, or
+    /// SIGKILL) partitions that node, for fault tests.
+    #[arg(long)]
+    fault_links: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -411,12 +425,20 @@ async fn cluster(settings: Settings, args: ClusterArgs) -> anyhow::Result<()> {
         exe: std::env::current_exe()?,
         app_env,
         port: args.port,
+        postgres_nodes: usize::from(args.postgres_nodes),
         pgbouncer_pool: args.pgbouncer_pool,
         ephemeral: false,
+        fault_links: args.fault_links,
         backups: args.backups,
         settings,
     };
     let cluster = until_interrupted(Cluster::start(options)).await?;
+    if let Some(file) = &args.state_file {
+        let state = serde_json::to_string_pretty(&cluster.state().await)?;
+        // It holds the database's password.
+        crate::local::write_private(file, &state)
+            .with_context(|| format!("cannot write the state file {}", file.display()))?;
+    }
     print!("{}", cluster.describe());
     println!("Press Ctrl-C to stop.");
     shutdown_signal().await;

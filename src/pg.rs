@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use tokio::time::error::Elapsed;
 
+pub mod outage;
+
 /// Database failures that load or a passing fault causes, and a retry may not meet: no
 /// free connection, a timeout, a lock or serialisation conflict, the server out of reach.
 pub fn is_transient(e: &sqlx::Error) -> bool {
@@ -27,31 +29,23 @@ pub fn is_transient(e: &sqlx::Error) -> bool {
 }
 
 /// Failures that mean the server is out of reach (stopped, restarting, or the network
-/// gone), not that the statement failed: a dropped connection, or the server shutting down
-/// or starting up. (No connection within the pool's wait is not among them: that is as
-/// often a busy server as a gone one.)
+/// gone), not that the statement failed: a dropped connection, the server shutting down
+/// or starting up, or any connection exception (class 08: among them PgBouncer's
+/// `08P01`, "server login has been failing", while no PostgreSQL server takes its
+/// connections, as in a failover). (No connection within the pool's wait is not among
+/// them: that is as often a busy server as a gone one.)
 pub fn is_unreachable(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::PoolClosed | sqlx::Error::Io(_) => true,
-        sqlx::Error::Database(db) => matches!(
-            db.code().as_deref(),
-            // admin_shutdown, crash_shutdown, cannot_connect_now; connection_exception,
-            // sqlclient_unable_to_establish_sqlconnection, connection_does_not_exist,
-            // sqlserver_rejected_establishment_of_sqlconnection, connection_failure;
-            // read_only_sql_transaction: a write reached a node that is (or became) a
-            // standby, as during a failover; the primary is elsewhere or on its way
-            Some(
-                "57P01"
-                    | "57P02"
-                    | "57P03"
-                    | "08000"
-                    | "08001"
-                    | "08003"
-                    | "08004"
-                    | "08006"
-                    | "25006"
-            )
-        ),
+        sqlx::Error::Database(db) => {
+            matches!(
+                db.code().as_deref(),
+                // admin_shutdown, crash_shutdown, cannot_connect_now; read_only_sql_transaction:
+                // a write reached a node that is (or became) a standby, as during a failover;
+                // the primary is elsewhere or on its way
+                Some("57P01" | "57P02" | "57P03" | "25006")
+            ) || db.code().is_some_and(|c| c.starts_with("08"))
+        }
         _ => false,
     }
 }

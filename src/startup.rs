@@ -115,7 +115,10 @@ impl Application {
             drops.clone(),
             settings.drop_tick_interval,
         );
+        let outage = Arc::new(crate::pg::outage::Outage::default());
+        outage.spawn(db.clone());
         let state = web::Data::new(AppState {
+            outage,
             confirmer,
             db,
             limiter: Arc::new(crate::ratelimit::RateLimiter::new(redis.clone())),

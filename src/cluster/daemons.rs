@@ -13,8 +13,7 @@ use nix::unistd::User;
 
 use crate::loadtest::servers::ServerProcess;
 use crate::local::{
-    self, LocalPostgres, PG_DATABASE, PG_USER, find_binary, free_port, private_dir, run_as,
-    write_private,
+    self, PG_DATABASE, PG_USER, find_binary, free_port, private_dir, run_as, write_private,
 };
 
 use super::{ClusterOptions, DOWN_AFTER, FAILOVER_TIMEOUT, MASTER_NAME, QUORUM, SENTINELS};
@@ -87,6 +86,11 @@ impl Daemon {
         }
     }
 
+    /// The process's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Kills the process at once (SIGKILL), as a crash would.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -130,7 +134,9 @@ pub(super) fn write_owned(path: &Path, content: &str, owner: Option<&User>) -> a
     Ok(())
 }
 
-/// PgBouncer in front of the primary, in session pooling mode: it caps the primary's
+/// PgBouncer in front of the leader (through HAProxy's write port, so its server
+/// connections follow a failover: HAProxy cuts those to a node that stops leading, and
+/// PgBouncer opens new ones to the next), in session pooling mode: it caps the leader's
 /// connections at `pgbouncer_pool` and queues the apps' connections for them. Not
 /// transaction pooling: PgBouncer 1.18 hands the server connection back at every Sync
 /// outside a transaction, and sqlx sends Parse+Describe+Sync before Bind+Execute+Sync, so
@@ -141,7 +147,8 @@ pub(super) fn write_owned(path: &Path, content: &str, owner: Option<&User>) -> a
 pub(super) fn start_pgbouncer(
     dir: &Path,
     owner: Option<User>,
-    primary: &LocalPostgres,
+    postgres: &super::Patroni,
+    scram_secret: &str,
     options: &ClusterOptions,
 ) -> anyhow::Result<Daemon> {
     let bin = find_binary("pgbouncer")
@@ -149,11 +156,18 @@ pub(super) fn start_pgbouncer(
         .context("pgbouncer not found: install it (Debian/Ubuntu: apt-get install pgbouncer)")?;
     let dir = private_dir(&dir.join("pgbouncer"), owner.as_ref())?;
     let port = free_port()?;
-    let password = primary.password().unwrap_or_default();
+    // The role's SCRAM secret, as PostgreSQL keeps it, not its password: PgBouncer checks
+    // a login against a secret with a few hashes, but derives one from a password with
+    // 4,096 (PBKDF2) at every login, which, single-threaded, caps it at a few hundred
+    // logins a second. In a failover every app's pool logs in again and again until the
+    // new leader is up; with the password PgBouncer fell behind those logins and opened
+    // no connection to the new leader for half a minute. Its own logins to PostgreSQL,
+    // a few a second at most, use the password given with the database below.
+    let password = postgres.password();
     let userlist = dir.join("userlist.txt");
     write_owned(
         &userlist,
-        &format!("\"{PG_USER}\" \"{password}\"\n"),
+        &format!("\"{PG_USER}\" \"{scram_secret}\"\n"),
         owner.as_ref(),
     )?;
     let s = &options.settings;
@@ -169,8 +183,8 @@ pub(super) fn start_pgbouncer(
         &format!(
             "[databases]\n\
              {PG_DATABASE} = host=127.0.0.1 port={pg} dbname={PG_DATABASE} user={PG_USER} \
-             connect_query='{connect_query}'\n\
-             * = host=127.0.0.1 port={pg} connect_query='{connect_query}'\n\
+             password={password} connect_query='{connect_query}'\n\
+             * = host=127.0.0.1 port={pg} password={password} connect_query='{connect_query}'\n\
              [pgbouncer]\n\
              listen_addr = 127.0.0.1\n\
              listen_port = {port}\n\
@@ -189,7 +203,7 @@ pub(super) fn start_pgbouncer(
              admin_users = {PG_USER}\n\
              logfile = {log}\n\
              pidfile = {pid}\n",
-            pg = primary.port,
+            pg = postgres.write_port,
             userlist = userlist.display(),
             pool = options.pgbouncer_pool,
             log = dir.join("pgbouncer.log").display(),
@@ -209,7 +223,7 @@ pub(super) fn start_pgbouncer(
 /// second, once a first client has made it open the pool): apps started before would
 /// wait for them at their first requests, and give up.
 pub(super) async fn wait_for_server_connections(
-    primary_url: &str,
+    leader_url: &str,
     pgbouncer_url: &str,
     pool: u32,
 ) -> anyhow::Result<()> {
@@ -217,7 +231,7 @@ pub(super) async fn wait_for_server_connections(
     let first = sqlx::PgConnection::connect(pgbouncer_url)
         .await
         .context("cannot connect through PgBouncer")?;
-    let db = sqlx::PgPool::connect(primary_url).await?;
+    let db = sqlx::PgPool::connect(leader_url).await?;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         // This check's own session is one of the client backends.

@@ -6,8 +6,10 @@
 //!            /        |        \
 //!        app 1      app 2     app N        `stockade serve`
 //!          |  \       |         |
-//!          |   PgBouncer (session pooling) ──── PostgreSQL primary ──WAL──▶ replica
-//!          |                                                 (reads that may lag) ◀─┘
+//!          |   PgBouncer (session pooling)
+//!          |      |                              reads that may lag
+//!          |   HAProxy write port ── leader ─WAL─▶ replicas ◀── HAProxy read port
+//!          |      (Patroni nodes, one leader chosen through etcd; see [`patroni`])
 //!          └── Redis master ──▶ Redis replica, watched by 3 Sentinels (quorum 2)
 //! ```
 //!
@@ -23,19 +25,18 @@ use anyhow::Context;
 
 use crate::config::Settings;
 use crate::loadtest::servers::ServerProcess;
-use crate::local::backups::Repo;
-use crate::local::{
-    LocalPostgres, LocalRedis, PG_DATABASE, create_database, free_port, service_user, write_private,
-};
+use crate::local::{LocalRedis, free_port, service_user, write_private};
 
 mod daemons;
 pub mod patroni;
+mod state;
 
 pub use daemons::Daemon;
 use daemons::{
     start_haproxy, start_pgbouncer, start_sentinel, wait_for_redis_replica, wait_for_sentinels,
     wait_for_server_connections,
 };
+pub use patroni::Patroni;
 
 /// The master name the Sentinels monitor.
 pub const MASTER_NAME: &str = "stockade";
@@ -60,14 +61,19 @@ pub struct ClusterOptions {
     pub app_env: Vec<(String, String)>,
     /// HAProxy's port; a free one when `None`.
     pub port: Option<u16>,
-    /// Server connections PgBouncer keeps to the primary; each app's own pool gets an
+    /// PostgreSQL servers, each run by Patroni: one leads, the others stream from it.
+    pub postgres_nodes: usize,
+    /// Server connections PgBouncer keeps to the leader; each app's own pool gets an
     /// equal share (unless `app_env` sets `STOCKADE_DB_POOL_SIZE`).
     pub pgbouncer_pool: u32,
     /// Trade durability for speed (fsync off): for tests only.
     pub ephemeral: bool,
-    /// Archive the primary's WAL to, and keep backups in, this pgBackRest repository.
+    /// Route each PostgreSQL node's traffic with etcd and the other nodes through a proxy
+    /// of its own, so a fault test can partition it ([`patroni::Options::links`]).
+    pub fault_links: bool,
+    /// Archive the leader's WAL to, and keep backups in, this pgBackRest repository.
     pub backups: Option<PathBuf>,
-    /// Timeouts the primary's sessions get from PgBouncer (the apps' own settings).
+    /// Timeouts the database sessions get from PgBouncer (the apps' own settings).
     pub settings: Settings,
 }
 
@@ -79,12 +85,12 @@ pub struct Cluster {
     /// The Redis servers: the first starts as master, the second as its replica.
     pub redis: Vec<LocalRedis>,
     pub pgbouncer: Daemon,
-    pub replica: LocalPostgres,
-    pub primary: LocalPostgres,
+    /// PostgreSQL: etcd, the Patroni nodes, and HAProxy's write and read ports.
+    pub postgres: Patroni,
     redis_password: String,
     /// The first admin's password when this start created it.
     pub admin_password: Option<String>,
-    /// The pgBackRest repository the primary archives to, if any.
+    /// The pgBackRest repository the leader archives to, if any.
     backups: Option<PathBuf>,
 }
 
@@ -95,30 +101,24 @@ impl Cluster {
             .with_context(|| format!("cannot create {}", options.dir.display()))?;
         let dir = options.dir.canonicalize()?;
         let owner = service_user()?;
-        let ephemeral = options.ephemeral;
 
-        let primary_dir = dir.join("postgres-primary");
-        let backups = options.backups.clone();
-        let primary = blocking(move || {
-            let repo = backups.as_deref().map(Repo::open).transpose()?;
-            LocalPostgres::start(&primary_dir, None, ephemeral, repo.as_ref())
-        })
+        let postgres = Patroni::start(
+            &dir,
+            patroni::Options {
+                nodes: options.postgres_nodes.max(1),
+                ephemeral: options.ephemeral,
+                synchronous: true,
+                backups: options.backups.clone(),
+                links: options.fault_links,
+            },
+        )
         .await?;
-        create_database(&primary.url("postgres"), PG_DATABASE).await?;
-        let admin_password = prepare_database(&primary.url(PG_DATABASE)).await?;
-        let replica = {
-            let replica_dir = dir.join("postgres-replica");
-            let (port, password) = (primary.port, primary.password().map(String::from));
-            blocking(move || {
-                LocalPostgres::start_replica_of(port, password, &replica_dir, None, ephemeral)
-            })
-            .await?
-        };
-
-        let pgbouncer = start_pgbouncer(&dir, owner.clone(), &primary, &options)?;
+        let admin_password = prepare_database(&postgres.database_url()).await?;
+        let secret = postgres.scram_secret().await?;
+        let pgbouncer = start_pgbouncer(&dir, owner.clone(), &postgres, &secret, &options)?;
         wait_for_server_connections(
-            &primary.url(PG_DATABASE),
-            &pgbouncer_url(&primary, pgbouncer.port),
+            &postgres.database_url(),
+            &pgbouncer_url(&postgres, pgbouncer.port),
             options.pgbouncer_pool,
         )
         .await?;
@@ -150,12 +150,12 @@ impl Cluster {
         let mut cluster_env = vec![
             (
                 "DATABASE_URL".to_string(),
-                pgbouncer_url(&primary, pgbouncer.port),
+                pgbouncer_url(&postgres, pgbouncer.port),
             ),
             ("STOCKADE_DATABASE_PGBOUNCER".into(), "true".into()),
             (
                 "STOCKADE_DATABASE_REPLICA_URL".into(),
-                replica.url(PG_DATABASE),
+                postgres.replica_url(),
             ),
             (
                 "STOCKADE_REDIS_SENTINELS".into(),
@@ -198,8 +198,7 @@ impl Cluster {
             sentinels,
             redis: vec![master, redis_replica],
             pgbouncer,
-            replica,
-            primary,
+            postgres,
             redis_password,
             admin_password,
             backups: options.backups.clone(),
@@ -211,18 +210,20 @@ impl Cluster {
         format!("http://127.0.0.1:{}", self.haproxy.port)
     }
 
-    /// The primary's URL (direct, not through PgBouncer): for tools and checks.
+    /// The database on whichever node leads, through HAProxy's write port (not through
+    /// PgBouncer): for tools and checks.
     pub fn primary_url(&self) -> String {
-        self.primary.url(PG_DATABASE)
+        self.postgres.database_url()
     }
 
     /// PgBouncer's URL, as the apps use it.
     pub fn pgbouncer_url(&self) -> String {
-        pgbouncer_url(&self.primary, self.pgbouncer.port)
+        pgbouncer_url(&self.postgres, self.pgbouncer.port)
     }
 
+    /// A replica, through HAProxy's read port.
     pub fn replica_url(&self) -> String {
-        self.replica.url(PG_DATABASE)
+        self.postgres.replica_url()
     }
 
     /// `host:port` of each Sentinel.
@@ -270,10 +271,26 @@ impl Cluster {
             out.push_str(&format!("  App {}:       {}/\n", i + 1, app.address));
         }
         out.push_str(&format!(
-            "  PostgreSQL:  {}  (primary)\n",
+            "  PostgreSQL:  {}  (HAProxy to the leader)\n",
             self.primary_url()
         ));
-        out.push_str(&format!("  Replica:     {}\n", self.replica_url()));
+        out.push_str(&format!(
+            "  Replicas:    {}  (HAProxy to the replicas)\n",
+            self.replica_url()
+        ));
+        for node in &self.postgres.nodes {
+            out.push_str(&format!(
+                "  Patroni {}:  {}  (PostgreSQL on port {}, data in {})\n",
+                node.name,
+                node.patroni_url(),
+                node.pg_port,
+                node.data_dir.display()
+            ));
+        }
+        out.push_str(&format!(
+            "  etcd:        http://127.0.0.1:{}  (Patroni's leader key)\n",
+            self.postgres.etcd.port
+        ));
         out.push_str(&format!(
             "  PgBouncer:   {}  (session pooling)\n",
             self.pgbouncer_url()
@@ -296,7 +313,7 @@ impl Cluster {
         ));
         if let Some(dir) = &self.backups {
             out.push_str(&format!(
-                "  Backups:     {}  (pgBackRest, the primary's WAL archived)\n",
+                "  Backups:     {}  (pgBackRest, the leader's WAL archived)\n",
                 dir.display()
             ));
         }
@@ -316,8 +333,7 @@ impl Cluster {
             r.stop();
         }
         self.pgbouncer.stop();
-        self.replica.stop();
-        self.primary.stop();
+        self.postgres.stop();
     }
 }
 
@@ -327,7 +343,7 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(work).await?
 }
 
-/// Migrates the primary, seeds the demo catalogue and makes the first admin on first
+/// Migrates the database, seeds the demo catalogue and makes the first admin on first
 /// start (returning its password); the apps, behind PgBouncer, do not migrate.
 async fn prepare_database(url: &str) -> anyhow::Result<Option<String>> {
     use sqlx::Connection;
@@ -354,10 +370,10 @@ async fn prepare_database(url: &str) -> anyhow::Result<Option<String>> {
     Ok(password)
 }
 
-fn pgbouncer_url(primary: &LocalPostgres, port: u16) -> String {
-    primary
-        .url(PG_DATABASE)
-        .replace(&format!(":{}/", primary.port), &format!(":{port}/"))
+fn pgbouncer_url(postgres: &Patroni, port: u16) -> String {
+    postgres
+        .database_url()
+        .replace(&format!(":{}/", postgres.write_port), &format!(":{port}/"))
 }
 
 /// The Redis password the cluster's servers share, kept in the cluster's folder.

@@ -32,6 +32,7 @@ use serde_json::json;
 use sqlx::Connection;
 
 use super::daemons::{Daemon, log_to, run_haproxy, write_owned};
+use crate::local::backups::{Repo, Server};
 use crate::local::{PG_DATABASE, PG_USER, find_binary, free_port, private_dir, run_as};
 
 /// Patroni's scope: the cluster's name in etcd.
@@ -41,10 +42,16 @@ pub const TTL: Duration = Duration::from_secs(20);
 
 /// One node: its Patroni (REST API on `daemon.port`) and the PostgreSQL it runs.
 pub struct Node {
+    /// Its Patroni member name.
     pub name: String,
     pub daemon: Daemon,
     pub pg_port: u16,
     pub data_dir: PathBuf,
+    /// The folder of its socket (and of its Patroni's files).
+    pub home: PathBuf,
+    /// With [`Options::links`]: the proxy its traffic with etcd and the other nodes
+    /// passes through, which [`Node::partition`] cuts.
+    link: Option<Daemon>,
 }
 
 impl Node {
@@ -75,6 +82,31 @@ impl Node {
         }
     }
 
+    /// Cuts the node off from etcd and the other nodes (not from HAProxy, nor the apps
+    /// from HAProxy), as a network partition would: its link proxy is killed, so what
+    /// passed through it is reset and new connections are refused. Needs
+    /// [`Options::links`].
+    pub fn partition(&mut self) -> anyhow::Result<()> {
+        self.link
+            .as_mut()
+            .context("the cluster was started without links to cut")?
+            .kill9_group();
+        Ok(())
+    }
+
+    /// The link proxy's pid, with [`Options::links`].
+    pub fn link_pid(&self) -> Option<u32> {
+        self.link.as_ref()?.pid()
+    }
+
+    /// Ends [`Node::partition`].
+    pub fn heal(&mut self) -> anyhow::Result<()> {
+        self.link
+            .as_mut()
+            .context("the cluster was started without links to cut")?
+            .restart()
+    }
+
     /// Whether its REST API answers 200 at `path` (`/primary`, `/replica`, `/sync`).
     pub async fn answers(&self, path: &str) -> bool {
         crate::install_tls_provider(); // a library caller (a test) may not have
@@ -93,7 +125,7 @@ impl Node {
 }
 
 /// What to start.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Options {
     /// Patroni nodes (PostgreSQL servers).
     pub nodes: usize,
@@ -102,6 +134,11 @@ pub struct Options {
     /// `synchronous_mode`: a commit acknowledged only once a standby has it. Off only to
     /// measure what it costs.
     pub synchronous: bool,
+    /// Archive the leader's WAL to, and keep backups in, this pgBackRest repository.
+    pub backups: Option<PathBuf>,
+    /// Each node reaches etcd, and is reached by the other nodes (replication and REST),
+    /// through a TCP proxy of its own, so a test can cut it off ([`Node::partition`]).
+    pub links: bool,
 }
 
 impl Default for Options {
@@ -110,6 +147,8 @@ impl Default for Options {
             nodes: 2,
             ephemeral: false,
             synchronous: true,
+            backups: None,
+            links: false,
         }
     }
 }
@@ -123,6 +162,7 @@ pub struct Patroni {
     pub write_port: u16,
     pub read_port: u16,
     password: String,
+    backups: Option<Repo>,
 }
 
 /// PostgreSQL's passwords in this cluster: the superuser's, replication's, pg_rewind's and
@@ -147,21 +187,46 @@ impl Patroni {
         let dir = &dir.canonicalize()?;
         let owner = crate::local::service_user()?;
         let password = passwords(dir)?;
+        let backups = match options.backups.clone() {
+            Some(repo) => Some(tokio::task::spawn_blocking(move || Repo::open(&repo)).await??),
+            None => None,
+        };
         let etcd = start_etcd(dir, owner.clone())?;
         let mut started = Vec::new();
         for i in 1..=options.nodes.max(1) {
-            let node = start_node(dir, owner.clone(), i, etcd.port, &password, options)?;
+            let node = start_node(
+                dir,
+                owner.clone(),
+                i,
+                etcd.port,
+                &password,
+                &options,
+                backups.as_ref(),
+            )?;
             started.push(node);
+        }
+        if let Some(repo) = &backups {
+            // Their archive commands retry until this is written.
+            let servers: Vec<Server> = started
+                .iter()
+                .map(|n| Server {
+                    data_dir: n.data_dir.clone(),
+                    port: n.pg_port,
+                    socket_dir: n.home.clone(),
+                })
+                .collect();
+            repo.configure_servers(&servers, "postgres", Some(&password))?;
         }
         let (write_port, read_port) = (free_port()?, free_port()?);
         let haproxy = start_haproxy(dir, write_port, read_port, &started)?;
-        let cluster = Self {
+        let mut cluster = Self {
             etcd,
             nodes: started,
             haproxy,
             write_port,
             read_port,
             password,
+            backups,
         };
         let leader = cluster
             .wait_for_leader(Duration::from_secs(60))
@@ -172,6 +237,11 @@ impl Patroni {
         }
         cluster.create_database(leader).await?;
         cluster.wait_for_write_port(Duration::from_secs(30)).await?;
+        if let Some(repo) = cluster.backups.take() {
+            // The stanza, and a first full backup unless the repository has one.
+            let repo = tokio::task::spawn_blocking(move || repo.prepare().map(|()| repo)).await??;
+            cluster.backups = Some(repo);
+        }
         Ok(cluster)
     }
 
@@ -189,6 +259,43 @@ impl Patroni {
             "postgres://{PG_USER}:{}@127.0.0.1:{}/{PG_DATABASE}",
             self.password, self.read_port
         )
+    }
+
+    /// The superuser's URL of node `i`, straight to its PostgreSQL: for tools and checks.
+    pub fn superuser_url(&self, i: usize, database: &str) -> String {
+        format!(
+            "postgres://postgres:{}@127.0.0.1:{}/{database}",
+            self.password, self.nodes[i].pg_port
+        )
+    }
+
+    /// The app's password (and every other role's: one per cluster).
+    pub fn password(&self) -> &str {
+        &self.password
+    }
+
+    /// The app role's SCRAM secret (`SCRAM-SHA-256$<iterations>:<salt>$<keys>`), as the
+    /// leader keeps it.
+    pub async fn scram_secret(&self) -> anyhow::Result<String> {
+        let leader = self
+            .leader()
+            .await
+            .context("no leader to read the secret from")?;
+        let mut conn = sqlx::PgConnection::connect(&self.superuser_url(leader, "postgres")).await?;
+        let secret: Option<String> =
+            sqlx::query_scalar("select rolpassword from pg_authid where rolname = $1")
+                .bind(PG_USER)
+                .fetch_one(&mut conn)
+                .await?;
+        conn.close().await?;
+        secret
+            .filter(|s| s.starts_with("SCRAM-SHA-256$"))
+            .with_context(|| format!("the role {PG_USER} has no SCRAM secret"))
+    }
+
+    /// The pgBackRest repository the leader archives to, if any.
+    pub fn backups(&self) -> Option<&Repo> {
+        self.backups.as_ref()
     }
 
     /// The node Patroni says leads now, if any answers so.
@@ -250,10 +357,7 @@ impl Patroni {
     }
 
     async fn create_database(&self, leader: usize) -> anyhow::Result<()> {
-        let url = format!(
-            "postgres://postgres:{}@127.0.0.1:{}/postgres",
-            self.password, self.nodes[leader].pg_port
-        );
+        let url = self.superuser_url(leader, "postgres");
         let mut conn = sqlx::PgConnection::connect(&url).await?;
         // Runtime strings, not `query!`: role and database names are identifiers, and the
         // password a literal, none of which can be bound.
@@ -266,6 +370,12 @@ impl Patroni {
             sqlx::query(sqlx::AssertSqlSafe(format!(
                 "create role {PG_USER} login password '{}'",
                 self.password
+            )))
+            .execute(&mut conn)
+            .await?;
+            // pg_monitor: the dashboard and checks read replication's progress.
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "grant pg_monitor to {PG_USER}"
             )))
             .execute(&mut conn)
             .await?;
@@ -324,7 +434,8 @@ fn start_node(
     i: usize,
     etcd_port: u16,
     password: &str,
-    options: Options,
+    options: &Options,
+    backups: Option<&Repo>,
 ) -> anyhow::Result<Node> {
     let bin = find_binary("patroni")
         .context("patroni not found: install it (Debian/Ubuntu: apt-get install patroni)")?;
@@ -339,6 +450,13 @@ fn start_node(
     let home = private_dir(&dir.join(format!("patroni-{i}")), owner.as_ref())?;
     let data_dir = home.join("data");
     let (rest, pg_port) = (free_port()?, free_port()?);
+    // What etcd and the other nodes are reached at: the link's ports with links.
+    let link_ports = if options.links {
+        Some((free_port()?, free_port()?, free_port()?))
+    } else {
+        None
+    };
+    let (etcd_at, pg_at, rest_at) = link_ports.unwrap_or((etcd_port, pg_port, rest));
     let mut parameters = json!({
         "wal_log_hints": "on",
         "max_wal_senders": 10,
@@ -349,12 +467,28 @@ fn start_node(
         // Not `full_page_writes`: pg_rewind needs it on.
         parameters["fsync"] = json!("off");
     }
+    let mut local_parameters = json!({"unix_socket_directories": home.display().to_string()});
+    if let Some(repo) = backups {
+        let text = data_dir.to_string_lossy();
+        if text.contains(['"', '\'', '\\', '$', '`', '%']) || text.contains(char::is_whitespace) {
+            bail!(
+                "{} has a space, quote, $, `, % or backslash in its path; PostgreSQL's \
+                 archive_command could not name it safely (choose another --data-dir)",
+                data_dir.display()
+            );
+        }
+        for (name, value) in repo.archive_settings(Some(&data_dir)) {
+            local_parameters[name] = json!(value);
+        }
+    }
     let config = json!({
         "scope": SCOPE,
         "name": name,
         "log": {"level": "WARNING"},
-        "restapi": {"listen": format!("127.0.0.1:{rest}"), "connect_address": format!("127.0.0.1:{rest}")},
-        "etcd3": {"hosts": [format!("127.0.0.1:{etcd_port}")]},
+        "restapi": {"listen": format!("127.0.0.1:{rest}"), "connect_address": format!("127.0.0.1:{rest_at}")},
+        // With links, etcd is reached only through them: no discovery of its members'
+        // own addresses, which would go around the link.
+        "etcd3": {"hosts": [format!("127.0.0.1:{etcd_at}")], "use_proxies": options.links},
         "bootstrap": {
             "dcs": {
                 "ttl": TTL.as_secs(),
@@ -374,7 +508,7 @@ fn start_node(
         },
         "postgresql": {
             "listen": format!("127.0.0.1:{pg_port}"),
-            "connect_address": format!("127.0.0.1:{pg_port}"),
+            "connect_address": format!("127.0.0.1:{pg_at}"),
             "data_dir": data_dir.display().to_string(),
             "bin_dir": pg_bin.display().to_string(),
             "pgpass": home.join("pgpass").display().to_string(),
@@ -383,7 +517,7 @@ fn start_node(
                 "replication": {"username": "replicator", "password": password},
                 "rewind": {"username": "rewinder", "password": password},
             },
-            "parameters": {"unix_socket_directories": home.display().to_string()},
+            "parameters": local_parameters,
         },
     });
     // JSON is YAML: Patroni reads it as its configuration file.
@@ -395,6 +529,11 @@ fn start_node(
     )?;
     let log = home.join("patroni.log");
     let out = fs::File::create(&log)?;
+    // The link first: Patroni reaches etcd through it before it opens its REST API.
+    let link = match link_ports {
+        Some(ports) => Some(start_link(&home, ports, (etcd_port, pg_port, rest))?),
+        None => None,
+    };
     let daemon = Daemon::start("patroni", rest, log, move || {
         let mut cmd = Command::new(&bin);
         cmd.arg(&file);
@@ -407,11 +546,37 @@ fn start_node(
         daemon,
         pg_port,
         data_dir,
+        home,
+        link,
     })
 }
 
+/// A node's link ([`Options::links`]): HAProxy in TCP mode forwarding its three paths,
+/// `(etcd, PostgreSQL, REST)` at `at` to the same at `to`.
+fn start_link(home: &Path, at: (u16, u16, u16), to: (u16, u16, u16)) -> anyhow::Result<Daemon> {
+    let dir = home.join("link");
+    fs::create_dir_all(&dir)?;
+    let listen = |name: &str, from: u16, to: u16| {
+        format!("listen {name}\n  bind 127.0.0.1:{from}\n  server {name} 127.0.0.1:{to}\n")
+    };
+    let config = dir.join("haproxy.cfg");
+    crate::local::write_private(
+        &config,
+        &format!(
+            "defaults\n  mode tcp\n  timeout connect 1s\n  timeout client 30m\n  \
+             timeout server 30m\n{}{}{}",
+            listen("etcd", at.0, to.0),
+            listen("postgres", at.1, to.1),
+            listen("rest", at.2, to.2),
+        ),
+    )?;
+    run_haproxy(&dir, config, at.0)
+}
+
 /// HAProxy in TCP mode: `write_port` to the node whose Patroni answers `/primary`,
-/// `read_port` to those answering `/replica`. A node that
+/// `read_port` to those answering `/replica` (asked with `OPTIONS`, which Patroni answers
+/// without a body: a check closes its connection as soon as it has the status, and a
+/// body being written then fails in Patroni's log). A node that
 /// stops answering is marked down after two checks a second apart and its sessions are
 /// cut, so a demoted or dead node keeps no client.
 fn start_haproxy(
@@ -446,13 +611,13 @@ fn start_haproxy(
              \x20 default-server inter 1s fall 2 rise 2 on-marked-down shutdown-sessions\n\
              listen postgres-write\n\
              \x20 bind 127.0.0.1:{write_port}\n\
-             \x20 option httpchk GET /primary\n\
+             \x20 option httpchk OPTIONS /primary\n\
              \x20 http-check expect status 200\n\
              {}\
              listen postgres-read\n\
              \x20 bind 127.0.0.1:{read_port}\n\
              \x20 balance roundrobin\n\
-             \x20 option httpchk GET /replica\n\
+             \x20 option httpchk OPTIONS /replica\n\
              \x20 http-check expect status 200\n\
              {}",
             servers, servers,

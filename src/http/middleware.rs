@@ -66,6 +66,19 @@ pub async fn around_request(
         tracing::warn!(request_id, why, "cross-site request refused");
         return Ok(res);
     }
+    // While the database is known to be out of reach, what needs it is refused at once
+    // rather than each request opening a connection that fails (see `pg::outage`).
+    if state.as_ref().is_some_and(|s| s.outage.is_down()) && needs_database(req.path()) {
+        let res = req.error_response(AppError::Unavailable {
+            message: "The shop's database cannot be reached right now, so this request was \
+                      not carried out. Please retry in a moment."
+                .into(),
+            retry_after: 1,
+        });
+        let mut res = render_error(res.map_into_boxed_body(), &request_id);
+        set_headers(res.headers_mut(), &request_id, None, no_store);
+        return Ok(res);
+    }
     let mut req = req;
     let body_timeout = state.as_ref().map(|s| s.settings.body_timeout);
     let body_timed_out = body_timeout.map(|t| super::body::limit(&mut req, t));
@@ -304,6 +317,12 @@ fn render_error(res: ServiceResponse<BoxBody>, request_id: &str) -> ServiceRespo
         }
     }
     ServiceResponse::new(req, new)
+}
+
+/// Whether answering `path` may need the database: everything but the health checks
+/// (`/readyz` asks the database itself, and says so), metrics and static files.
+fn needs_database(path: &str) -> bool {
+    !(matches!(path, "/healthz" | "/readyz" | "/metrics") || path.starts_with("/static/"))
 }
 
 fn wants_json(req: &HttpRequest) -> bool {

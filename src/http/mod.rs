@@ -54,6 +54,8 @@ pub struct AppState {
     pub drops: Arc<crate::drops::Registry>,
     /// The streaming replica for reads that may lag (`STOCKADE_DATABASE_REPLICA_URL`).
     pub replica: Option<Arc<crate::startup::Replica>>,
+    /// Whether the primary is out of reach, as this process's probe last found it.
+    pub outage: Arc<crate::pg::outage::Outage>,
 }
 
 impl AppState {

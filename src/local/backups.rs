@@ -76,6 +76,14 @@ pub struct BackupSet {
     pub stored_bytes: u64,
 }
 
+/// A PostgreSQL server a repository backs up, as pgBackRest reaches it: by its socket.
+#[derive(Debug, Clone)]
+pub struct Server {
+    pub data_dir: PathBuf,
+    pub port: u16,
+    pub socket_dir: PathBuf,
+}
+
 /// A pgBackRest repository in a folder of its own.
 #[derive(Debug)]
 pub struct Repo {
@@ -180,21 +188,38 @@ impl Repo {
     }
 
     /// Writes `pgbackrest.conf` and `pgpass` for the server with its data in `data_dir`,
-    /// listening on `port`.
+    /// listening on `port`, reached through the repository's own socket folder.
     pub fn configure(
         &self,
         data_dir: &Path,
         port: u16,
         password: Option<&str>,
     ) -> anyhow::Result<()> {
-        // One server per folder: two would archive into one stanza, and each start would
+        let server = Server {
+            data_dir: data_dir.to_path_buf(),
+            port,
+            socket_dir: self.socket_dir(),
+        };
+        self.configure_servers(&[server], PG_USER, password)
+    }
+
+    /// Writes `pgbackrest.conf` and `pgpass` for one database cluster run by several
+    /// servers, of which one is primary at a time (Patroni's nodes): pgBackRest finds which
+    /// when it backs up, and whichever is primary archives its WAL. `user` is a superuser.
+    pub fn configure_servers(
+        &self,
+        servers: &[Server],
+        user: &str,
+        password: Option<&str>,
+    ) -> anyhow::Result<()> {
+        // One database per folder: two would archive into one stanza, and each start would
         // point the other's archiving and backups at itself.
         let earlier = fs::read_to_string(self.dir.join("pgbackrest.conf")).unwrap_or_default();
         if let Some(other) = earlier
             .lines()
             .find_map(|l| l.strip_prefix("pg1-path="))
             .map(Path::new)
-            && other != data_dir
+            && servers.iter().all(|s| s.data_dir != other)
             && other.join("PG_VERSION").exists()
         {
             bail!(
@@ -205,7 +230,7 @@ impl Repo {
             );
         }
         let dir = self.dir.display();
-        let conf = format!(
+        let mut conf = format!(
             "# Written by Stockade at every start of the server it backs up.\n\
              [global]\n\
              repo1-path={dir}/repo\n\
@@ -218,20 +243,26 @@ impl Repo {
              log-level-console=warn\n\
              log-level-file=info\n\
              \n\
-             [{STANZA}]\n\
-             pg1-path={data}\n\
-             pg1-port={port}\n\
-             pg1-socket-path={socket}\n\
-             pg1-user={PG_USER}\n\
-             pg1-database=postgres\n",
-            data = data_dir.display(),
-            socket = self.socket_dir().display(),
+             [{STANZA}]\n"
         );
+        for (i, server) in servers.iter().enumerate() {
+            let n = i + 1;
+            conf.push_str(&format!(
+                "pg{n}-path={}\n\
+                 pg{n}-port={}\n\
+                 pg{n}-socket-path={}\n\
+                 pg{n}-user={user}\n\
+                 pg{n}-database=postgres\n",
+                server.data_dir.display(),
+                server.port,
+                server.socket_dir.display(),
+            ));
+        }
         self.write_owned("pgbackrest.conf", &conf)?;
         // libpq's password file: pgBackRest has no password setting of its own.
         self.write_owned(
             "pgpass",
-            &format!("*:*:*:{PG_USER}:{}\n", password.unwrap_or_default()),
+            &format!("*:*:*:{user}:{}\n", password.unwrap_or_default()),
         )
     }
 
@@ -244,23 +275,38 @@ impl Repo {
         Ok(())
     }
 
-    /// The settings that make PostgreSQL archive its WAL here and open the socket
-    /// pgBackRest connects through.
-    pub fn server_settings(&self) -> Vec<String> {
-        let archive = format!(
-            "{} --config-path={} --stanza={STANZA} archive-push %p",
+    /// The settings that make PostgreSQL archive its WAL here. With several servers
+    /// ([`Repo::configure_servers`]), `data_dir` names the one these settings are for:
+    /// pgBackRest's `archive-push` checks that it runs in `pg1-path`.
+    pub fn archive_settings(&self, data_dir: Option<&Path>) -> [(&'static str, String); 3] {
+        let mut archive = format!(
+            "{} --config-path={} --stanza={STANZA}",
             self.pgbackrest.display(),
             self.dir.display()
         );
+        if let Some(dir) = data_dir {
+            archive.push_str(&format!(" --pg1-path={}", dir.display()));
+        }
+        archive.push_str(" archive-push %p");
         [
-            "archive_mode=on".to_string(),
-            format!("archive_command={archive}"),
-            format!("archive_timeout={ARCHIVE_TIMEOUT_S}"),
-            format!("unix_socket_directories={}", self.socket_dir().display()),
+            ("archive_mode", "on".to_string()),
+            ("archive_command", archive),
+            ("archive_timeout", ARCHIVE_TIMEOUT_S.to_string()),
         ]
-        .into_iter()
-        .flat_map(|setting| ["-c".to_string(), setting])
-        .collect()
+    }
+
+    /// The settings that make PostgreSQL archive its WAL here and open the socket
+    /// pgBackRest connects through, as `-c` arguments.
+    pub fn server_settings(&self) -> Vec<String> {
+        let socket = (
+            "unix_socket_directories",
+            self.socket_dir().display().to_string(),
+        );
+        self.archive_settings(None)
+            .into_iter()
+            .chain([socket])
+            .flat_map(|(name, value)| ["-c".to_string(), format!("{name}={value}")])
+            .collect()
     }
 
     /// Once the server is up: creates the stanza (kept when it exists) and takes a full

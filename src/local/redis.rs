@@ -27,6 +27,11 @@ pub struct LocalRedis {
 }
 
 impl LocalRedis {
+    /// The server's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Starts Redis with its files in `wanted`. Leases are short-lived, so nothing is
     /// persisted. As root it runs as the unprivileged service user; it always requires a
     /// password, kept beside the folder.

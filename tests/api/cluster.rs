@@ -1,9 +1,11 @@
 //! The scaled-out topology (`stockade cluster`) losing parts during flash sales: every
-//! sale goes through HAProxy to three app processes behind PgBouncer, with Redis found
-//! through Sentinel and reads on the streaming replica, and is checked with the invariant
-//! checker (I1–I6) and the client log. One cluster serves every phase, in turn.
+//! sale goes through HAProxy to three app processes behind PgBouncer, with PostgreSQL run
+//! by three Patroni nodes, Redis found through Sentinel and reads on the replicas, and is
+//! checked with the invariant checker and the client log. One cluster serves every phase,
+//! in turn.
 
 mod drop;
+mod failover;
 
 use std::time::{Duration, Instant};
 
@@ -38,9 +40,11 @@ async fn start_cluster(dir: &std::path::Path) -> Cluster {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
         port: None,
-        // A small server pool: three apps share twelve primary connections.
+        postgres_nodes: 3,
+        // A small server pool: three apps share twelve connections to the leader.
         pgbouncer_pool: 12,
         ephemeral: true,
+        fault_links: true,
         backups: Some(dir.join("backups")),
         settings: Settings::default(),
     })
@@ -217,7 +221,7 @@ async fn replica_lag(primary: &PgPool) -> (i64, i64) {
 }
 
 #[tokio::test]
-async fn a_flash_sale_through_haproxy_survives_losing_a_redis_master_an_app_the_replica_and_pgbouncer()
+async fn a_flash_sale_through_haproxy_survives_losing_a_redis_master_an_app_the_replicas_pgbouncer_and_the_database_leader()
  {
     let started = Instant::now();
     let dir = std::env::temp_dir().join(format!("stockade-cluster-{}", uuid::Uuid::new_v4()));
@@ -335,8 +339,8 @@ async fn a_flash_sale_through_haproxy_survives_losing_a_redis_master_an_app_the_
         lags.len()
     );
 
-    // 3. The replica stops: the catalogue and the product API answer from the primary,
-    //    without a failed read, while it shuts down and after.
+    // 3. The replicas stop: the catalogue and the product API answer from the leader,
+    //    without a failed read, while they shut down and after.
     stockade::install_tls_provider();
     let client = reqwest::Client::new();
     let base = cluster.url();
@@ -351,15 +355,27 @@ async fn a_flash_sale_through_haproxy_survives_losing_a_redis_master_an_app_the_
         .fetch_one(&replica)
         .await
         .unwrap();
-    assert!(in_recovery, "the replica is a standby");
-    let app_sessions: i64 = sqlx::query_scalar(
-        "select count(*) from pg_stat_activity where application_name = 'stockade'",
-    )
-    .fetch_one(&replica)
-    .await
-    .unwrap();
-    assert!(app_sessions > 0, "the apps read from the replica");
+    assert!(in_recovery, "HAProxy's read port reaches a standby");
     replica.close().await;
+    let leader = cluster.postgres.leader().await.expect("a leader");
+    let replicas: Vec<usize> = (0..cluster.postgres.nodes.len())
+        .filter(|&i| i != leader)
+        .collect();
+    let mut app_sessions = 0;
+    for &i in &replicas {
+        let node = PgPool::connect(&cluster.postgres.superuser_url(i, "postgres"))
+            .await
+            .unwrap();
+        let n: i64 = sqlx::query_scalar(
+            "select count(*) from pg_stat_activity where application_name = 'stockade'",
+        )
+        .fetch_one(&node)
+        .await
+        .unwrap();
+        app_sessions += n;
+        node.close().await;
+    }
+    assert!(app_sessions > 0, "the apps read from the replicas");
     // A reader on its own thread reads from before the stop until 3 s after it: a read
     // that finds the replica gone before its process's check does is read again on the
     // primary, so none fails, not even during the shutdown.
@@ -394,7 +410,9 @@ async fn a_flash_sale_through_haproxy_survives_losing_a_redis_master_an_app_the_
         })
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    cluster.replica.stop();
+    for &i in &replicas {
+        cluster.postgres.nodes[i].daemon.stop();
+    }
     stopped_tx.send(Instant::now()).unwrap();
     let (reads, failed) = tokio::task::spawn_blocking(move || reader.join().unwrap())
         .await
@@ -404,7 +422,23 @@ async fn a_flash_sale_through_haproxy_survives_losing_a_redis_master_an_app_the_
         "{} of {reads} reads failed: {failed:?}",
         failed.len()
     );
-    eprintln!("replica stopped: all {reads} catalogue reads answered");
+    eprintln!("replicas stopped: all {reads} catalogue reads answered");
+    // They come back, and stream from the leader again.
+    for &i in &replicas {
+        cluster.postgres.nodes[i].daemon.restart().unwrap();
+    }
+    for &i in &replicas {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !cluster.postgres.nodes[i].answers("/replica").await {
+            assert!(Instant::now() < deadline, "pg{} is a replica again", i + 1);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    cluster
+        .postgres
+        .wait_for(Duration::from_secs(60), "/sync")
+        .await
+        .expect("a synchronous standby again");
 
     // 4. PgBouncer restarts mid-sale: orders stop for a moment and resume, nothing is
     //    oversold or doubled.
@@ -418,28 +452,46 @@ async fn a_flash_sale_through_haproxy_survives_losing_a_redis_master_an_app_the_
     assert_sold_exactly(run, stock, "PgBouncer restarted", false);
     eprintln!("PgBouncer restarted: outcomes {:?}", run.result.outcomes);
 
-    // 5. With `--backups`, the primary archived its WAL all along, and a full backup was
-    //    taken at start.
-    let (archived, failed): (i64, i64) =
-        sqlx::query_as("select archived_count, failed_count from pg_stat_archiver")
+    // 5. With `--backups`, the leader archived its WAL all along, and a full backup was
+    //    taken at start. (Archiving fails until the start has made pgBackRest's stanza,
+    //    and PostgreSQL retries meanwhile: no failure may come after that.)
+    let (archived, last_failed): (i64, Option<chrono::DateTime<chrono::Utc>>) =
+        sqlx::query_as("select archived_count, last_failed_time from pg_stat_archiver")
             .fetch_one(&primary)
             .await
             .unwrap();
-    assert!(
-        archived > 0 && failed == 0,
-        "archived {archived}, failed {failed}"
-    );
     let repo = stockade::local::backups::Repo::open(&dir.join("backups")).unwrap();
     let backups = tokio::task::spawn_blocking(move || repo.list())
         .await
         .unwrap()
         .unwrap();
+    let first_full = backups
+        .iter()
+        .find(|b| b.kind == "full")
+        .unwrap_or_else(|| panic!("a full backup: {backups:?}"));
     assert!(
-        backups.iter().any(|b| b.kind == "full"),
-        "a full backup: {backups:?}"
+        archived > 0 && last_failed.is_none_or(|at| at < first_full.started),
+        "archived {archived}, last failure {last_failed:?}, first backup {first_full:?}"
     );
 
     primary.close().await;
+
+    // 6–8. The PostgreSQL leader is lost mid-sale: its postmaster, its whole node, its
+    //      network. Orders resume on the next leader; none acknowledged is lost.
+    use failover::{Fault, lose_the_leader};
+    lose_the_leader(&mut cluster, Fault::Postmaster, standby, 25, 4).await;
+    lose_the_leader(&mut cluster, Fault::Node, standby, 45, 5).await;
+    lose_the_leader(&mut cluster, Fault::Partition, standby, 45, 6).await;
+
+    // 9. Backups go on under whichever node leads: pgBackRest finds it.
+    let repo = stockade::local::backups::Repo::open(&dir.join("backups")).unwrap();
+    let taken =
+        tokio::task::spawn_blocking(move || repo.take(stockade::local::backups::Kind::Incr))
+            .await
+            .unwrap()
+            .expect("an incremental backup from the new leader");
+    eprintln!("backup after the failovers: {}", taken.label);
+
     tokio::task::spawn_blocking(move || cluster.stop())
         .await
         .unwrap();

@@ -26,7 +26,6 @@ mod limits;
 mod loadtest;
 mod openapi;
 mod orders;
-mod patroni;
 mod plans;
 mod process;
 mod retention;

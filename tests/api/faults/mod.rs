@@ -12,6 +12,7 @@ mod idle;
 mod kill_lot;
 mod late;
 mod latency;
+mod outage;
 mod process;
 mod redis_pause;
 mod scenarios;

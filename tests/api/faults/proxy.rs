@@ -8,6 +8,8 @@
 //! on, until it is dropped.
 
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -41,6 +43,7 @@ struct State {
 /// A running proxy in front of one upstream address; it stops when dropped.
 pub struct FaultProxy {
     addr: SocketAddr,
+    accepted: Arc<AtomicU64>,
     state: watch::Sender<State>,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -57,6 +60,8 @@ impl FaultProxy {
             resets: 0,
         });
         let (stop, stopped) = oneshot::channel::<()>();
+        let accepted = Arc::new(AtomicU64::new(0));
+        let counter = accepted.clone();
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -65,7 +70,7 @@ impl FaultProxy {
             rt.block_on(async move {
                 let listener = TcpListener::from_std(listener).unwrap();
                 tokio::select! {
-                    _ = accept(listener, upstream, watching) => {}
+                    _ = accept(listener, upstream, watching, counter) => {}
                     _ = stopped => {}
                 }
             });
@@ -73,6 +78,7 @@ impl FaultProxy {
         });
         FaultProxy {
             addr,
+            accepted,
             state,
             stop: Some(stop),
             thread: Some(thread),
@@ -90,6 +96,11 @@ impl FaultProxy {
 
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Connections accepted so far, whatever became of them.
+    pub fn accepted(&self) -> u64 {
+        self.accepted.load(Ordering::Relaxed)
     }
 
     /// Switches every connection, open and new, to `mode`.
@@ -123,9 +134,15 @@ impl Drop for FaultProxy {
     }
 }
 
-async fn accept(listener: TcpListener, upstream: SocketAddr, state: watch::Receiver<State>) {
+async fn accept(
+    listener: TcpListener,
+    upstream: SocketAddr,
+    state: watch::Receiver<State>,
+    accepted: Arc<AtomicU64>,
+) {
     loop {
         if let Ok((client, _)) = listener.accept().await {
+            accepted.fetch_add(1, Ordering::Relaxed);
             tokio::spawn(connection(client, upstream, state.clone()));
         }
     }

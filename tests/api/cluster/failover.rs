@@ -1,0 +1,285 @@
+//! The cluster's PostgreSQL leader lost mid-sale, three ways: its postmaster killed (its
+//! Patroni lives), the whole node killed (Patroni too), and the node cut off from etcd and
+//! the other nodes. Each time an open-loop sale goes on through HAProxy, and afterwards
+//! every order acknowledged exists (I4), nothing is oversold (I1, I2), orders resumed
+//! within a bound, and the old leader is back as a replica without help.
+
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use stockade::cluster::Cluster;
+use stockade::loadtest::report::StrategyRun;
+use stockade::loadtest::{LoadtestArgs, run_report};
+
+use super::Cli;
+
+/// How the leader is lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// SIGKILL to its postmaster alone: Patroni restarts it in place, or fails over
+    /// should that take longer than `master_start_timeout`.
+    Postmaster,
+    /// SIGKILL to its Patroni and its PostgreSQL, as a machine dying would: the leader
+    /// key must expire (`ttl`) before another node may lead.
+    Node,
+    /// Its network to etcd and the other nodes cut: it must stop taking writes before
+    /// another node leads.
+    Partition,
+}
+
+impl Fault {
+    /// From the fault to the first order acknowledged after it, at most.
+    fn resume_bound(self) -> Duration {
+        match self {
+            Self::Postmaster => Duration::from_secs(15),
+            Self::Node | Self::Partition => Duration::from_secs(30),
+        }
+    }
+}
+
+/// An open-loop sale through HAProxy: 150 buyers a second for `seconds`, on stock that
+/// does not sell out.
+fn open_sale(cluster: &Cluster, redis_port: u16, seconds: u64, seed: u64) -> LoadtestArgs {
+    let out = std::env::temp_dir().join(format!("stockade-lt-{}", uuid::Uuid::new_v4().simple()));
+    let (buyers, seconds) = ((150 * seconds).to_string(), seconds.to_string());
+    let argv = [
+        "loadtest",
+        "--target",
+        &cluster.url(),
+        "--database-url",
+        &cluster.primary_url(),
+        "--redis-url",
+        &cluster.redis_url(redis_port),
+        "--out",
+        &out.display().to_string(),
+        "--quiet",
+        "--stock",
+        "100000",
+        "--buyers",
+        &buyers,
+        "--rate",
+        "150",
+        "--duration",
+        &seconds,
+        "--hold-share",
+        "0",
+        "--seed",
+        &seed.to_string(),
+    ]
+    .map(str::to_string);
+    Cli::parse_from(argv).args
+}
+
+/// Seconds from `fault` (since the sale started) to the first order acknowledged after
+/// it; orders must have been acknowledged before it too.
+fn first_order_after(run: &StrategyRun, fault: Duration, what: Fault) -> f64 {
+    let fault_ms = fault.as_secs_f64() * 1e3;
+    let created: Vec<f64> = run
+        .result
+        .log
+        .iter()
+        .filter(|e| e.status == 201)
+        .map(|e| e.at_ms)
+        .collect();
+    assert!(
+        created.iter().any(|&t| t < fault_ms),
+        "{what:?}: orders before the fault"
+    );
+    let resumed = created
+        .iter()
+        .copied()
+        .filter(|&t| t > fault_ms)
+        .fold(f64::INFINITY, f64::min);
+    assert!(
+        resumed.is_finite(),
+        "{what:?}: orders after the fault: {:?}",
+        run.result.outcomes
+    );
+    (resumed - fault_ms) / 1e3
+}
+
+/// Whether node `i`'s PostgreSQL would take a write now: it answers, and is not in
+/// recovery (straight to it, not through HAProxy).
+async fn takes_writes(cluster: &Cluster, i: usize) -> bool {
+    use sqlx::Connection;
+    let url = cluster.postgres.superuser_url(i, "postgres");
+    let connect = sqlx::PgConnection::connect(&url);
+    let Ok(Ok(mut conn)) = tokio::time::timeout(Duration::from_millis(500), connect).await else {
+        return false;
+    };
+    let in_recovery = tokio::time::timeout(
+        Duration::from_millis(500),
+        sqlx::query_scalar::<_, bool>("select pg_is_in_recovery()").fetch_one(&mut conn),
+    )
+    .await;
+    matches!(in_recovery, Ok(Ok(false)))
+}
+
+/// What one loss of the leader showed.
+struct Timeline {
+    leader: usize,
+    /// From the fault: the old leader stopped taking writes (partition only).
+    stopped_writes: Option<Duration>,
+    /// From the fault: a node answered `/primary` again (another, unless the postmaster
+    /// was restarted in place).
+    elected: Duration,
+    elected_node: usize,
+}
+
+/// Loses the leader `fault`'s way 5 s into an open-loop sale of `seconds`, and checks
+/// the sale; then brings the old leader back (restarting its Patroni, or healing its
+/// network) and waits until it is a replica and the cluster has a synchronous standby.
+pub async fn lose_the_leader(
+    cluster: &mut Cluster,
+    fault: Fault,
+    redis_port: u16,
+    seconds: u64,
+    seed: u64,
+) {
+    let args = open_sale(cluster, redis_port, seconds, seed);
+    let sale_started = Instant::now();
+    let leader = cluster.postgres.leader().await.expect("a leader before");
+    let (report, (faulted_at, timeline)) = tokio::join!(run_report(&args), async {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let faulted_at = Instant::now();
+        let node = &mut cluster.postgres.nodes[leader];
+        let postmaster = node.postmaster_pid().expect("the leader's postmaster runs");
+        match fault {
+            Fault::Postmaster => {
+                nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(postmaster),
+                    nix::sys::signal::Signal::SIGKILL,
+                )
+                .unwrap();
+            }
+            Fault::Node => node.kill9(),
+            Fault::Partition => node.partition().unwrap(),
+        }
+        let mut stopped_writes = None;
+        let deadline = faulted_at + Duration::from_secs(60);
+        let elected_node = loop {
+            assert!(
+                Instant::now() < deadline,
+                "{fault:?}: no leader within 60 s"
+            );
+            if fault == Fault::Partition
+                && stopped_writes.is_none()
+                && !takes_writes(cluster, leader).await
+            {
+                stopped_writes = Some(faulted_at.elapsed());
+            }
+            // The killed node's REST API is gone; a partitioned node's still answers
+            // (HAProxy reaches it), as primary until it demotes itself; a node whose
+            // postmaster was killed answers as primary until its Patroni notices. A
+            // leader is new when it is another node, or this one with a new postmaster.
+            let elected = cluster.postgres.leader().await.filter(|&i| {
+                i != leader
+                    || (fault == Fault::Postmaster
+                        && cluster.postgres.nodes[i]
+                            .postmaster_pid()
+                            .is_some_and(|pid| pid != postmaster))
+            });
+            if let Some(i) = elected {
+                break i;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let timeline = Timeline {
+            leader,
+            stopped_writes,
+            elected: faulted_at.elapsed(),
+            elected_node,
+        };
+        (faulted_at, timeline)
+    });
+    let report = report.unwrap();
+    let run = &report.runs[0];
+    // Every order acknowledged exists on the leader now (I4), nothing oversold (I1, I2),
+    // one order per key (I3), and the rest.
+    assert!(run.passed(), "{fault:?}: {:#?}", run.verdicts);
+    // While no node led, the apps answered 503 with Retry-After: never another 5xx.
+    let failed: Vec<u16> = run
+        .result
+        .log
+        .iter()
+        .map(|e| e.status)
+        .filter(|&s| s >= 500 && s != 503)
+        .collect();
+    assert!(failed.is_empty(), "{fault:?}: answered {failed:?}");
+    let resumed = first_order_after(run, faulted_at.duration_since(sale_started), fault);
+    eprintln!(
+        "{fault:?}: leader pg{} lost at {:.1} s into the sale; {}leader pg{} after {:.1} s, \
+         first order after {resumed:.1} s; {} orders acknowledged, answers {:?}",
+        timeline.leader + 1,
+        faulted_at.duration_since(sale_started).as_secs_f64(),
+        timeline
+            .stopped_writes
+            .map(|d| format!("old leader took no writes after {:.1} s; ", d.as_secs_f64()))
+            .unwrap_or_default(),
+        timeline.elected_node + 1,
+        timeline.elected.as_secs_f64(),
+        run.result.orders_acknowledged,
+        run.result.outcomes
+    );
+    assert!(
+        resumed <= fault.resume_bound().as_secs_f64(),
+        "{fault:?}: orders resumed {resumed:.1} s after the fault (bound {:?})",
+        fault.resume_bound()
+    );
+    if fault == Fault::Partition {
+        // Never two nodes taking writes: the cut-off leader stopped before another led.
+        let stopped = timeline
+            .stopped_writes
+            .expect("the cut-off leader stopped taking writes");
+        assert!(
+            stopped < timeline.elected,
+            "the old leader took writes until {stopped:?}, the new one led from {:?}",
+            timeline.elected
+        );
+    }
+
+    // The old leader comes back as a replica, rewound, without help.
+    let back = Instant::now();
+    match fault {
+        Fault::Postmaster => {}
+        Fault::Node => cluster.postgres.nodes[leader]
+            .daemon
+            .restart()
+            .expect("Patroni starts again"),
+        Fault::Partition => cluster.postgres.nodes[leader].heal().unwrap(),
+    }
+    let rejoined = if timeline.elected_node == leader {
+        "restarted in place and leads again"
+    } else {
+        while !cluster.postgres.nodes[leader].answers("/replica").await {
+            assert!(
+                back.elapsed() < Duration::from_secs(60),
+                "{fault:?}: the old leader is not a replica within a minute"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        "is back as a replica"
+    };
+    eprintln!(
+        "{fault:?}: pg{} {rejoined} {:.1} s after it came back",
+        leader + 1,
+        back.elapsed().as_secs_f64()
+    );
+    // At full strength again: every node up, one leading, a synchronous standby.
+    for (i, node) in cluster.postgres.nodes.iter().enumerate() {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !(node.answers("/primary").await || node.answers("/replica").await) {
+            assert!(
+                Instant::now() < deadline,
+                "{fault:?}: pg{} is not back",
+                i + 1
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    cluster
+        .postgres
+        .wait_for(Duration::from_secs(60), "/sync")
+        .await
+        .expect("a synchronous standby again");
+}
