@@ -280,7 +280,7 @@ impl Cluster {
         ));
         for node in &self.postgres.nodes {
             out.push_str(&format!(
-                "  Patroni {}:  {}  (PostgreSQL on port {}, data in {})\n",
+                "  Patroni {}: {}  (PostgreSQL on port {}, data in {})\n",
                 node.name,
                 node.patroni_url(),
                 node.pg_port,

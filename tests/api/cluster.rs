@@ -220,6 +220,77 @@ async fn replica_lag(primary: &PgPool) -> (i64, i64) {
     (ms.unwrap_or(0), bytes.unwrap_or(0))
 }
 
+/// What `stockade cluster --state-file` writes describes what runs: each process alive
+/// under its pid, the shop and the database answering at their URLs, and the PostgreSQL
+/// nodes by their Patroni names, one of them the leader.
+async fn check_state(cluster: &Cluster) {
+    let state = cluster.state().await;
+    let processes = state["processes"].as_array().unwrap();
+    for p in processes {
+        let pid = p["pid"].as_i64().unwrap_or_else(|| panic!("a pid: {p}"));
+        let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None);
+        assert!(alive.is_ok(), "{p} runs");
+    }
+    let nodes: Vec<_> = processes
+        .iter()
+        .filter(|p| {
+            p["role"]
+                .as_str()
+                .is_some_and(|r| r.starts_with("postgres-"))
+        })
+        .collect();
+    let names: Vec<_> = nodes.iter().map(|n| n["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["pg1", "pg2", "pg3"], "{state:#}");
+    let leaders = nodes
+        .iter()
+        .filter(|n| n["role"] == "postgres-leader")
+        .count();
+    assert_eq!(leaders, 1, "{state:#}");
+    let client = reqwest::Client::new();
+    for node in &nodes {
+        // Its Patroni answers at `patroni_url`, with the role the state gives it, and
+        // knows the three members by the names the state uses.
+        let url = node["patroni_url"].as_str().unwrap();
+        let get = |path: &str| {
+            let request = client.get(format!("{url}{path}"));
+            async move {
+                let res = request.send().await.unwrap();
+                res.json::<serde_json::Value>().await.unwrap()
+            }
+        };
+        let status = get("/patroni").await;
+        let role = if node["role"] == "postgres-leader" {
+            "master"
+        } else {
+            "replica"
+        };
+        assert_eq!(status["role"], role, "{node}: {status:#}");
+        let members = get("/cluster").await;
+        let mut known: Vec<_> = members["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["name"].as_str().unwrap().to_string())
+            .collect();
+        known.sort();
+        assert_eq!(known, ["pg1", "pg2", "pg3"], "{members:#}");
+        let data = std::path::Path::new(node["data_dir"].as_str().unwrap());
+        assert!(data.join("PG_VERSION").is_file(), "{node}");
+    }
+    let shop = state["shop_url"].as_str().unwrap();
+    let res = client.get(format!("{shop}/readyz")).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+    let db = PgPool::connect(state["database_url"].as_str().unwrap())
+        .await
+        .unwrap();
+    let writable: bool = sqlx::query_scalar("select not pg_is_in_recovery()")
+        .fetch_one(&db)
+        .await
+        .unwrap();
+    assert!(writable, "database_url reaches the leader");
+    db.close().await;
+}
+
 #[tokio::test]
 async fn a_flash_sale_through_haproxy_survives_losing_a_redis_master_an_app_the_replicas_pgbouncer_and_the_database_leader()
  {
@@ -227,6 +298,7 @@ async fn a_flash_sale_through_haproxy_survives_losing_a_redis_master_an_app_the_
     let dir = std::env::temp_dir().join(format!("stockade-cluster-{}", uuid::Uuid::new_v4()));
     let mut cluster = start_cluster(&dir).await;
     eprintln!("cluster up in {:.1} s", started.elapsed().as_secs_f64());
+    check_state(&cluster).await;
     let primary = PgPool::connect(&cluster.primary_url()).await.unwrap();
     let standby = cluster.redis[1].port;
 

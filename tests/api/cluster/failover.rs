@@ -265,21 +265,50 @@ pub async fn lose_the_leader(
         leader + 1,
         back.elapsed().as_secs_f64()
     );
-    // At full strength again: every node up, one leading, a synchronous standby.
-    for (i, node) in cluster.postgres.nodes.iter().enumerate() {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !(node.answers("/primary").await || node.answers("/replica").await) {
+    // At full strength again: every node up, one leading, the others streaming from it
+    // (the old leader rewound onto the new timeline, not merely running), and a
+    // synchronous standby.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let leading = loop {
+        if let Some(i) = cluster.postgres.leader().await {
+            let streaming = streaming_from(cluster, i).await;
+            let others = cluster.postgres.nodes.len() - 1;
+            if streaming.len() == others {
+                break i;
+            }
             assert!(
                 Instant::now() < deadline,
-                "{fault:?}: pg{} is not back",
+                "{fault:?}: only {streaming:?} stream from pg{}",
                 i + 1
             );
-            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-    }
+        assert!(Instant::now() < deadline, "{fault:?}: no leader");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    eprintln!(
+        "{fault:?}: pg{} leads, every other node streams from it",
+        leading + 1
+    );
     cluster
         .postgres
         .wait_for(Duration::from_secs(60), "/sync")
         .await
         .expect("a synchronous standby again");
+}
+
+/// The nodes streaming from node `leader`, by their names, as it sees them.
+async fn streaming_from(cluster: &Cluster, leader: usize) -> Vec<String> {
+    use sqlx::Connection;
+    let url = cluster.postgres.superuser_url(leader, "postgres");
+    let Ok(mut conn) = sqlx::PgConnection::connect(&url).await else {
+        return Vec::new();
+    };
+    let names = sqlx::query_scalar(
+        "select application_name from pg_stat_replication where state = 'streaming'",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap_or_default();
+    let _ = conn.close().await;
+    names
 }
