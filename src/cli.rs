@@ -435,8 +435,7 @@ async fn cluster(settings: Settings, args: ClusterArgs) -> anyhow::Result<()> {
     let cluster = until_interrupted(Cluster::start(options)).await?;
     if let Some(file) = &args.state_file {
         let state = serde_json::to_string_pretty(&cluster.state().await)?;
-        // It holds the database's password.
-        crate::local::write_private(file, &state)
+        crate::cluster::write_state_file(file, &state)
             .with_context(|| format!("cannot write the state file {}", file.display()))?;
     }
     print!("{}", cluster.describe());

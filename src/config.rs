@@ -280,6 +280,9 @@ environment {
         |var, v| bounded(var, v, 0, 1_000_000);
     /// How often each process releases expired holds.
     sweep_interval: Duration, "STOCKADE_SWEEP_INTERVAL_MS" = "1000", millis;
+    /// How often each process probes the database (`select 1`); while a probe finds it
+    /// refusing connections, requests that need it are answered 503 at once. 0: no probe.
+    db_probe_interval: Duration, "STOCKADE_DB_PROBE_MS" = "250", millis;
     /// How often each process lets a live drop's shoppers in (besides on every poll) and
     /// looks for drops that opened or sold out.
     drop_tick_interval: Duration, "STOCKADE_DROP_TICK_MS" = "250", millis;

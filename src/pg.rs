@@ -17,37 +17,62 @@ pub fn is_transient(e: &sqlx::Error) -> bool {
     is_unreachable(e)
         || match e {
             sqlx::Error::PoolTimedOut => true,
-            sqlx::Error::Database(db) => matches!(
-                db.code().as_deref(),
+            sqlx::Error::Database(db) => match db.code().as_deref() {
                 // query_canceled (statement timeout), lock_not_available,
                 // serialization_failure, deadlock_detected, too_many_connections,
                 // idle-in-transaction timeout
-                Some("57014" | "55P03" | "40001" | "40P01" | "53300" | "25P03")
-            ),
+                Some("57014" | "55P03" | "40001" | "40P01" | "53300" | "25P03") => true,
+                Some("08P01") => pgbouncer_is_full(db.message()),
+                _ => false,
+            },
             _ => false,
         }
 }
 
 /// Failures that mean the server is out of reach (stopped, restarting, or the network
 /// gone), not that the statement failed: a dropped connection, the server shutting down
-/// or starting up, or any connection exception (class 08: among them PgBouncer's
-/// `08P01`, "server login has been failing", while no PostgreSQL server takes its
-/// connections, as in a failover). (No connection within the pool's wait is not among
-/// them: that is as often a busy server as a gone one.)
+/// or starting up, a connection exception, or PgBouncer with no server to give (as in a
+/// failover). (No connection within the pool's wait is not among them: that is as often
+/// a busy server as a gone one.)
 pub fn is_unreachable(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::PoolClosed | sqlx::Error::Io(_) => true,
-        sqlx::Error::Database(db) => {
-            matches!(
-                db.code().as_deref(),
-                // admin_shutdown, crash_shutdown, cannot_connect_now; read_only_sql_transaction:
-                // a write reached a node that is (or became) a standby, as during a failover;
-                // the primary is elsewhere or on its way
-                Some("57P01" | "57P02" | "57P03" | "25006")
-            ) || db.code().is_some_and(|c| c.starts_with("08"))
-        }
+        sqlx::Error::Database(db) => match db.code().as_deref() {
+            // admin_shutdown, crash_shutdown, cannot_connect_now; connection_exception,
+            // sqlclient_unable_to_establish_sqlconnection, connection_does_not_exist,
+            // sqlserver_rejected_establishment_of_sqlconnection, connection_failure;
+            // read_only_sql_transaction: a write reached a node that is (or became) a
+            // standby, as during a failover; the primary is elsewhere or on its way
+            Some(
+                "57P01" | "57P02" | "57P03" | "08000" | "08001" | "08003" | "08004" | "08006"
+                | "25006",
+            ) => true,
+            Some("08P01") => pgbouncer_has_no_server(db.message()),
+            _ => false,
+        },
         _ => false,
     }
+}
+
+/// PgBouncer answers everything with `08P01`: these messages say it has no PostgreSQL
+/// server to give (its logins to the server fail, or its server connection broke), not
+/// that it is full (`max_client_conn`, `query_wait_timeout`: busy, not gone) nor that the
+/// client broke the protocol.
+fn pgbouncer_has_no_server(message: &str) -> bool {
+    [
+        "server login has been failing",
+        "cannot connect to server",
+        "server conn crashed",
+    ]
+    .iter()
+    .any(|m| message.contains(m))
+}
+
+/// PgBouncer full: no client slot, or no server connection within `query_wait_timeout`.
+fn pgbouncer_is_full(message: &str) -> bool {
+    ["no more connections allowed", "query_wait_timeout"]
+        .iter()
+        .any(|m| message.contains(m))
 }
 
 /// Until when (milliseconds on [`clock`]) a released connection is pinged with a time

@@ -116,7 +116,7 @@ impl Application {
             settings.drop_tick_interval,
         );
         let outage = Arc::new(crate::pg::outage::Outage::default());
-        outage.spawn(db.clone());
+        outage.spawn(db.clone(), settings.db_probe_interval);
         let state = web::Data::new(AppState {
             outage,
             confirmer,

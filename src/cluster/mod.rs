@@ -37,6 +37,7 @@ use daemons::{
     wait_for_server_connections,
 };
 pub use patroni::Patroni;
+pub use state::write_state_file;
 
 /// The master name the Sentinels monitor.
 pub const MASTER_NAME: &str = "stockade";

@@ -161,22 +161,41 @@ pub struct Patroni {
     pub haproxy: Daemon,
     pub write_port: u16,
     pub read_port: u16,
-    password: String,
+    passwords: Passwords,
     backups: Option<Repo>,
 }
 
-/// PostgreSQL's passwords in this cluster: the superuser's, replication's, pg_rewind's and
-/// the app's, one random value per cluster (on loopback only).
-fn passwords(dir: &Path) -> anyhow::Result<String> {
-    let file = dir.join("patroni.password");
-    if let Ok(p) = fs::read_to_string(&file)
-        && !p.trim().is_empty()
-    {
-        return Ok(p.trim().to_string());
+/// PostgreSQL's passwords in this cluster, one per role (on loopback only), each made at
+/// the first start and kept in a file of its own (mode 0600) in the cluster's folder: the
+/// app's may be handed to tools (it is in `--state-file`), the others stay with Patroni.
+#[derive(Debug, Clone)]
+struct Passwords {
+    app: String,
+    superuser: String,
+    replication: String,
+    rewind: String,
+}
+
+impl Passwords {
+    fn load(dir: &Path) -> anyhow::Result<Self> {
+        let one = |name: &str| -> anyhow::Result<String> {
+            let file = dir.join(format!("{name}.password"));
+            if let Ok(p) = fs::read_to_string(&file)
+                && !p.trim().is_empty()
+            {
+                return Ok(p.trim().to_string());
+            }
+            let p = uuid::Uuid::new_v4().simple().to_string();
+            crate::local::write_private(&file, &p)?;
+            Ok(p)
+        };
+        Ok(Self {
+            app: one("patroni")?,
+            superuser: one("patroni-superuser")?,
+            replication: one("patroni-replication")?,
+            rewind: one("patroni-rewind")?,
+        })
     }
-    let p = uuid::Uuid::new_v4().simple().to_string();
-    crate::local::write_private(&file, &p)?;
-    Ok(p)
 }
 
 impl Patroni {
@@ -186,7 +205,7 @@ impl Patroni {
         fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let dir = &dir.canonicalize()?;
         let owner = crate::local::service_user()?;
-        let password = passwords(dir)?;
+        let passwords = Passwords::load(dir)?;
         let backups = match options.backups.clone() {
             Some(repo) => Some(tokio::task::spawn_blocking(move || Repo::open(&repo)).await??),
             None => None,
@@ -199,7 +218,7 @@ impl Patroni {
                 owner.clone(),
                 i,
                 etcd.port,
-                &password,
+                &passwords,
                 &options,
                 backups.as_ref(),
             )?;
@@ -215,7 +234,7 @@ impl Patroni {
                     socket_dir: n.home.clone(),
                 })
                 .collect();
-            repo.configure_servers(&servers, "postgres", Some(&password))?;
+            repo.configure_servers(&servers, "postgres", Some(&passwords.superuser))?;
         }
         let (write_port, read_port) = (free_port()?, free_port()?);
         let haproxy = start_haproxy(dir, write_port, read_port, &started)?;
@@ -225,7 +244,7 @@ impl Patroni {
             haproxy,
             write_port,
             read_port,
-            password,
+            passwords,
             backups,
         };
         let leader = cluster
@@ -249,7 +268,7 @@ impl Patroni {
     pub fn database_url(&self) -> String {
         format!(
             "postgres://{PG_USER}:{}@127.0.0.1:{}/{PG_DATABASE}",
-            self.password, self.write_port
+            self.passwords.app, self.write_port
         )
     }
 
@@ -257,7 +276,7 @@ impl Patroni {
     pub fn replica_url(&self) -> String {
         format!(
             "postgres://{PG_USER}:{}@127.0.0.1:{}/{PG_DATABASE}",
-            self.password, self.read_port
+            self.passwords.app, self.read_port
         )
     }
 
@@ -265,13 +284,13 @@ impl Patroni {
     pub fn superuser_url(&self, i: usize, database: &str) -> String {
         format!(
             "postgres://postgres:{}@127.0.0.1:{}/{database}",
-            self.password, self.nodes[i].pg_port
+            self.passwords.superuser, self.nodes[i].pg_port
         )
     }
 
-    /// The app's password (and every other role's: one per cluster).
+    /// The app's password.
     pub fn password(&self) -> &str {
-        &self.password
+        &self.passwords.app
     }
 
     /// The app role's SCRAM secret (`SCRAM-SHA-256$<iterations>:<salt>$<keys>`), as the
@@ -338,8 +357,8 @@ impl Patroni {
         }
     }
 
-    /// Waits until HAProxy's write port reaches the leader (it marks a node up after two
-    /// checks a second apart).
+    /// Waits until HAProxy's write port reaches the leader (marked up at its first passing
+    /// check).
     async fn wait_for_write_port(&self, within: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + within;
         loop {
@@ -369,7 +388,7 @@ impl Patroni {
         if !exists {
             sqlx::query(sqlx::AssertSqlSafe(format!(
                 "create role {PG_USER} login password '{}'",
-                self.password
+                self.passwords.app
             )))
             .execute(&mut conn)
             .await?;
@@ -433,7 +452,7 @@ fn start_node(
     owner: Option<User>,
     i: usize,
     etcd_port: u16,
-    password: &str,
+    passwords: &Passwords,
     options: &Options,
     backups: Option<&Repo>,
 ) -> anyhow::Result<Node> {
@@ -513,9 +532,9 @@ fn start_node(
             "bin_dir": pg_bin.display().to_string(),
             "pgpass": home.join("pgpass").display().to_string(),
             "authentication": {
-                "superuser": {"username": "postgres", "password": password},
-                "replication": {"username": "replicator", "password": password},
-                "rewind": {"username": "rewinder", "password": password},
+                "superuser": {"username": "postgres", "password": passwords.superuser},
+                "replication": {"username": "replicator", "password": passwords.replication},
+                "rewind": {"username": "rewinder", "password": passwords.rewind},
             },
             "parameters": local_parameters,
         },
@@ -576,9 +595,10 @@ fn start_link(home: &Path, at: (u16, u16, u16), to: (u16, u16, u16)) -> anyhow::
 /// HAProxy in TCP mode: `write_port` to the node whose Patroni answers `/primary`,
 /// `read_port` to those answering `/replica` (asked with `OPTIONS`, which Patroni answers
 /// without a body: a check closes its connection as soon as it has the status, and a
-/// body being written then fails in Patroni's log). A node that
-/// stops answering is marked down after two checks a second apart and its sessions are
-/// cut, so a demoted or dead node keeps no client.
+/// body being written then fails in Patroni's log). Checked every 500 ms: a node that
+/// stops answering yes is marked down after two checks and its sessions are cut, so a
+/// demoted or dead node keeps no client; one that starts answering yes is used at once
+/// (Patroni says `/primary` only while it holds the leader key).
 fn start_haproxy(
     dir: &Path,
     write_port: u16,
@@ -608,7 +628,7 @@ fn start_haproxy(
              \x20 timeout client 30m\n\
              \x20 timeout server 30m\n\
              \x20 timeout check 1s\n\
-             \x20 default-server inter 1s fall 2 rise 2 on-marked-down shutdown-sessions\n\
+             \x20 default-server inter 500ms fall 2 rise 1 on-marked-down shutdown-sessions\n\
              listen postgres-write\n\
              \x20 bind 127.0.0.1:{write_port}\n\
              \x20 option httpchk OPTIONS /primary\n\

@@ -1,9 +1,39 @@
 //! `stockade cluster --state-file`: what the cluster started, as JSON, for scripts that
 //! fault it without guessing.
 
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
 use serde_json::{Value, json};
 
 use super::{Cluster, MASTER_NAME};
+
+/// Writes `content` to `path` as a new file readable by this user only (it holds the app's
+/// database password and Redis's): into a file of its own made beside it, then renamed
+/// over `path`, so a file or link someone else put there is replaced, never written
+/// through.
+pub fn write_state_file(path: &Path, content: &str) -> std::io::Result<()> {
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("state");
+    let temporary = dir.join(format!(".{name}.{}", uuid::Uuid::new_v4().simple()));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&temporary)
+        .and_then(|mut file| file.write_all(content.as_bytes()));
+    match written.and_then(|()| std::fs::rename(&temporary, path)) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let _ = std::fs::remove_file(&temporary);
+            Err(e)
+        }
+    }
+}
 
 impl Cluster {
     /// The shop's and the database's URLs, and every process with its role, pid and

@@ -12,8 +12,6 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-/// How often the probe runs.
-pub const PROBE_EVERY: Duration = Duration::from_millis(250);
 /// The most one probe waits: for a connection from the pool, and for its answer. A probe
 /// that waited this long proves nothing (the pool may just be busy): the verdict stays.
 const PROBE_LIMIT: Duration = Duration::from_millis(1_000);
@@ -30,29 +28,36 @@ impl Outage {
         self.down.load(Ordering::Relaxed)
     }
 
-    /// Probes `db` every [`PROBE_EVERY`], for as long as the process runs.
-    pub fn spawn(self: &Arc<Self>, db: PgPool) {
+    /// Probes `db` every `every` (`STOCKADE_DB_PROBE_MS`), for as long as the process
+    /// runs; never when it is zero.
+    pub fn spawn(self: &Arc<Self>, db: PgPool, every: Duration) {
+        if every.is_zero() {
+            return;
+        }
         let outage = self.clone();
         tokio::spawn(async move {
             loop {
                 outage.probe(&db).await;
-                tokio::time::sleep(PROBE_EVERY).await;
+                tokio::time::sleep(every).await;
             }
         });
     }
 
     /// One probe: `select 1`, on a connection from the pool while the database was
-    /// reachable, confirmed on a new connection of its own when that finds it out of
-    /// reach (a pooled connection may just have died with its server process), and only
-    /// on a new one while it is not. Out of reach (a refused or dropped connection, a
-    /// server shutting down or refusing logins) sets the verdict; an answer clears it; no
-    /// connection or no answer in time (a busy pool, a slow network) leaves it as it was.
+    /// reachable, and on a new connection of its own while it is not, or when the pooled
+    /// probe found it out of reach (a pooled connection may just have died with its server
+    /// process) or got no answer in time (the pool retries a refused connection quietly
+    /// until its wait runs out, so a pool that gives nothing may be busy or may face a
+    /// stopped server). Out of reach (a refused or dropped connection, a server shutting
+    /// down, PgBouncer without a server) sets the verdict; an answer clears it; no answer
+    /// in time (a busy server, a slow network) leaves it as it was.
     async fn probe(&self, db: &PgPool) {
         let answer = if self.is_down() {
             fresh(db).await
         } else {
             match pooled(db).await {
                 Some(Err(e)) if super::is_unreachable(&e) => fresh(db).await,
+                None | Some(Err(sqlx::Error::PoolTimedOut)) => fresh(db).await,
                 other => other,
             }
         };
@@ -75,15 +80,15 @@ impl Outage {
     }
 }
 
-/// `select 1` on a connection from the pool; `None` when it took too long.
+/// `select 1` on a connection from the pool; `None` when it took too long. (A connection
+/// given up mid-call is pinged by the pool on its release, and closed if it does not
+/// answer; a slow probe does not mark the network suspect.)
 async fn pooled(db: &PgPool) -> Option<sqlx::Result<()>> {
-    // Waiting for a connection holds none: it may simply be given up.
-    let mut conn = match tokio::time::timeout(PROBE_LIMIT, db.acquire()).await.ok()? {
-        Ok(conn) => conn,
-        Err(e) => return Some(Err(e)),
+    let work = async {
+        let mut conn = db.acquire().await?;
+        sqlx::query("select 1").execute(&mut *conn).await.map(drop)
     };
-    let select = sqlx::query("select 1").execute(&mut *conn);
-    Some(super::cut_off(PROBE_LIMIT, select).await.ok()?.map(drop))
+    tokio::time::timeout(PROBE_LIMIT, work).await.ok()
 }
 
 /// `select 1` on a new connection, closed after; `None` when it took too long.

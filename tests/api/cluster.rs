@@ -223,8 +223,24 @@ async fn replica_lag(primary: &PgPool) -> (i64, i64) {
 /// What `stockade cluster --state-file` writes describes what runs: each process alive
 /// under its pid, the shop and the database answering at their URLs, and the PostgreSQL
 /// nodes by their Patroni names, one of them the leader.
-async fn check_state(cluster: &Cluster) {
+async fn check_state(cluster: &Cluster, dir: &std::path::Path) {
     let state = cluster.state().await;
+    // Written readable by this user only, replacing (never writing through) a link that
+    // was there.
+    use std::os::unix::fs::PermissionsExt;
+    let (file, elsewhere) = (dir.join("state.json"), dir.join("elsewhere.json"));
+    std::fs::write(&elsewhere, "untouched").unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &file).unwrap();
+    stockade::cluster::write_state_file(&file, &state.to_string()).unwrap();
+    let written: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(written, state);
+    let mode = std::fs::symlink_metadata(&file)
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+    assert_eq!(std::fs::read_to_string(&elsewhere).unwrap(), "untouched");
     let processes = state["processes"].as_array().unwrap();
     for p in processes {
         let pid = p["pid"].as_i64().unwrap_or_else(|| panic!("a pid: {p}"));
@@ -298,7 +314,7 @@ async fn a_flash_sale_through_haproxy_survives_losing_a_redis_master_an_app_the_
     let dir = std::env::temp_dir().join(format!("stockade-cluster-{}", uuid::Uuid::new_v4()));
     let mut cluster = start_cluster(&dir).await;
     eprintln!("cluster up in {:.1} s", started.elapsed().as_secs_f64());
-    check_state(&cluster).await;
+    check_state(&cluster, &dir).await;
     let primary = PgPool::connect(&cluster.primary_url()).await.unwrap();
     let standby = cluster.redis[1].port;
 

@@ -7,6 +7,7 @@
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use futures_util::future::join_all;
 use stockade::cluster::Cluster;
 use stockade::loadtest::report::StrategyRun;
 use stockade::loadtest::{LoadtestArgs, run_report};
@@ -98,32 +99,39 @@ fn first_order_after(run: &StrategyRun, fault: Duration, what: Fault) -> f64 {
     (resumed - fault_ms) / 1e3
 }
 
-/// Whether node `i`'s PostgreSQL would take a write now: it answers, and is not in
-/// recovery (straight to it, not through HAProxy).
-async fn takes_writes(cluster: &Cluster, i: usize) -> bool {
+/// Whether node `i`'s PostgreSQL would take a write now, straight to it (not through
+/// HAProxy): `Some(true)` when it answers out of recovery, `Some(false)` in recovery,
+/// `None` when it does not answer in time (unknown: it may be restarting, or just slow).
+async fn takes_writes(cluster: &Cluster, i: usize) -> Option<bool> {
     use sqlx::Connection;
     let url = cluster.postgres.superuser_url(i, "postgres");
-    let connect = sqlx::PgConnection::connect(&url);
-    let Ok(Ok(mut conn)) = tokio::time::timeout(Duration::from_millis(500), connect).await else {
-        return false;
+    let ask = async {
+        let mut conn = sqlx::PgConnection::connect(&url).await?;
+        let in_recovery: bool = sqlx::query_scalar("select pg_is_in_recovery()")
+            .fetch_one(&mut conn)
+            .await?;
+        let _ = conn.close().await;
+        Ok::<_, sqlx::Error>(!in_recovery)
     };
-    let in_recovery = tokio::time::timeout(
-        Duration::from_millis(500),
-        sqlx::query_scalar::<_, bool>("select pg_is_in_recovery()").fetch_one(&mut conn),
-    )
-    .await;
-    matches!(in_recovery, Ok(Ok(false)))
+    tokio::time::timeout(Duration::from_secs(1), ask)
+        .await
+        .ok()?
+        .ok()
 }
 
 /// What one loss of the leader showed.
 struct Timeline {
     leader: usize,
-    /// From the fault: the old leader stopped taking writes (partition only).
-    stopped_writes: Option<Duration>,
+    /// From the fault: the last moment the old leader was seen taking writes (partition
+    /// only: the end of the last check that found it so).
+    last_writable: Option<Duration>,
     /// From the fault: a node answered `/primary` again (another, unless the postmaster
-    /// was restarted in place).
+    /// was restarted in place), as first seen.
     elected: Duration,
     elected_node: usize,
+    /// From the fault: another node took writes no earlier than this (partition only: the
+    /// start of the last check that found none doing so).
+    others_writable_after: Option<Duration>,
 }
 
 /// Loses the leader `fault`'s way 5 s into an open-loop sale of `seconds`, and checks
@@ -155,40 +163,74 @@ pub async fn lose_the_leader(
             Fault::Node => node.kill9(),
             Fault::Partition => node.partition().unwrap(),
         }
-        let mut stopped_writes = None;
+        // Every tick asks each node's Patroni at once (and, in a partition, the old leader's
+        // PostgreSQL), until another node leads; in a partition, also until the old leader
+        // is seen in recovery. Times are conservative: a check that found the old leader
+        // writable counts at its end, one that found another node leading at its start.
+        let mut last_writable = None;
+        let mut others_writable_after = None;
+        let mut old_demoted = fault != Fault::Partition;
+        let mut elected = None;
+        let mut previous_tick = Duration::ZERO;
         let deadline = faulted_at + Duration::from_secs(60);
-        let elected_node = loop {
+        while elected.is_none() || !old_demoted || others_writable_after.is_none() {
             assert!(
                 Instant::now() < deadline,
-                "{fault:?}: no leader within 60 s"
+                "{fault:?}: no leader, or the old one not demoted, within 60 s"
             );
-            if fault == Fault::Partition
-                && stopped_writes.is_none()
-                && !takes_writes(cluster, leader).await
-            {
-                stopped_writes = Some(faulted_at.elapsed());
+            let asked = faulted_at.elapsed();
+            let cluster: &Cluster = cluster;
+            let nodes = &cluster.postgres.nodes;
+            // In a partition, also whether each node's PostgreSQL takes writes.
+            let (primaries, writable) = tokio::join!(
+                join_all(nodes.iter().map(|n| n.answers("/primary"))),
+                join_all((0..nodes.len()).map(|i| async move {
+                    match fault {
+                        Fault::Partition => takes_writes(cluster, i).await,
+                        _ => None,
+                    }
+                }))
+            );
+            match writable[leader] {
+                Some(true) => last_writable = Some(faulted_at.elapsed()),
+                Some(false) => old_demoted = true,
+                None => {}
+            }
+            let another_writable =
+                (0..nodes.len()).any(|i| i != leader && writable[i] == Some(true));
+            if fault != Fault::Partition {
+                others_writable_after = Some(Duration::ZERO);
+            } else if others_writable_after.is_none() && another_writable {
+                // It took writes since the previous tick's checks began, not before.
+                others_writable_after = Some(previous_tick);
             }
             // The killed node's REST API is gone; a partitioned node's still answers
             // (HAProxy reaches it), as primary until it demotes itself; a node whose
             // postmaster was killed answers as primary until its Patroni notices. A
             // leader is new when it is another node, or this one with a new postmaster.
-            let elected = cluster.postgres.leader().await.filter(|&i| {
-                i != leader
-                    || (fault == Fault::Postmaster
-                        && cluster.postgres.nodes[i]
-                            .postmaster_pid()
-                            .is_some_and(|pid| pid != postmaster))
+            let new_leader = (0..nodes.len()).find(|&i| {
+                primaries[i]
+                    && (i != leader
+                        || (fault == Fault::Postmaster
+                            && nodes[i]
+                                .postmaster_pid()
+                                .is_some_and(|pid| pid != postmaster)))
             });
-            if let Some(i) = elected {
-                break i;
+            if elected.is_none()
+                && let Some(i) = new_leader
+            {
+                elected = Some((i, asked));
             }
+            previous_tick = asked;
             tokio::time::sleep(Duration::from_millis(100)).await;
-        };
+        }
+        let (elected_node, elected) = elected.expect("the loop ends with a leader");
         let timeline = Timeline {
             leader,
-            stopped_writes,
-            elected: faulted_at.elapsed(),
+            last_writable,
+            elected,
             elected_node,
+            others_writable_after: others_writable_after.filter(|_| fault == Fault::Partition),
         };
         (faulted_at, timeline)
     });
@@ -213,8 +255,11 @@ pub async fn lose_the_leader(
         timeline.leader + 1,
         faulted_at.duration_since(sale_started).as_secs_f64(),
         timeline
-            .stopped_writes
-            .map(|d| format!("old leader took no writes after {:.1} s; ", d.as_secs_f64()))
+            .last_writable
+            .map(|d| format!(
+                "old leader last seen writable at {:.1} s; ",
+                d.as_secs_f64()
+            ))
             .unwrap_or_default(),
         timeline.elected_node + 1,
         timeline.elected.as_secs_f64(),
@@ -227,14 +272,18 @@ pub async fn lose_the_leader(
         fault.resume_bound()
     );
     if fault == Fault::Partition {
-        // Never two nodes taking writes: the cut-off leader stopped before another led.
-        let stopped = timeline
-            .stopped_writes
-            .expect("the cut-off leader stopped taking writes");
+        // Never two nodes taking writes: the cut-off leader was last seen writable before
+        // any other node could have been (and it was seen in recovery before the watch
+        // ended). Both times err against the assertion: the old leader's at the end of
+        // the check that found it writable, the others' at the start of the check before
+        // the first that found one so.
+        let others = timeline
+            .others_writable_after
+            .expect("another node took writes");
         assert!(
-            stopped < timeline.elected,
-            "the old leader took writes until {stopped:?}, the new one led from {:?}",
-            timeline.elected
+            timeline.last_writable.is_none_or(|w| w < others),
+            "the old leader took writes until {:?}, another node from {others:?} on",
+            timeline.last_writable,
         );
     }
 

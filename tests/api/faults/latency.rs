@@ -11,11 +11,10 @@
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use sqlx::PgPool;
 use stockade::config::{OrderStrategy, Settings};
 
-use super::proxy::{FaultProxy, Mode};
-use crate::helpers::{spawn_app_with, test_settings};
+use super::proxy::Mode;
+use crate::helpers::test_settings;
 
 const SKU: &str = "FAR-1";
 /// Added to each chunk in each direction: a round trip of at least 100 ms.
@@ -31,7 +30,7 @@ async fn sell_through_a_slow_network(
     buyers: usize,
     rounds: usize,
 ) -> (i64, i64, Duration) {
-    let mut settings = Settings {
+    let settings = Settings {
         order_strategy: strategy,
         // Patient: this is about throughput, not about shedding.
         request_budget: Duration::from_secs(60),
@@ -42,11 +41,7 @@ async fn sell_through_a_slow_network(
         lease_wait: Duration::from_secs(50),
         ..test_settings().await
     };
-    let direct = settings.database_url.as_deref().unwrap().to_string();
-    let proxy = FaultProxy::in_front_of(&direct);
-    settings.database_url = Some(proxy.url(&direct).into());
-    let mut app = spawn_app_with(settings).await;
-    app.db = PgPool::connect(&direct).await.unwrap();
+    let (app, proxy) = super::behind_database_proxy(settings).await;
     app.add_product(SKU, "Far away", 100, 10_000).await;
     // Warm: the app's key lookup and prepared statements, before the delay.
     assert_eq!(app.post_order("warm", &[(SKU, 1)]).await.status(), 201);

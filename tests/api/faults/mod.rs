@@ -18,7 +18,22 @@ mod redis_pause;
 mod scenarios;
 mod shed;
 
-use sqlx::PgExecutor;
+use sqlx::{PgExecutor, PgPool};
+use stockade::config::Settings;
+
+use crate::helpers::{TestApp, spawn_app_with};
+use proxy::FaultProxy;
+
+/// An app whose database connections go through a fault proxy; the test's own pool
+/// (`app.db`) goes straight to the database.
+pub async fn behind_database_proxy(mut settings: Settings) -> (TestApp, FaultProxy) {
+    let direct = settings.database_url.as_deref().unwrap().to_string();
+    let proxy = FaultProxy::in_front_of(&direct);
+    settings.database_url = Some(proxy.url(&direct).into());
+    let mut app = spawn_app_with(settings).await;
+    app.db = PgPool::connect(&direct).await.unwrap();
+    (app, proxy)
+}
 
 /// Terminates every client connection to `database` except the one this runs on, and
 /// waits (up to 5 s each) until they are gone; returns how many there were. Pools notice

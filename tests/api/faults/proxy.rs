@@ -30,10 +30,15 @@ pub enum Mode {
     /// Closes every open connection with a TCP reset, and each new one as soon as it is
     /// accepted.
     Reset,
+    /// Closes every open connection with a TCP reset and stops listening, so new ones are
+    /// refused, as by a stopped server; listens on the same port again when the mode
+    /// changes.
+    Refuse,
 }
 
-/// The proxy's mode, and how many times it was set to [`Mode::Reset`]: a connection resets
-/// when the count moves, even if the mode has changed again before it looked.
+/// The proxy's mode, and how many times it was set to [`Mode::Reset`] or [`Mode::Refuse`]:
+/// a connection resets when the count moves, even if the mode has changed again before it
+/// looked.
 #[derive(Debug, Clone, Copy)]
 struct State {
     mode: Mode,
@@ -107,7 +112,7 @@ impl FaultProxy {
     pub fn set(&self, mode: Mode) {
         self.state.send_modify(|state| {
             state.mode = mode;
-            if mode == Mode::Reset {
+            if matches!(mode, Mode::Reset | Mode::Refuse) {
                 state.resets += 1;
             }
         });
@@ -140,10 +145,24 @@ async fn accept(
     state: watch::Receiver<State>,
     accepted: Arc<AtomicU64>,
 ) {
+    let addr = listener.local_addr().unwrap();
+    let mut listening = Some(listener);
+    // A copy to wait on for the mode, apart from the one each connection is handed.
+    let mut mode = state.clone();
     loop {
-        if let Ok((client, _)) = listener.accept().await {
-            accepted.fetch_add(1, Ordering::Relaxed);
-            tokio::spawn(connection(client, upstream, state.clone()));
+        match &listening {
+            Some(listener) => tokio::select! {
+                conn = listener.accept() => if let Ok((client, _)) = conn {
+                    accepted.fetch_add(1, Ordering::Relaxed);
+                    tokio::spawn(connection(client, upstream, state.clone()));
+                },
+                _ = mode.wait_for(|s| s.mode == Mode::Refuse) => listening = None,
+            },
+            None => {
+                let _ = mode.wait_for(|s| s.mode != Mode::Refuse).await;
+                let again = TcpListener::bind(addr).await;
+                listening = Some(again.expect("the proxy's port, listened on again"));
+            }
         }
     }
 }
@@ -156,7 +175,7 @@ async fn connection(
     mut state: watch::Receiver<State>,
 ) {
     let State { mode, resets } = *state.borrow_and_update();
-    if mode == Mode::Reset {
+    if matches!(mode, Mode::Reset | Mode::Refuse) {
         return reset(client);
     }
     let Ok(mut server) = TcpStream::connect(upstream).await else {
@@ -195,7 +214,7 @@ async fn pump(
         }
         // Held while blackholed (or while the connection is about to be reset).
         let forwarding = state
-            .wait_for(|s| !matches!(s.mode, Mode::Blackhole | Mode::Reset))
+            .wait_for(|s| !matches!(s.mode, Mode::Blackhole | Mode::Reset | Mode::Refuse))
             .await
             .map(|s| s.mode);
         match forwarding {
@@ -326,6 +345,42 @@ mod tests {
         proxy.set(Mode::Pass);
         let err = read(&mut again, 1, WAIT).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::ConnectionReset, "{err}");
+    }
+
+    #[tokio::test]
+    async fn refuse_resets_open_connections_refuses_new_ones_and_listens_again_after() {
+        let proxy = FaultProxy::start(echo_server().await);
+        let mut open = TcpStream::connect(proxy.addr()).await.unwrap();
+        assert_eq!(echo(&mut open, b"hi", WAIT).await.unwrap(), b"hi");
+
+        proxy.set(Mode::Refuse);
+        let err = read(&mut open, 1, WAIT).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ConnectionReset, "{err}");
+        // The listener goes a moment after the switch.
+        let deadline = std::time::Instant::now() + WAIT;
+        loop {
+            match TcpStream::connect(proxy.addr()).await {
+                Err(e) => {
+                    assert_eq!(e.kind(), ErrorKind::ConnectionRefused, "{e}");
+                    break;
+                }
+                Ok(_) => assert!(std::time::Instant::now() < deadline, "still listening"),
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let tried = proxy.accepted();
+
+        proxy.set(Mode::Pass);
+        let deadline = std::time::Instant::now() + WAIT;
+        let mut again = loop {
+            match TcpStream::connect(proxy.addr()).await {
+                Ok(conn) => break conn,
+                Err(e) => assert!(std::time::Instant::now() < deadline, "{e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert_eq!(echo(&mut again, b"back", WAIT).await.unwrap(), b"back");
+        assert!(proxy.accepted() > tried, "counted once listening again");
     }
 
     #[tokio::test]
