@@ -177,11 +177,21 @@ async fn a_restore_to_a_moment_mid_sale_has_every_order_acknowledged_before_it_a
     tokio::time::sleep(Duration::from_millis(300)).await;
     let moment = Utc::now();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let after = tokio::spawn(sell(shop.address.clone(), stop.clone()));
-    tokio::time::sleep(Duration::from_millis(1000)).await;
-    stop.store(true, Ordering::Relaxed);
-    let (acknowledged_after, sent_after) = after.await.unwrap();
+    // Selling a second at a time until at least 20 are acknowledged (a busy machine may
+    // sell fewer in one second), for at most ten.
+    let (mut acknowledged_after, mut sent_after) = (Vec::new(), Vec::new());
+    for _ in 0..10 {
+        let stop = Arc::new(AtomicBool::new(false));
+        let after = tokio::spawn(sell(shop.address.clone(), stop.clone()));
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        stop.store(true, Ordering::Relaxed);
+        let (acknowledged, sent) = after.await.unwrap();
+        acknowledged_after.extend(acknowledged);
+        sent_after.extend(sent);
+        if acknowledged_after.len() >= 20 {
+            break;
+        }
+    }
     assert!(
         acknowledged.len() >= 20 && acknowledged_after.len() >= 20,
         "the sale sold on both sides of the moment: {} then {}",
