@@ -211,6 +211,7 @@ impl Patroni {
             None => None,
         };
         let etcd = start_etcd(dir, owner.clone())?;
+        wait_for_etcd(etcd.port, Duration::from_secs(30)).await?;
         let mut started = Vec::new();
         for i in 1..=options.nodes.max(1) {
             let node = start_node(
@@ -415,6 +416,34 @@ impl Patroni {
             node.daemon.stop();
         }
         self.etcd.stop();
+    }
+}
+
+/// Waits until etcd has decided its cluster version: Patroni started before (etcd answers
+/// "not_decided" for a moment after it listens) fails to parse it and exits.
+async fn wait_for_etcd(port: u16, within: Duration) -> anyhow::Result<()> {
+    crate::install_tls_provider();
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()?;
+    let deadline = Instant::now() + within;
+    loop {
+        let version = client
+            .get(format!("http://127.0.0.1:{port}/version"))
+            .send()
+            .await;
+        if let Ok(res) = version
+            && let Ok(body) = res.json::<serde_json::Value>().await
+            && body["etcdcluster"]
+                .as_str()
+                .is_some_and(|v| v.starts_with(|c: char| c.is_ascii_digit()))
+        {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("etcd did not decide its cluster version within {within:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
