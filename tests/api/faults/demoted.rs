@@ -18,12 +18,20 @@ async fn read_only(app: &crate::helpers::TestApp, on: bool) {
     } else {
         "reset default_transaction_read_only"
     };
+    // In a read-write transaction of its own: the test's pool may have reconnected since
+    // the database turned read-only, and its sessions then start read-only too.
+    let mut tx = app.db.begin().await.unwrap();
+    sqlx::query("set transaction read write")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
     sqlx::query(sqlx::AssertSqlSafe(format!(
         r#"alter database "{db}" {set}"#
     )))
-    .execute(&app.db)
+    .execute(&mut *tx)
     .await
     .unwrap();
+    tx.commit().await.unwrap();
     sqlx::query(
         "select pg_terminate_backend(pid) from pg_stat_activity
           where datname = current_database() and pid <> pg_backend_pid()",
