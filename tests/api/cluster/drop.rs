@@ -27,9 +27,11 @@ fn client() -> reqwest::Client {
         .unwrap()
 }
 
-/// A first-come drop of `SKU` (one unit per shopper, ten let in a second) opening
-/// `opens_in` from now, and [`SHOPPERS`] shoppers in its queue, joined through HAProxy
-/// (one unlimited client naming each).
+/// A first-come drop of `SKU` (one unit per shopper, ten let in a second) and [`SHOPPERS`]
+/// shoppers in its queue, joined through HAProxy (one unlimited client naming each); the
+/// drop opens `opens_in` after the last has joined (it is moved there once they have: on
+/// a busy machine the joins alone can take longer than `opens_in`, and a drop that opened
+/// meanwhile would let the first ones in before the last had their places).
 pub async fn queue(cluster: &Cluster, primary: &PgPool, opens_in: Duration) -> Queued {
     let mut tx = primary.begin().await.unwrap();
     sqlx::query(
@@ -48,7 +50,7 @@ pub async fn queue(cluster: &Cluster, primary: &PgPool, opens_in: Duration) -> Q
         primary,
         &NewDrop {
             sku: SKU.into(),
-            opens_at: Utc::now() + chrono::Duration::from_std(opens_in).unwrap(),
+            opens_at: Utc::now() + chrono::Duration::minutes(5),
             prequeue_seconds: 600,
             queueing: Queueing::Fifo,
             admit_per_minute: 600,
@@ -79,6 +81,15 @@ pub async fn queue(cluster: &Cluster, primary: &PgPool, opens_in: Duration) -> Q
         assert_eq!(body["position"], i + 1, "{body}");
         tickets.push(body["ticket"].as_str().unwrap().to_string());
     }
+    let drop = sqlx::query_scalar::<_, chrono::DateTime<Utc>>(
+        "update drops set opens_at = now() + $2 where id = $1 returning opens_at",
+    )
+    .bind(drop.id)
+    .bind(opens_in)
+    .fetch_one(primary)
+    .await
+    .map(|opens_at| drops::Drop { opens_at, ..drop })
+    .unwrap();
     Queued { drop, key, tickets }
 }
 
