@@ -149,14 +149,20 @@ pub struct Batcher {
     /// leader of their own ([`Batcher::lead_sold_out`]) that never waits for a lease or
     /// a commit.
     sold_out_queue: Mutex<Option<mpsc::UnboundedSender<Queued>>>,
+    /// The leaders' own connections (see `startup::Leaders`).
     db: PgPool,
     redis: Redis,
     settings: Arc<Settings>,
     metrics: Arc<Metrics>,
     catalog: Arc<CatalogCache>,
+    /// Where leaders run: the runtime the batcher was made on, not the worker whose
+    /// request started them.
+    runtime: tokio::runtime::Handle,
 }
 
 impl Batcher {
+    /// A batcher whose leaders use `db` (the leaders' pool) and run on the runtime it is
+    /// made on.
     pub fn new(
         db: PgPool,
         redis: Redis,
@@ -172,6 +178,7 @@ impl Batcher {
             settings,
             metrics,
             catalog,
+            runtime: tokio::runtime::Handle::current(),
         }
     }
 
@@ -216,9 +223,9 @@ impl Batcher {
         let sender = queue.get_or_insert_with(|| {
             let (sender, jobs) = mpsc::unbounded_channel();
             if sold_out {
-                tokio::spawn(Arc::clone(self).lead_sold_out(jobs));
+                self.runtime.spawn(Arc::clone(self).lead_sold_out(jobs));
             } else {
-                tokio::spawn(Arc::clone(self).lead(jobs));
+                self.runtime.spawn(Arc::clone(self).lead(jobs));
             }
             sender
         });

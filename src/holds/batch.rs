@@ -55,17 +55,25 @@ enum Lot {
 /// The confirmations of this process: a queue and, while it is not empty, its leader.
 pub struct Confirmer {
     queue: Mutex<Option<mpsc::UnboundedSender<Pending>>>,
+    /// For confirmations on their own (in their requests).
     db: PgPool,
+    /// For lots (in the leader: see `startup::Leaders`).
+    leaders: PgPool,
     /// Most confirmations per transaction.
     max: usize,
+    /// Where the leader runs (see [`crate::checkout::Batcher`]).
+    runtime: tokio::runtime::Handle,
 }
 
 impl Confirmer {
-    pub fn new(db: PgPool, max: usize) -> Self {
+    /// A confirmer whose lots run on `leaders`' connections, on the runtime it is made on.
+    pub fn new(db: PgPool, leaders: PgPool, max: usize) -> Self {
         Self {
             queue: Mutex::default(),
             db,
+            leaders,
             max,
+            runtime: tokio::runtime::Handle::current(),
         }
     }
 
@@ -112,7 +120,7 @@ impl Confirmer {
         let mut queue = self.queue.lock().expect("confirm queue");
         let sender = queue.get_or_insert_with(|| {
             let (sender, lots) = mpsc::unbounded_channel();
-            tokio::spawn(Arc::clone(self).lead(lots));
+            self.runtime.spawn(Arc::clone(self).lead(lots));
             sender
         });
         // The leader leaves only under this lock, after seeing its queue empty.
@@ -138,7 +146,7 @@ impl Confirmer {
                 continue;
             }
             // The connection first: what waited for it past its answer stays out of the lot.
-            let conn = match self.db.acquire().await {
+            let conn = match self.leaders.acquire().await {
                 Ok(conn) => conn,
                 Err(e) => {
                     tracing::warn!(error = %e, "no connection for a lot of confirmations; each runs alone");
