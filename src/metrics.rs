@@ -26,6 +26,8 @@ pub struct Metrics {
     /// (read when `/metrics` is served).
     pub db_pool_connections: IntGauge,
     pub db_pool_idle: IntGauge,
+    pub db_leader_pool_connections: IntGauge,
+    pub db_leader_pool_idle: IntGauge,
     /// Orders applied per `batched` transaction.
     pub batch_size: Histogram,
     /// Orders and holds refused by the rate limit (429), by the limiter that refused them
@@ -89,6 +91,17 @@ impl Metrics {
             "Idle connections of the primary database pool",
         )
         .expect("valid metric");
+        let db_leader_pool_connections = IntGauge::new(
+            "db_leader_pool_connections",
+            "Connections of the group-commit leaders' own pool, open or opening \
+             (0 while the leaders share the primary pool)",
+        )
+        .expect("valid metric");
+        let db_leader_pool_idle = IntGauge::new(
+            "db_leader_pool_idle",
+            "Idle connections of the group-commit leaders' own pool",
+        )
+        .expect("valid metric");
         let batch_size = Histogram::with_opts(
             HistogramOpts::new("batch_size", "Orders applied per batched transaction")
                 .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]),
@@ -139,6 +152,8 @@ impl Metrics {
             Box::new(degraded.clone()),
             Box::new(db_pool_connections.clone()),
             Box::new(db_pool_idle.clone()),
+            Box::new(db_leader_pool_connections.clone()),
+            Box::new(db_leader_pool_idle.clone()),
             Box::new(batch_size.clone()),
             Box::new(rate_limited.clone()),
             Box::new(events_pending.clone()),
@@ -158,6 +173,8 @@ impl Metrics {
             degraded,
             db_pool_connections,
             db_pool_idle,
+            db_leader_pool_connections,
+            db_leader_pool_idle,
             batch_size,
             rate_limited,
             events_pending,

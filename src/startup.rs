@@ -40,7 +40,7 @@ impl Application {
     /// `settings.database_url` and `settings.redis_url` must be set; local mode fills them in.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
         migrate(&settings).await?;
-        let (main, theirs) = Leaders::split(settings.db_pool_size);
+        let (main, theirs) = Leaders::split(&settings);
         let db = connect_database_with(&settings, main).await?;
         let redis = connect_redis(&settings).await?;
         // The sold-out answers and key marks need `SET … NX GET`. A Redis that does not
@@ -111,7 +111,7 @@ impl Application {
         ));
         let confirmer = Arc::new(crate::holds::Confirmer::new(
             db.clone(),
-            leaders.pool,
+            leaders.pool.clone(),
             settings.batch_max,
         ));
         let drops = Arc::new(crate::drops::Registry::default());
@@ -127,6 +127,7 @@ impl Application {
             outage,
             confirmer,
             db,
+            leaders: leaders.own.then_some(leaders.pool),
             limiter: Arc::new(crate::ratelimit::RateLimiter::new(redis.clone())),
             redis,
             settings,
@@ -266,22 +267,28 @@ async fn connect_database_with(settings: &Settings, size: u32) -> anyhow::Result
 /// hot stock row's lock holds it that much longer, for every buyer of the SKU. The leaders
 /// run on the process's own runtime instead, whose threads are idle but for background
 /// work, on connections only they open there: a hold batch's answers arrive at once. (A
-/// storefront drop: 757 → 1,017 checkouts a second, every step's open-loop p99 from
-/// 470–1,080 ms down to ≤ 72 ms at 80 % of the peak.)
+/// storefront drop, side by side: 745 → 1,013 checkouts a second, and the open loop's
+/// p50 at 80 % of the peak from 990 ms, past the old build's capacity, to 59 ms.)
 struct Leaders {
     pool: PgPool,
+    /// Whether `pool` is the leaders' own (not the process's pool, shared).
+    own: bool,
 }
 
 impl Leaders {
-    /// `pool_size` as (the process's pool, the leaders'): leaders take a third of a pool
-    /// of six or more, two to six connections (a leader uses one, and a second while sqlx
-    /// pings the one it released). A smaller pool is shared (0).
-    fn split(pool_size: u32) -> (u32, u32) {
-        if pool_size < 6 {
-            return (pool_size, 0);
+    /// `STOCKADE_DB_POOL_SIZE` as (the process's pool, the leaders'). Under `batched`,
+    /// leaders take a third of a pool of twelve or more, four to six connections: three
+    /// leaders can be at work at once (batches, sold-out lots, confirmation lots), each
+    /// using one connection and another while sqlx pings the one it released. A smaller
+    /// pool is shared (0), and so is every pool under the other strategies, which start no
+    /// leaders.
+    fn split(settings: &Settings) -> (u32, u32) {
+        let size = settings.db_pool_size;
+        if settings.order_strategy != crate::config::OrderStrategy::Batched || size < 12 {
+            return (size, 0);
         }
-        let theirs = (pool_size / 3).clamp(2, 6);
-        (pool_size - theirs, theirs)
+        let theirs = (size / 3).clamp(4, 6);
+        (size - theirs, theirs)
     }
 
     /// The leaders' pool, of `size` connections opened on first use (by the leaders, on
@@ -289,14 +296,17 @@ impl Leaders {
     /// the leaders will run on.
     fn connect(db: &PgPool, size: u32) -> Self {
         if size == 0 {
-            return Self { pool: db.clone() };
+            return Self {
+                pool: db.clone(),
+                own: false,
+            };
         }
         let pool = db
             .options()
             .clone()
             .max_connections(size)
             .connect_lazy_with((*db.connect_options()).clone());
-        Self { pool }
+        Self { pool, own: true }
     }
 }
 

@@ -102,6 +102,15 @@ pub async fn get_metrics(
         .db_pool_connections
         .set(i64::from(state.db.size()));
     state.metrics.db_pool_idle.set(state.db.num_idle() as i64);
+    let leaders = state.leaders.as_ref();
+    state
+        .metrics
+        .db_leader_pool_connections
+        .set(leaders.map_or(0, |p| i64::from(p.size())));
+    state
+        .metrics
+        .db_leader_pool_idle
+        .set(leaders.map_or(0, |p| p.num_idle() as i64));
     Ok(HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(state.metrics.render()))

@@ -35,6 +35,9 @@ use crate::metrics::Metrics;
 /// Shared by every request; built once in [`crate::startup::Application::build`].
 pub struct AppState {
     pub db: PgPool,
+    /// The group-commit leaders' own pool (`startup::Leaders`); `None` while they share
+    /// [`AppState::db`].
+    pub leaders: Option<PgPool>,
     pub redis: Redis,
     pub settings: Arc<Settings>,
     pub metrics: Arc<Metrics>,

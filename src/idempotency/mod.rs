@@ -21,7 +21,7 @@ pub use db::{
     abandon, begin, begin_in, complete, lookup, present, purge, purge_stale, store, store_decided,
     stored,
 };
-pub use run::{Once, Request, RunError, run};
+pub use run::{Once, Request, RunError, run, run_apart};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};

@@ -5,7 +5,9 @@
 //! together or not at all. A change that refuses (its `Err`, never stored) rolls back and
 //! releases the key, so a retry starts afresh. A request that dies mid-way leaves a claim
 //! whose lock runs out; the next retry takes it over, and the dead request, if it wakes,
-//! finds its claim gone and rolls back ([`RunError::TakenOver`]).
+//! finds its claim gone and rolls back ([`RunError::TakenOver`]). A change that commits on
+//! its own (an order's cancel, a hold's release) goes through [`run_apart`]: it runs with no
+//! connection held for it, and the key is completed just after.
 
 use std::time::{Duration, Instant};
 
@@ -54,9 +56,9 @@ pub enum RunError {
 
 /// Applies `change` at most once per `request.key`; see the module documentation.
 ///
-/// `change` gets the open transaction and answers what to store under the key; it may
-/// also do work of its own that commits separately (then it must be safe to repeat, as a
-/// retry that takes over a stale key runs it again). The outer error is the machinery's,
+/// `change` gets the open transaction and answers what to store under the key. A change
+/// that commits on its own goes through [`run_apart`] instead, so that it does not take a
+/// second connection while this transaction holds one. The outer error is the machinery's,
 /// the inner one the change's refusal.
 pub async fn run<E, F>(
     pool: &PgPool,
@@ -66,26 +68,9 @@ pub async fn run<E, F>(
 where
     F: AsyncFnOnce(&mut PgConnection) -> Result<StoredResponse, E>,
 {
-    let Request {
-        scope,
-        key,
-        fingerprint,
-        stale_after,
-        wait,
-    } = request;
-    let deadline = Instant::now() + wait;
-    let mut pause = Duration::from_millis(20);
-    let claim = loop {
-        match begin(pool, scope, &key, &fingerprint, stale_after).await? {
-            Begin::Started(claim) => break claim,
-            Begin::Replay(stored) => return Ok(Ok(Once::Replayed(stored))),
-            Begin::Mismatch => return Ok(Ok(Once::Mismatch)),
-            Begin::InFlight if Instant::now() < deadline => {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_millis(200));
-            }
-            Begin::InFlight => return Ok(Ok(Once::InFlight)),
-        }
+    let claim = match claim(pool, request).await? {
+        Claimed::Started(claim) => claim,
+        Claimed::Done(once) => return Ok(Ok(once)),
     };
     let mut tx = match pool.begin().await {
         Ok(tx) => tx,
@@ -107,6 +92,75 @@ where
             tx.rollback().await?;
             abandon(pool, &claim).await?;
             Ok(Err(refused))
+        }
+    }
+}
+
+/// Applies `change`, a change that commits on its own (it locks rows or takes a lease in
+/// transactions of its own), at most once per `request.key`: as [`run`], except that no
+/// connection is held while it runs, and the key is completed with its answer in a short
+/// transaction just after. Holding one while the change waited for a second would let a
+/// burst of such requests take every connection of the pool and wait for one more, until
+/// the pool's timeout answered them all 503.
+///
+/// The change must be safe to repeat: a request that dies between the change and the
+/// completion leaves a claim whose retry runs it again.
+pub async fn run_apart<E, F>(
+    pool: &PgPool,
+    request: Request,
+    change: F,
+) -> Result<Result<Once, E>, RunError>
+where
+    F: AsyncFnOnce() -> Result<StoredResponse, E>,
+{
+    let claim = match claim(pool, request).await? {
+        Claimed::Started(claim) => claim,
+        Claimed::Done(once) => return Ok(Ok(once)),
+    };
+    match change().await {
+        Ok(response) => {
+            let mut tx = pool.begin().await?;
+            if !complete(&mut tx, &claim, &response).await? {
+                tx.rollback().await?;
+                return Err(RunError::TakenOver);
+            }
+            tx.commit().await?;
+            Ok(Ok(Once::Applied(response)))
+        }
+        Err(refused) => {
+            abandon(pool, &claim).await?;
+            Ok(Err(refused))
+        }
+    }
+}
+
+/// What claiming a key came to: this request runs the change, or it is answered already.
+enum Claimed {
+    Started(super::Claim),
+    Done(Once),
+}
+
+/// Claims `request.key`, waiting up to `request.wait` for a twin still running.
+async fn claim(pool: &PgPool, request: Request) -> Result<Claimed, RunError> {
+    let Request {
+        scope,
+        key,
+        fingerprint,
+        stale_after,
+        wait,
+    } = request;
+    let deadline = Instant::now() + wait;
+    let mut pause = Duration::from_millis(20);
+    loop {
+        match begin(pool, scope, &key, &fingerprint, stale_after).await? {
+            Begin::Started(claim) => return Ok(Claimed::Started(claim)),
+            Begin::Replay(stored) => return Ok(Claimed::Done(Once::Replayed(stored))),
+            Begin::Mismatch => return Ok(Claimed::Done(Once::Mismatch)),
+            Begin::InFlight if Instant::now() < deadline => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(200));
+            }
+            Begin::InFlight => return Ok(Claimed::Done(Once::InFlight)),
         }
     }
 }

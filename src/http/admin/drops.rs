@@ -7,10 +7,9 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
 use chrono::Utc;
 use serde::Deserialize;
-use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::once::{DoneQuery, FormOutcome, apply_form, done_notice, form_key, new_form_key};
+use super::once::{DoneQuery, FormOutcome, apply_form_apart, done_notice, form_key, new_form_key};
 use super::page_chrome;
 use crate::admin::Admin;
 use crate::drops::db::{Change, DropError};
@@ -188,12 +187,12 @@ pub async fn post_drops(
     let key = form_key(&form.key)?;
     let new = form.drop.form()?.parse()?;
     let shared = state.clone().into_inner();
-    apply_form(
+    apply_form_apart(
         &state,
         &admin,
         &key,
         &form.drop,
-        async move |_: &mut PgConnection| -> Result<StoredResponse, AppError> {
+        async move || -> Result<StoredResponse, AppError> {
             let drop = drops::db::create(&shared.db, &new)
                 .await
                 .map_err(drop_error)?;
@@ -292,12 +291,12 @@ pub async fn post_drop_change(
         .ok_or_else(|| AppError::not_found("A drop can be paused, resumed or ended."))?;
     let shared = state.clone().into_inner();
     let actor = admin.username.clone();
-    apply_form(
+    apply_form_apart(
         &state,
         &admin,
         &key,
         &(action.as_str(), id),
-        async move |_: &mut PgConnection| -> Result<StoredResponse, AppError> {
+        async move || -> Result<StoredResponse, AppError> {
             let changed = apply_change(&shared, id, change, &actor).await?;
             let notice = match (change, changed) {
                 (Change::Pause, true) => "Paused: nobody is let in until you resume.",

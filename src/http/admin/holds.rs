@@ -3,10 +3,9 @@
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
-use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::once::{DoneQuery, FormOutcome, apply_form, done_notice, form_key, new_form_key};
+use super::once::{DoneQuery, FormOutcome, apply_form_apart, done_notice, form_key, new_form_key};
 use super::orders::ActionForm;
 use super::page_chrome;
 use crate::admin::Admin;
@@ -51,12 +50,12 @@ pub async fn post_release_hold(
     let id = Uuid::parse_str(&path).map_err(|_| AppError::not_found("No such hold."))?;
     let shared = state.clone().into_inner();
     let actor = admin.username.clone();
-    apply_form(
+    apply_form_apart(
         &state,
         &admin,
         &key,
         &("release", id),
-        async move |_: &mut PgConnection| -> Result<StoredResponse, AppError> {
+        async move || -> Result<StoredResponse, AppError> {
             // Like a cancel: the release commits on its own and happens once per hold;
             // the key is completed just after.
             use crate::holds::{HoldError, Released};

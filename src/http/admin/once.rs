@@ -3,6 +3,8 @@
 //! key space), run their change, and store its answer in the change's transaction. A form
 //! answers 303 to the page that shows the result, and that page finds the result again by
 //! `?done=<key>`; the API answers the stored JSON ([`super::api`]).
+//! A change that commits on its own (a cancel, a release, a drop's change) goes through
+//! [`apply_form_apart`], which holds no connection while it runs.
 
 use std::time::Duration;
 
@@ -45,19 +47,55 @@ where
     E: 'static,
     F: AsyncFnOnce(&mut PgConnection) -> Result<StoredResponse, E> + 'static,
 {
-    let request = idempotency::Request {
+    let request = request(state, scope, key, fingerprint, wait);
+    let db = state.db.clone();
+    let ran = detached(crate::checkout::work_limit(&state.settings), async move {
+        idempotency::run(&db, request, change).await
+    })
+    .await?;
+    answered(ran)
+}
+
+/// [`apply_once`] for a change that commits on its own ([`idempotency::run_apart`]).
+async fn apply_once_apart<E, F>(
+    state: &AppState,
+    scope: Scope,
+    key: IdempotencyKey,
+    fingerprint: &impl Serialize,
+    wait: Duration,
+    change: F,
+) -> Result<Result<Once, E>, AppError>
+where
+    E: 'static,
+    F: AsyncFnOnce() -> Result<StoredResponse, E> + 'static,
+{
+    let request = request(state, scope, key, fingerprint, wait);
+    let db = state.db.clone();
+    let ran = detached(crate::checkout::work_limit(&state.settings), async move {
+        idempotency::run_apart(&db, request, change).await
+    })
+    .await?;
+    answered(ran)
+}
+
+fn request(
+    state: &AppState,
+    scope: Scope,
+    key: IdempotencyKey,
+    fingerprint: &impl Serialize,
+    wait: Duration,
+) -> idempotency::Request {
+    idempotency::Request {
         scope,
         key,
         fingerprint: idempotency::Fingerprint::of(fingerprint),
         stale_after: crate::checkout::stale_after(&state.settings),
         wait,
-    };
-    let db = state.db.clone();
-    match detached(crate::checkout::work_limit(&state.settings), async move {
-        idempotency::run(&db, request, change).await
-    })
-    .await?
-    {
+    }
+}
+
+fn answered<E>(ran: Result<Result<Once, E>, RunError>) -> Result<Result<Once, E>, AppError> {
+    match ran {
         Ok(once) => Ok(once),
         Err(RunError::TakenOver) => Err(AppError::conflict(
             "This request was taken over by a retry.",
@@ -114,15 +152,35 @@ where
     F: AsyncFnOnce(&mut PgConnection) -> Result<StoredResponse, E> + 'static,
 {
     let scoped = admin_key(admin, key)?;
-    let once = apply_once(
-        state,
-        Scope::AdminForm,
-        scoped,
-        fingerprint,
-        SECOND_PRESS_WAIT,
-        change,
-    )
-    .await?;
+    let wait = SECOND_PRESS_WAIT;
+    let once = apply_once(state, Scope::AdminForm, scoped, fingerprint, wait, change).await?;
+    form_answer(key, once)
+}
+
+/// [`apply_form`] for a change that commits on its own (an order's cancel, a hold's
+/// release, a drop's schedule): see [`idempotency::run_apart`].
+pub(super) async fn apply_form_apart<E, F>(
+    state: &AppState,
+    admin: &Admin,
+    key: &IdempotencyKey,
+    fingerprint: &impl Serialize,
+    change: F,
+) -> Result<Result<HttpResponse, E>, AppError>
+where
+    E: 'static,
+    F: AsyncFnOnce() -> Result<StoredResponse, E> + 'static,
+{
+    let scoped = admin_key(admin, key)?;
+    let wait = SECOND_PRESS_WAIT;
+    let once = apply_once_apart(state, Scope::AdminForm, scoped, fingerprint, wait, change).await?;
+    form_answer(key, once)
+}
+
+/// The answer to a form from what applying it came to.
+fn form_answer<E>(
+    key: &IdempotencyKey,
+    once: Result<Once, E>,
+) -> Result<Result<HttpResponse, E>, AppError> {
     let stored = match once {
         Err(e) => return Ok(Err(e)),
         Ok(Once::Applied(stored) | Once::Replayed(stored)) => stored,

@@ -5,10 +5,9 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
 use serde::Deserialize;
-use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::once::{DoneQuery, FormOutcome, apply_form, done_notice, form_key, new_form_key};
+use super::once::{DoneQuery, FormOutcome, apply_form_apart, done_notice, form_key, new_form_key};
 use super::{PAGE, Page, page_chrome};
 use crate::admin::Admin;
 use crate::catalog::Sku;
@@ -160,12 +159,12 @@ pub async fn post_cancel(
     let order = load_order(&state, &path).await?;
     let shared = state.clone().into_inner();
     let actor = admin.username.clone();
-    apply_form(
+    apply_form_apart(
         &state,
         &admin,
         &key,
         &("cancel", order.id),
-        async move |_: &mut PgConnection| -> Result<StoredResponse, AppError> {
+        async move || -> Result<StoredResponse, AppError> {
             // The cancel commits on its own, and only once per order however often it is
             // asked (it locks the order and checks its status); the key is completed just
             // after, so a retry that finds the key stale and takes it over is told
