@@ -4,7 +4,8 @@
 //! ahead while it stalled); and "not enough stock", stored under the key by one statement.
 
 use serde::Serialize;
-use sqlx::{PgConnection, PgPool};
+use sqlx::pool::PoolConnection;
+use sqlx::{PgPool, Postgres};
 
 use super::kind::Kind;
 use super::sold_out::Answer;
@@ -219,32 +220,32 @@ pub(super) async fn replay<K: Kind>(
 }
 
 /// Stores "not enough stock" under the key (one statement, one commit) and answers it;
-/// if another request decided the key first, its answer.
+/// if another request decided the key first, its answer. `conn`, the request's own
+/// connection if it has one, goes back to the pool before that answer is read: a replay
+/// takes a connection of its own, and holding one while waiting for another lets a burst
+/// of twins drain the pool.
 pub(super) async fn store_insufficient<K: Kind>(
     deps: OrderDeps<'_>,
     keyed: &Keyed<'_>,
     shortages: Vec<Shortage>,
-    conn: Option<&mut PgConnection>,
+    conn: Option<PoolConnection<Postgres>>,
 ) -> Result<Outcome<K>, OrderError> {
     let stored = Stored::<K>::insufficient(&shortages);
     let k = keyed;
-    let found = match conn {
-        Some(conn) => {
-            idempotency::store(conn, k.scope, k.key, &k.fingerprint, &stored, k.stale_after).await?
-        }
-        None => {
-            let mut conn = deps.db.acquire().await?;
-            idempotency::store(
-                &mut conn,
-                k.scope,
-                k.key,
-                &k.fingerprint,
-                &stored,
-                k.stale_after,
-            )
-            .await?
-        }
+    let mut conn = match conn {
+        Some(conn) => conn,
+        None => deps.db.acquire().await?,
     };
+    let found = idempotency::store(
+        &mut conn,
+        k.scope,
+        k.key,
+        &k.fingerprint,
+        &stored,
+        k.stale_after,
+    )
+    .await?;
+    drop(conn);
     match found {
         None => Ok(Outcome::Insufficient {
             shortages,

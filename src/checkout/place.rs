@@ -128,7 +128,7 @@ async fn place_keyed<K: Kind>(
     let shortages = shortages_of(request, &seen);
     if !shortages.is_empty() {
         hint_sold_out(deps, &shortages).await;
-        return store_insufficient(deps, keyed, shortages, held.as_deref_mut()).await;
+        return store_insufficient(deps, keyed, shortages, held.take()).await;
     }
 
     if s.order_strategy == OrderStrategy::RedisLock {
@@ -190,7 +190,7 @@ async fn place_keyed<K: Kind>(
                     }
                 }
             }
-            // `batched` comes here for orders of several SKUs, and for holds.
+            // `batched` never comes here: its requests go to the batch (`place_batched`).
             OrderStrategy::PgAtomic | OrderStrategy::NaiveUnsafe | OrderStrategy::Batched => None,
         };
         attempts += 1;
@@ -230,11 +230,13 @@ async fn place_keyed<K: Kind>(
                 });
             }
             Ok(Ok(Tx::Decided(found))) => {
+                // Back to the pool first: a replay reads with a connection of its own.
+                drop(held);
                 return decided_elsewhere(deps, keyed, found).await;
             }
             Ok(Ok(Tx::Short(shortages))) => {
                 hint_sold_out(deps, &shortages).await;
-                return store_insufficient(deps, keyed, shortages, held.as_deref_mut()).await;
+                return store_insufficient(deps, keyed, shortages, held.take()).await;
             }
             Ok(Ok(Tx::StaleFence { last_fence })) => {
                 // A newer lease wrote the row: ours had expired, or Redis forgot the

@@ -1,6 +1,8 @@
 //! A pool with no free connection sheds an order within its acquire timeout, under each
 //! strategy that queues orders: a request that never got a connection sent nothing, so it
-//! answers 503 at once instead of queueing a second time to read its key.
+//! answers 503 at once instead of queueing a second time to read its key. And a request
+//! never holds one connection while it waits for another: twins of a decided key on a
+//! pool smaller than their number are answered, not left waiting for each other.
 
 use std::time::{Duration, Instant};
 
@@ -87,4 +89,78 @@ async fn an_order_on_an_exhausted_pool_is_shed_within_its_acquire_timeout_under_
 #[tokio::test]
 async fn an_order_on_an_exhausted_pool_is_shed_within_its_acquire_timeout_under_batched() {
     an_order_on_an_exhausted_pool_is_shed_within_its_acquire_timeout(OrderStrategy::Batched).await;
+}
+
+#[tokio::test]
+async fn twins_that_find_their_key_decided_let_go_of_their_connection_before_reading_its_order() {
+    // Under pg-atomic a request's transaction runs on the connection its reads used. A
+    // twin whose claim waited on another request's record, and finds the key decided,
+    // reads that request's order with a connection of its own: holding the first while it
+    // waited for a second, two twins on a two-connection pool waited for each other until
+    // the pool's timeout answered both 503.
+    let app = spawn_app_with(Settings {
+        order_strategy: OrderStrategy::PgAtomic,
+        db_pool_size: 2,
+        db_acquire_timeout: Duration::from_millis(500),
+        ..test_settings().await
+    })
+    .await;
+    app.add_product("TWIN-1", "Twin", 100, 10).await;
+    app.add_product("TWIN-2", "Other", 100, 10).await;
+    let cart = [("TWIN-1", 1), ("TWIN-2", 1)];
+    let first: serde_json::Value = app.post_order("first", &cart).await.json().await.unwrap();
+    assert!(first["id"].is_string(), "{first}");
+
+    // The key's record, the first order's answer, written by a transaction that has not
+    // committed yet: the twins' claims wait on it.
+    let mut winner = app.db.begin().await.unwrap();
+    // Runtime: a test's copy of a row under another key (keys are stored under their
+    // client's name: `…first` becomes `…twin`).
+    let copied = sqlx::query(
+        "insert into idempotency_keys
+              (scope, key, fingerprint, state, owner, response_status, response_body, completed_at)
+         select scope, left(key, -length('first')) || 'twin', fingerprint, state, owner,
+                response_status, response_body, completed_at
+           from idempotency_keys where key like '%first'",
+    )
+    .execute(&mut *winner)
+    .await
+    .unwrap();
+    assert_eq!(copied.rows_affected(), 1);
+    let twins: Vec<_> = (0..2)
+        .map(|_| {
+            let (client, address) = (app.client.clone(), app.address.clone());
+            tokio::spawn(async move {
+                let res = crate::helpers::post_order_to(&client, &address, "twin", &cart).await;
+                let status = res.status().as_u16();
+                (status, res.text().await.unwrap())
+            })
+        })
+        .collect();
+    let since = Instant::now();
+    while app_backends_waiting(&app.db).await < 2 {
+        if since.elapsed() > Duration::from_secs(5) {
+            // Runtime: a test's own look at the server.
+            let seen: Vec<(Option<String>, Option<String>, Option<String>)> = sqlx::query_as(
+                "select state, wait_event_type, query from pg_stat_activity
+                  where datname = current_database() and application_name = 'stockade'",
+            )
+            .fetch_all(&app.db)
+            .await
+            .unwrap();
+            panic!("the twins' claims are not waiting: {seen:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    winner.commit().await.unwrap();
+
+    for twin in twins {
+        let (status, body) = twin.await.unwrap();
+        assert_eq!(status, 201, "{body}");
+        let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(body["id"], first["id"], "the key's one order");
+    }
+    assert_eq!(app.stock("TWIN-1").await, (9, 0));
+    assert_eq!(app.count("select count(*) from orders").await, 1);
+    app.assert_invariants().await;
 }
