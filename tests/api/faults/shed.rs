@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use stockade::config::{OrderStrategy, Settings};
 
-use crate::helpers::{spawn_app_with, test_settings};
+use crate::helpers::{post_order_to, spawn_app_with, test_settings};
 
 /// Connections of the app's pool (by the application name it sets) waiting on a lock.
 async fn app_backends_waiting(db: &sqlx::PgPool) -> i64 {
@@ -21,6 +21,18 @@ async fn app_backends_waiting(db: &sqlx::PgPool) -> i64 {
     .fetch_one(db)
     .await
     .unwrap()
+}
+
+/// Waits (at most 5 s) until `n` of the app's connections wait on a lock.
+async fn until_backends_wait(db: &sqlx::PgPool, n: i64, what: &str) {
+    let since = Instant::now();
+    while app_backends_waiting(db).await < n {
+        assert!(
+            since.elapsed() < Duration::from_secs(5),
+            "{what} not waiting"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 async fn an_order_on_an_exhausted_pool_is_shed_within_its_acquire_timeout(strategy: OrderStrategy) {
@@ -49,14 +61,7 @@ async fn an_order_on_an_exhausted_pool_is_shed_within_its_acquire_timeout(strate
             tokio::spawn(async move { client.get(url).send().await.map(|r| r.status()) })
         })
         .collect();
-    let since = Instant::now();
-    while app_backends_waiting(&app.db).await < 2 {
-        assert!(
-            since.elapsed() < Duration::from_secs(5),
-            "listings not waiting"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_backends_wait(&app.db, 2, "listings").await;
 
     let started = Instant::now();
     let res = app.post_order("shed-1", &[("SHED-1", 1)]).await;
@@ -131,27 +136,13 @@ async fn twins_that_find_their_key_decided_let_go_of_their_connection_before_rea
         .map(|_| {
             let (client, address) = (app.client.clone(), app.address.clone());
             tokio::spawn(async move {
-                let res = crate::helpers::post_order_to(&client, &address, "twin", &cart).await;
+                let res = post_order_to(&client, &address, "twin", &cart).await;
                 let status = res.status().as_u16();
                 (status, res.text().await.unwrap())
             })
         })
         .collect();
-    let since = Instant::now();
-    while app_backends_waiting(&app.db).await < 2 {
-        if since.elapsed() > Duration::from_secs(5) {
-            // Runtime: a test's own look at the server.
-            let seen: Vec<(Option<String>, Option<String>, Option<String>)> = sqlx::query_as(
-                "select state, wait_event_type, query from pg_stat_activity
-                  where datname = current_database() and application_name = 'stockade'",
-            )
-            .fetch_all(&app.db)
-            .await
-            .unwrap();
-            panic!("the twins' claims are not waiting: {seen:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_backends_wait(&app.db, 2, "the twins' claims").await;
     winner.commit().await.unwrap();
 
     for twin in twins {
