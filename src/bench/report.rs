@@ -288,9 +288,9 @@ pub fn summary(report: &BenchReport) -> String {
         let _ = writeln!(
             out,
             "\nsoak {} ({} minutes): {}\n  p99 {:.1} ms in the first minute, {:.1} ms in the \
-             last: {:.2}× (target ≤ {P99_GROWTH_LIMIT}×)\n  servers' memory {:.0} MB at \
-             minute {}, {:.0} MB at the end: {:+.1} % (target ≤ +{:.0} %)\n  stock {:.0} KB \
-             at first, at most {:.0} KB",
+             last: {:.2}× (target ≤ {P99_GROWTH_LIMIT}×)\n  servers' memory, median: {:.1} MB \
+             over minutes {}–{}, {:.1} MB over {}–{}: {:+.1} % (target ≤ +{:.0} %)\n  stock \
+             {:.0} KB at first, at most {:.0} KB",
             v.workload.name(),
             v.minutes,
             if v.pass {
@@ -302,8 +302,11 @@ pub fn summary(report: &BenchReport) -> String {
             v.last_p99_ms,
             v.p99_growth,
             v.settled_rss_mb,
-            v.settled_minute,
+            v.settled_minutes.0,
+            v.settled_minutes.1,
             v.last_rss_mb,
+            v.last_minutes.0,
+            v.last_minutes.1,
             v.rss_growth * 100.0,
             RSS_GROWTH_LIMIT * 100.0,
             v.first_stock_kb,

@@ -1,7 +1,8 @@
 //! Webhook targets against an outside audit: a name that flips to 127.0.0.1 between the
 //! check and the connection never reaches it, the IPv6 forms of private addresses are
 //! refused, refusals spell the host as typed, a private receiver's answer is not shown,
-//! and the new-endpoint form redirects and makes one endpoint however often it is sent.
+//! and the new-endpoint form redirects and makes one endpoint however often it is sent,
+//! none while Redis cannot keep its secret.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -12,7 +13,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use crate::helpers::{TestApp, spawn_app, spawn_app_with, test_settings};
+use crate::helpers::{TestApp, spawn_app, spawn_app_with, spawn_app_with_own_redis, test_settings};
 use stockade::events::target::{Lookup, Resolver};
 
 /// A receiver on 127.0.0.1 that counts the connections it accepts and answers each
@@ -353,7 +354,13 @@ async fn the_new_endpoint_form_redirects_and_sending_it_again_makes_no_second_en
     // Shown once: reloading the page says it was made, and not the secret.
     let (_, reloaded) = app.get_text(&location).await;
     assert!(reloaded.contains("is ready."), "{reloaded}");
-    assert!(reloaded.contains("was shown once"), "{reloaded}");
+    assert!(
+        reloaded.contains(
+            "Its signing secret was shown once, on the first visit to this page; if it is lost, \
+             delete the endpoint and make a new one."
+        ),
+        "{reloaded}"
+    );
     assert!(!reloaded.contains(secret), "the secret is shown only once");
 
     // The same form with other values is refused, and nothing is made.
@@ -362,4 +369,67 @@ async fn the_new_endpoint_form_redirects_and_sending_it_again_makes_no_second_en
     let res = app.admin_post("/admin/webhooks", &other).await;
     assert_eq!(res.status().as_u16(), 422);
     assert_eq!(app.count("select count(*) from webhook_endpoints").await, 1);
+}
+
+#[tokio::test]
+async fn without_redis_the_new_endpoint_form_makes_nothing_and_says_so_and_works_once_it_is_back() {
+    let mut app = spawn_app_with_own_redis().await;
+    let csrf = app.login_admin().await;
+    let made_before = form_key(&app).await;
+    let first = new_endpoint(&app, &csrf, &made_before, "http://127.0.0.1:9/a").await;
+    assert_eq!(first.status().as_u16(), 303);
+    let unseen = first.headers()["location"].to_str().unwrap().to_string();
+    let key = form_key(&app).await;
+
+    app.stop_redis();
+    let sentence = "The endpoint was not made: its signing secret could not be kept to show it \
+                    to you. Please try again in a moment.";
+    let res = new_endpoint(&app, &csrf, &key, "http://127.0.0.1:9/b").await;
+    assert_eq!(res.status().as_u16(), 503);
+    assert!(res.headers().contains_key("retry-after"));
+    let body = res.text().await.unwrap();
+    assert!(body.contains(sentence), "{body}");
+    assert_eq!(app.count("select count(*) from webhook_endpoints").await, 1);
+    // The page of the endpoint made before says what it knows: not that the secret was shown.
+    let (status, page) = app.get_text(&unseen).await;
+    assert_eq!(status, 200);
+    assert!(
+        page.contains(
+            "Its signing secret could not be read just now; reload this page in a moment to see it."
+        ),
+        "{page}"
+    );
+    assert!(!page.contains("was shown once"), "{page}");
+
+    // The refused form's key was not used up: sent again once Redis is back, it makes the
+    // endpoint (the breaker lets Redis calls through again within a few seconds).
+    app.restart_redis().await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let made = loop {
+        let res = new_endpoint(&app, &csrf, &key, "http://127.0.0.1:9/b").await;
+        match res.status().as_u16() {
+            303 => break res,
+            503 if Instant::now() < deadline => {
+                assert!(res.text().await.unwrap().contains(sentence));
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            other => panic!("{other}: {}", res.text().await.unwrap()),
+        }
+    };
+    let location = made.headers()["location"].to_str().unwrap().to_string();
+    let (_, page) = app.get_text(&location).await;
+    assert!(page.contains(r#"<code id="new-secret">whsec_"#), "{page}");
+    assert_eq!(app.count("select count(*) from webhook_endpoints").await, 2);
+}
+
+/// Sends the new-endpoint form with `key` for `url`.
+async fn new_endpoint(app: &TestApp, csrf: &str, key: &str, url: &str) -> reqwest::Response {
+    let fields = [
+        ("csrf", csrf),
+        ("key", key),
+        ("url", url),
+        ("event_types", "order.placed"),
+        ("description", "fulfilment"),
+    ];
+    app.admin_post("/admin/webhooks", &fields).await
 }

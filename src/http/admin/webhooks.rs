@@ -113,22 +113,38 @@ pub async fn get_webhooks(
     let mut secret = None;
     let notice = if let (Some(made), Some(key)) = (made, query.done.as_deref()) {
         let slot = secret_slot(&state, &admin, key);
-        let taken: redis::RedisResult<(Option<String>, i64)> = redis::pipe()
-            .atomic()
-            .get(&slot)
-            .del(&slot)
-            .query_async(&mut state.redis.conn())
+        let mut conn = state.redis.conn();
+        let taken = state
+            .redis
+            .call(
+                "taking a new webhook secret",
+                redis::pipe()
+                    .atomic()
+                    .get(&slot)
+                    .del(&slot)
+                    .query_async::<(Option<String>, i64)>(&mut conn),
+            )
             .await;
-        secret = taken.ok().and_then(|(secret, _)| secret);
-        if secret.is_none() {
-            Some((
+        match taken {
+            // Redis did not answer: whether the secret is still there is not known.
+            None => Some((
                 format!(
-                    "{made} Its signing secret was shown once, on the first visit to this page;                      if it is lost, delete the endpoint and make a new one."
+                    "{made} Its signing secret could not be read just now; reload this page \
+                     in a moment to see it."
+                ),
+                true,
+            )),
+            Some((None, _)) => Some((
+                format!(
+                    "{made} Its signing secret was shown once, on the first visit to this page; \
+                     if it is lost, delete the endpoint and make a new one."
                 ),
                 false,
-            ))
-        } else {
-            Some((made, false))
+            )),
+            Some((Some(taken), _)) => {
+                secret = Some(taken);
+                Some((made, false))
+            }
         }
     } else {
         query.deleted.as_ref().map(|_| {
@@ -252,17 +268,26 @@ pub async fn post_webhooks(
                     .await?;
             // Kept before the endpoint commits: if this fails, nothing is made. If the
             // commit fails instead, the secret expires unshown (no page finds the key).
-            let kept: redis::RedisResult<()> = redis::cmd("SET")
-                .arg(&slot)
-                .arg(&secret)
-                .arg("EX")
-                .arg(SECRET_SHOWN_WITHIN.as_secs())
-                .query_async(&mut shared.redis.conn())
+            // Through the breaker, so a Redis that hangs holds this transaction no longer
+            // than its timeout.
+            let mut redis = shared.redis.conn();
+            let kept = shared
+                .redis
+                .call(
+                    "keeping a new webhook secret",
+                    redis::cmd("SET")
+                        .arg(&slot)
+                        .arg(&secret)
+                        .arg("EX")
+                        .arg(SECRET_SHOWN_WITHIN.as_secs())
+                        .query_async::<()>(&mut redis),
+                )
                 .await;
-            if let Err(e) = kept {
-                tracing::warn!(error = %e, "keeping a new webhook secret in Redis failed");
+            if kept.is_none() {
+                tracing::warn!("keeping a new webhook secret in Redis failed");
                 return Err(AppError::Unavailable {
-                    message: "The endpoint was not made: its signing secret could not be kept                               to show it to you. Please try again in a moment."
+                    message: "The endpoint was not made: its signing secret could not be kept \
+                              to show it to you. Please try again in a moment."
                         .into(),
                     retry_after: 1,
                 });
