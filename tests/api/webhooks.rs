@@ -16,11 +16,15 @@ use tokio::net::TcpListener;
 use crate::helpers::{TestApp, spawn_app, spawn_app_with, spawn_app_with_own_redis, test_settings};
 use stockade::events::target::{Lookup, Resolver};
 
-/// A receiver on 127.0.0.1 that counts the connections it accepts and answers each
-/// request 200 with `body`.
+/// A receiver on 127.0.0.1 that counts the webhook requests it gets (`POST /hooks`) and
+/// answers each 200 with `body`.
+///
+/// Requests, not connections: its port was free a moment before, and a port another test
+/// let go of may still be dialled by what that test left running (an app's database probe
+/// reconnecting to a stopped proxy), so other connections can arrive and are ignored.
 struct Listener {
     port: u16,
-    accepted: Arc<AtomicUsize>,
+    requests: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -28,11 +32,11 @@ impl Listener {
     async fn start(body: &'static str) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let counter = accepted.clone();
+        let requests = Arc::new(AtomicUsize::new(0));
+        let counter = requests.clone();
         let task = tokio::spawn(async move {
             while let Ok((mut stream, _)) = listener.accept().await {
-                counter.fetch_add(1, Ordering::SeqCst);
+                let counter = counter.clone();
                 tokio::spawn(async move {
                     // The whole request (headers, then content-length bytes) before the
                     // answer, so the sender never sees its request cut off.
@@ -44,6 +48,11 @@ impl Listener {
                             Ok(n) => got.extend_from_slice(&buf[..n]),
                         }
                     }
+                    if !got.starts_with(b"POST /hooks ") {
+                        return;
+                    }
+                    // Counted before the answer, so a sender that has its answer is counted.
+                    counter.fetch_add(1, Ordering::SeqCst);
                     let answer = format!(
                         "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
                         body.len()
@@ -55,13 +64,13 @@ impl Listener {
         });
         Self {
             port,
-            accepted,
+            requests,
             task,
         }
     }
 
-    fn accepted(&self) -> usize {
-        self.accepted.load(Ordering::SeqCst)
+    fn requests(&self) -> usize {
+        self.requests.load(Ordering::SeqCst)
     }
 }
 
@@ -178,7 +187,7 @@ async fn a_name_that_flips_to_loopback_between_check_and_connect_never_reaches_i
             assert!(res.status().is_success(), "resend {send}: {}", res.status());
         }
     }
-    assert_eq!(listener.accepted(), 0, "a send reached 127.0.0.1");
+    assert_eq!(listener.requests(), 0, "a send reached 127.0.0.1");
     assert_eq!(
         refusals, 20,
         "every send the name server sent to 127.0.0.1 is refused"
@@ -286,7 +295,7 @@ async fn a_private_receivers_answer_is_not_shown_in_the_deliveries() {
     assert_eq!(app.post_order("pa-1", &[("PA-P", 1)]).await.status(), 201);
     let (_, status, error) = settled(&app).await;
     assert_eq!(status, "sent", "{error:?}");
-    assert_eq!(listener.accepted(), 1);
+    assert_eq!(listener.requests(), 1);
     let api = app
         .get("/api/v1/admin/webhooks/deliveries")
         .await
