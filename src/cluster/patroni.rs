@@ -532,7 +532,9 @@ fn start_node(
     let config = json!({
         "scope": SCOPE,
         "name": name,
-        "log": {"level": "WARNING"},
+        // Patroni's own default: each loop's decision ("no action. I am (pg3), the leader
+        // with the lock") is what tells afterwards why a node did or did not lead.
+        "log": {"level": "INFO"},
         "restapi": {"listen": format!("127.0.0.1:{rest}"), "connect_address": format!("127.0.0.1:{rest_at}")},
         // With links, etcd is reached only through them: no discovery of its members'
         // own addresses, which would go around the link.

@@ -174,10 +174,22 @@ pub async fn lose_the_leader(
         let mut previous_tick = Duration::ZERO;
         let deadline = faulted_at + Duration::from_secs(60);
         while elected.is_none() || !old_demoted || others_writable_after.is_none() {
-            assert!(
-                Instant::now() < deadline,
-                "{fault:?}: no leader, or the old one not demoted, within 60 s"
-            );
+            if Instant::now() >= deadline {
+                // What each node says of itself: the role, state and timeline it had.
+                let said = join_all(cluster.postgres.nodes.iter().map(|n| async move {
+                    let url = format!("{}/patroni", n.patroni_url());
+                    match reqwest::get(&url).await {
+                        Ok(res) => format!("{url}: {}", res.text().await.unwrap_or_default()),
+                        Err(e) => format!("{url}: {e}"),
+                    }
+                }))
+                .await;
+                panic!(
+                    "{fault:?}: no leader, or the old one not demoted, within 60 s \
+                     (elected: {elected:?}, old demoted: {old_demoted})\n{}",
+                    said.join("\n")
+                );
+            }
             let asked = faulted_at.elapsed();
             let cluster: &Cluster = cluster;
             let nodes = &cluster.postgres.nodes;
