@@ -172,6 +172,10 @@ pub async fn lose_the_leader(
         let mut old_demoted = fault != Fault::Partition;
         let mut elected = None;
         let mut previous_tick = Duration::ZERO;
+        // What the loop saw, for a failure to tell a loop that did not tick from nodes
+        // that did not say yes: ticks, and each node's last answer to `/primary`.
+        let mut ticks = 0;
+        let mut last_seen = Vec::new();
         let deadline = faulted_at + Duration::from_secs(60);
         while elected.is_none() || !old_demoted || others_writable_after.is_none() {
             if Instant::now() >= deadline {
@@ -186,7 +190,8 @@ pub async fn lose_the_leader(
                 .await;
                 panic!(
                     "{fault:?}: no leader, or the old one not demoted, within 60 s \
-                     (elected: {elected:?}, old demoted: {old_demoted})\n{}",
+                     (elected: {elected:?}, old demoted: {old_demoted}; {ticks} ticks, the \
+                     last at {previous_tick:?} saw /primary {last_seen:?})\n{}",
                     said.join("\n")
                 );
             }
@@ -234,6 +239,8 @@ pub async fn lose_the_leader(
                 elected = Some((i, asked));
             }
             previous_tick = asked;
+            ticks += 1;
+            last_seen = primaries;
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let (elected_node, elected) = elected.expect("the loop ends with a leader");
