@@ -24,6 +24,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -109,15 +110,24 @@ impl Node {
 
     /// Whether its REST API answers 200 at `path` (`/primary`, `/replica`, `/sync`).
     pub async fn answers(&self, path: &str) -> bool {
-        crate::install_tls_provider(); // a library caller (a test) may not have
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(2))
-            .build();
-        let Ok(client) = client else {
+        // One client for every ask: building one loads the platform's root certificates
+        // (13 ms of CPU each in a debug build here), and the failover test asks every node
+        // ten times a second on the runtime its sale runs on. No idle connections kept: a
+        // kept one belongs to the runtime that made it, and callers come from several.
+        static CLIENT: OnceLock<Option<reqwest::Client>> = OnceLock::new();
+        let client = CLIENT.get_or_init(|| {
+            crate::install_tls_provider(); // a library caller (a test) may not have
+            reqwest::Client::builder()
+                .pool_max_idle_per_host(0)
+                .build()
+                .ok()
+        });
+        let Some(client) = client else {
             return false;
         };
         client
             .get(format!("{}{path}", self.patroni_url()))
+            .timeout(Duration::from_secs(2))
             .send()
             .await
             .is_ok_and(|r| r.status().as_u16() == 200)
