@@ -32,9 +32,14 @@ use nix::unistd::User;
 use serde_json::json;
 use sqlx::Connection;
 
-use super::daemons::{Daemon, log_to, run_haproxy, write_owned};
+use super::daemons::{Daemon, log_to, write_owned};
 use crate::local::backups::{Repo, Server};
 use crate::local::{PG_DATABASE, PG_USER, find_binary, free_port, private_dir, run_as};
+use etcd::{start_etcd, wait_for_etcd};
+use routing::{start_haproxy, start_link};
+
+mod etcd;
+mod routing;
 
 /// Patroni's scope: the cluster's name in etcd.
 pub const SCOPE: &str = "stockade";
@@ -429,63 +434,6 @@ impl Patroni {
     }
 }
 
-/// Waits until etcd has decided its cluster version: Patroni started before (etcd answers
-/// "not_decided" for a moment after it listens) fails to parse it and exits.
-async fn wait_for_etcd(port: u16, within: Duration) -> anyhow::Result<()> {
-    crate::install_tls_provider();
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(2))
-        .build()?;
-    let deadline = Instant::now() + within;
-    loop {
-        let version = client
-            .get(format!("http://127.0.0.1:{port}/version"))
-            .send()
-            .await;
-        if let Ok(res) = version
-            && let Ok(body) = res.json::<serde_json::Value>().await
-            && body["etcdcluster"]
-                .as_str()
-                .is_some_and(|v| v.starts_with(|c: char| c.is_ascii_digit()))
-        {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("etcd did not decide its cluster version within {within:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn start_etcd(dir: &Path, owner: Option<User>) -> anyhow::Result<Daemon> {
-    let bin = find_binary("etcd")
-        .context("etcd not found: install it (Debian/Ubuntu: apt-get install etcd-server)")?;
-    let data = private_dir(&dir.join("etcd"), owner.as_ref())?;
-    let (client, peer) = (free_port()?, free_port()?);
-    let log = dir.join("etcd.log");
-    let out = fs::File::create(&log)?;
-    Daemon::start("etcd", client, log, move || {
-        let mut cmd = Command::new(&bin);
-        cmd.arg("--name")
-            .arg("etcd1")
-            .arg("--data-dir")
-            .arg(data.join("data"))
-            .arg("--listen-client-urls")
-            .arg(format!("http://127.0.0.1:{client}"))
-            .arg("--advertise-client-urls")
-            .arg(format!("http://127.0.0.1:{client}"))
-            .arg("--listen-peer-urls")
-            .arg(format!("http://127.0.0.1:{peer}"))
-            .arg("--initial-advertise-peer-urls")
-            .arg(format!("http://127.0.0.1:{peer}"))
-            .arg("--initial-cluster")
-            .arg(format!("etcd1=http://127.0.0.1:{peer}"));
-        run_as(&mut cmd, owner.as_ref());
-        log_to(&mut cmd, &out);
-        cmd
-    })
-}
-
 fn start_node(
     dir: &Path,
     owner: Option<User>,
@@ -609,80 +557,4 @@ fn start_node(
         home,
         link,
     })
-}
-
-/// A node's link ([`Options::links`]): HAProxy in TCP mode forwarding its three paths,
-/// `(etcd, PostgreSQL, REST)` at `at` to the same at `to`.
-fn start_link(home: &Path, at: (u16, u16, u16), to: (u16, u16, u16)) -> anyhow::Result<Daemon> {
-    let dir = home.join("link");
-    fs::create_dir_all(&dir)?;
-    let listen = |name: &str, from: u16, to: u16| {
-        format!("listen {name}\n  bind 127.0.0.1:{from}\n  server {name} 127.0.0.1:{to}\n")
-    };
-    let config = dir.join("haproxy.cfg");
-    crate::local::write_private(
-        &config,
-        &format!(
-            "defaults\n  mode tcp\n  timeout connect 1s\n  timeout client 30m\n  \
-             timeout server 30m\n{}{}{}",
-            listen("etcd", at.0, to.0),
-            listen("postgres", at.1, to.1),
-            listen("rest", at.2, to.2),
-        ),
-    )?;
-    run_haproxy(&dir, config, at.0)
-}
-
-/// HAProxy in TCP mode: `write_port` to the node whose Patroni answers `/primary`,
-/// `read_port` to those answering `/replica` (asked with `OPTIONS`, which Patroni answers
-/// without a body: a check closes its connection as soon as it has the status, and a
-/// body being written then fails in Patroni's log). Checked every 500 ms: a node that
-/// stops answering yes is marked down after two checks and its sessions are cut, so a
-/// demoted or dead node keeps no client; one that starts answering yes is used at once
-/// (Patroni says `/primary` only while it holds the leader key).
-fn start_haproxy(
-    dir: &Path,
-    write_port: u16,
-    read_port: u16,
-    nodes: &[Node],
-) -> anyhow::Result<Daemon> {
-    let dir = dir.join("haproxy-postgres");
-    fs::create_dir_all(&dir)?;
-    let servers: String = nodes
-        .iter()
-        .map(|n| {
-            format!(
-                "  server {} 127.0.0.1:{} check port {}\n",
-                n.name, n.pg_port, n.daemon.port
-            )
-        })
-        .collect();
-    let config = dir.join("haproxy.cfg");
-    crate::local::write_private(
-        &config,
-        &format!(
-            "global\n\
-             \x20 maxconn 4000\n\
-             defaults\n\
-             \x20 mode tcp\n\
-             \x20 timeout connect 1s\n\
-             \x20 timeout client 30m\n\
-             \x20 timeout server 30m\n\
-             \x20 timeout check 1s\n\
-             \x20 default-server inter 500ms fall 2 rise 1 on-marked-down shutdown-sessions\n\
-             listen postgres-write\n\
-             \x20 bind 127.0.0.1:{write_port}\n\
-             \x20 option httpchk OPTIONS /primary\n\
-             \x20 http-check expect status 200\n\
-             {}\
-             listen postgres-read\n\
-             \x20 bind 127.0.0.1:{read_port}\n\
-             \x20 balance roundrobin\n\
-             \x20 option httpchk OPTIONS /replica\n\
-             \x20 http-check expect status 200\n\
-             {}",
-            servers, servers,
-        ),
-    )?;
-    run_haproxy(&dir, config, write_port)
 }
