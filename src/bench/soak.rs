@@ -99,10 +99,12 @@ impl SoakVerdict {
         // Memory by thirds, each its median: one minute's reading swings with the requests in
         // flight at that moment (±15 MB at 6,000 orders/s), while growth that goes on moves
         // a whole third.
-        let third = (rows.len() / 3).max(1).min(rows.len());
-        let (settled, ending) = rows.split_at(rows.len() - third);
-        let settled = &settled[settled.len().saturating_sub(third)..];
-        let settled = if settled.is_empty() { ending } else { settled };
+        let third = (rows.len() / 3).max(1);
+        let ending = &rows[rows.len() - third..];
+        let settled = match &rows[rows.len().saturating_sub(2 * third)..rows.len() - third] {
+            [] => ending, // a one-minute soak
+            middle => middle,
+        };
         let (settled_rss_mb, last_rss_mb) = (median_rss(settled), median_rss(ending));
         let rss_growth = last_rss_mb / settled_rss_mb.max(1e-3) - 1.0;
         let max_stock_kb = rows.iter().map(|r| r.stock_kb).fold(0.0, f64::max);

@@ -325,19 +325,13 @@ async fn the_new_endpoint_form_redirects_and_sending_it_again_makes_no_second_en
     let app = spawn_app().await;
     let csrf = app.login_admin().await;
     let key = form_key(&app).await;
-    let fields = [
-        ("csrf", csrf.as_str()),
-        ("key", key.as_str()),
-        ("url", "http://127.0.0.1:9/hooks"),
-        ("event_types", "order.placed"),
-        ("description", "fulfilment"),
-    ];
-    let first = app.admin_post("/admin/webhooks", &fields).await;
+    let url = "http://127.0.0.1:9/hooks";
+    let first = new_endpoint(&app, &csrf, &key, url).await;
     assert_eq!(first.status().as_u16(), 303);
     let location = first.headers()["location"].to_str().unwrap().to_string();
     assert!(location.starts_with("/admin/webhooks?done="), "{location}");
     // A reload of the answer, or a second press, sends the same form again.
-    let again = app.admin_post("/admin/webhooks", &fields).await;
+    let again = new_endpoint(&app, &csrf, &key, url).await;
     assert_eq!(again.status().as_u16(), 303);
     assert_eq!(again.headers()["location"].to_str().unwrap(), location);
     assert_eq!(app.count("select count(*) from webhook_endpoints").await, 1);
@@ -373,9 +367,7 @@ async fn the_new_endpoint_form_redirects_and_sending_it_again_makes_no_second_en
     assert!(!reloaded.contains(secret), "the secret is shown only once");
 
     // The same form with other values is refused, and nothing is made.
-    let mut other = fields;
-    other[2] = ("url", "http://127.0.0.1:10/hooks");
-    let res = app.admin_post("/admin/webhooks", &other).await;
+    let res = new_endpoint(&app, &csrf, &key, "http://127.0.0.1:10/hooks").await;
     assert_eq!(res.status().as_u16(), 422);
     assert_eq!(app.count("select count(*) from webhook_endpoints").await, 1);
 }
