@@ -61,6 +61,22 @@ echo "The ten slowest tests:"
 sed -n 's/^test \(.*\) \.\.\. [a-zA-Z]* <\([0-9.]*\)s>$/\2 \1/p' "$log" |
   sort -rn | awk 'NR <= 10 { printf "  %7.1f s  %s\n", $1, $2 }'
 
+# Each failure's panic, again, at the end: a long run's output is often read from its
+# tail (and CI may keep only the tail), where the tests' own output would bury it. The
+# panic line and the message's first lines, up to the backtrace, each line cut at 300
+# characters.
+if grep -q "^thread '.*' ([0-9]*) panicked at " "$log"; then
+  echo
+  echo "Why each failed:"
+  awk '
+    /^thread .* panicked at / { shown = 0; printing = 1; print "  " $0; next }
+    printing && (/^stack backtrace:/ || /^note: / || /^---- / || shown == 12) {
+      printing = 0; if (shown == 12) print "    […]"; next
+    }
+    printing { shown++; print "    " substr($0, 1, 300) }
+  ' "$log"
+fi
+
 # What is still running with this run's mark (this script and its pipeline aside).
 leftovers=()
 for environ in /proc/[0-9]*/environ; do

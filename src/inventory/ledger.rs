@@ -26,7 +26,9 @@ pub struct Movement {
 /// a movement is the stock row's minus every movement newer than it. While the ledger and
 /// the stock row agree (I1, which the page's "Verify" and `stockade check` prove), that is
 /// the ledger's own running sum — at the cost of the rows newer than the page, not of the
-/// SKU's whole history (a hot SKU's ledger grows by millions of rows a day).
+/// SKU's whole history (a hot SKU's ledger grows by millions of rows a day). Those rows
+/// and the page's are read in one pass down the `(sku, id)` index: the sums run over it,
+/// and the offset drops the newer rows after.
 #[tracing::instrument(skip_all)]
 pub async fn page(
     pool: &PgPool,
@@ -36,27 +38,21 @@ pub async fn page(
 ) -> sqlx::Result<Vec<Movement>> {
     sqlx::query_as!(
         Movement,
-        r#"with newer as (
-               select coalesce(sum(delta), 0)::bigint as on_hand,
-                      coalesce(sum(reserved_delta), 0)::bigint as reserved
-                 from (select delta, reserved_delta from stock_movements
-                        where sku = $1 order by id desc limit $3) n
-           ), page as (
-               select id, created_at, delta, reserved_delta, reason, note, reference, actor
-                 from stock_movements where sku = $1 order by id desc limit $2 offset $3
-           )
-           select p.id as "id!", p.created_at as "created_at!", p.delta as "delta!",
-                  p.reserved_delta as "reserved_delta!", p.reason as "reason!", p.note,
-                  p.reference, p.actor as "actor!",
-                  (s.on_hand - n.on_hand - coalesce(sum(p.delta) over newer_in_page, 0))::bigint
+        r#"select m.id as "id!", m.created_at as "created_at!", m.delta as "delta!",
+                  m.reserved_delta as "reserved_delta!", m.reason as "reason!", m.note,
+                  m.reference, m.actor as "actor!",
+                  (s.on_hand - coalesce(sum(m.delta) over newer, 0))::bigint
                       as "running_on_hand!",
-                  (s.reserved - n.reserved
-                     - coalesce(sum(p.reserved_delta) over newer_in_page, 0))::bigint
+                  (s.reserved - coalesce(sum(m.reserved_delta) over newer, 0))::bigint
                       as "running_reserved!"
-             from page p cross join newer n join stock s on s.sku = $1
-           window newer_in_page as (order by p.id desc
-                                    rows between unbounded preceding and 1 preceding)
-            order by p.id desc"#,
+             from (select id, created_at, delta, reserved_delta, reason, note, reference,
+                          actor
+                     from stock_movements where sku = $1
+                    order by id desc limit $2::bigint + $3::bigint) m
+             join stock s on s.sku = $1
+           window newer as (order by m.id desc rows between unbounded preceding and 1 preceding)
+            order by m.id desc
+           offset $3::bigint"#,
         sku.as_str(),
         limit,
         offset,

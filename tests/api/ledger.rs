@@ -84,16 +84,18 @@ async fn a_ledger_longer_than_is_counted_says_so_and_still_links_older_pages() {
     assert_eq!(status, 200);
     assert!(html.contains("Page 1 of 2000+"), "{html}");
     assert_eq!(running_column(&html)[0], rows, "the newest row: every unit");
-    let (_, last_counted) = app
+    let (status, last_counted) = app
         .get_text("/admin/products/LEDGER-BIG/ledger?page=2000")
         .await;
+    assert_eq!(status, 200, "{last_counted}");
     assert!(
         last_counted.contains("ledger?page=2001\">Older"),
-        "past what was counted, older pages are still linked"
+        "past what was counted, older pages are still linked: {last_counted}"
     );
-    let (_, beyond) = app
+    let (status, beyond) = app
         .get_text("/admin/products/LEDGER-BIG/ledger?page=2001")
         .await;
+    assert_eq!(status, 200, "{beyond}");
     assert_eq!(
         running_column(&beyond).len(),
         50,
