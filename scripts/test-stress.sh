@@ -8,6 +8,11 @@ cd "$(dirname "$0")/.."
 # Built before the load starts: the load is for the tests, not the compiler.
 cargo test --locked --all-targets --no-run --quiet
 
+# (A load that failed to start would pass the tests on an idle machine, unsaid.)
+command -v stress-ng >/dev/null || {
+  echo "stress-ng is not installed: make deps-stress installs it" >&2
+  exit 1
+}
 workers=$(nproc)
 stress-ng --cpu "$workers" --cpu-load 100 --timeout 0 --quiet &
 stress=$!

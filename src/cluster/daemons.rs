@@ -323,17 +323,27 @@ pub(super) fn start_sentinel(
 pub(super) async fn wait_for_redis_replica(port: u16, password: &str) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     let client = redis::Client::open(format!("redis://:{password}@127.0.0.1:{port}"))?;
-    let mut conn = client.get_multiplexed_async_connection().await?;
     loop {
-        let info: String = redis::cmd("INFO")
-            .arg("replication")
-            .query_async(&mut conn)
-            .await?;
-        if info.lines().any(|l| l.trim() == "master_link_status:up") {
+        // A replica busy loading its master's copy may be slow to answer: not yet, not a
+        // failure, until the deadline.
+        let info: redis::RedisResult<String> = async {
+            let mut conn = client.get_multiplexed_async_connection().await?;
+            redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut conn)
+                .await
+        }
+        .await;
+        if let Ok(info) = &info
+            && info.lines().any(|l| l.trim() == "master_link_status:up")
+        {
             return Ok(());
         }
         if Instant::now() > deadline {
-            bail!("the Redis replica on port {port} did not copy its master within 30 s");
+            bail!(
+                "the Redis replica on port {port} did not copy its master within 30 s \
+                 (last answer: {info:?})"
+            );
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -345,8 +355,14 @@ pub(super) async fn wait_for_sentinels(ports: &[u16]) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     for port in ports {
         let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
-        let mut conn = client.get_multiplexed_async_connection().await?;
         loop {
+            let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+                if Instant::now() > deadline {
+                    bail!("the Sentinel on port {port} did not answer within 30 s");
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
             let quorum = redis::cmd("SENTINEL")
                 .arg("ckquorum")
                 .arg(MASTER_NAME)
