@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test `cargo test --all-targets` runs, as it does, and then:
 #   - prints the ten slowest tests of the run (libtest's own per-test timing);
+#   - repeats each failing test's panic message;
 #   - fails when any process a test started (servers, PostgreSQL, Redis, Sentinels,
 #     HAProxy, PgBouncer, chromedriver and its Chromium) is still alive after the test
 #     binaries ended, naming each, and then stops them.
