@@ -27,8 +27,9 @@ pub struct Movement {
 /// the stock row agree (I1, which the page's "Verify" and `stockade check` prove), that is
 /// the ledger's own running sum — at the cost of the rows newer than the page, not of the
 /// SKU's whole history (a hot SKU's ledger grows by millions of rows a day). Those rows
-/// and the page's are read in one pass down the `(sku, id)` index: the sums run over it,
-/// and the offset drops the newer rows after.
+/// and the page's are read once, together: the sums run over them, and the offset drops
+/// the newer rows after. (Read apart, a planner without statistics on a freshly filled
+/// ledger summed the newer rows again for every row of the page.)
 #[tracing::instrument(skip_all)]
 pub async fn page(
     pool: &PgPool,
