@@ -307,9 +307,9 @@ async fn check_state(cluster: &Cluster, dir: &std::path::Path) {
     db.close().await;
 }
 
-// Two workers for the sales' buyers (each a task of its own), so the checks that time a
-// failover, which run in the test's own future, are not queued behind 150 buyers a second
-// on one thread.
+// Two workers for the sales' buyers (each a task of its own), apart from the test's own
+// future and its checks; the leader-loss phases give their sale a runtime of its own too
+// (`failover::lose_the_leader`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flash_sale_through_haproxy_survives_losing_a_redis_master_an_app_the_replicas_pgbouncer_and_the_database_leader()
  {
