@@ -113,8 +113,14 @@ impl Node {
             .restart()
     }
 
-    /// Whether its REST API answers 200 at `path` (`/primary`, `/replica`, `/sync`).
+    /// Whether its REST API answers 200 at `path` (`/primary`, `/replica`, `/sync`)
+    /// within 2 s.
     pub async fn answers(&self, path: &str) -> bool {
+        self.answers_within(path, Duration::from_secs(2)).await
+    }
+
+    /// Whether its REST API answers 200 at `path` within `timeout`.
+    pub async fn answers_within(&self, path: &str, timeout: Duration) -> bool {
         // One client for every ask: building one loads the platform's root certificates
         // (13 ms of CPU each in a debug build here), and the failover test asks every node
         // ten times a second on the runtime its sale runs on. No idle connections kept: a
@@ -132,7 +138,7 @@ impl Node {
         };
         client
             .get(format!("{}{path}", self.patroni_url()))
-            .timeout(Duration::from_secs(2))
+            .timeout(timeout)
             .send()
             .await
             .is_ok_and(|r| r.status().as_u16() == 200)

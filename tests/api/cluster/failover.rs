@@ -214,7 +214,10 @@ pub async fn lose_the_leader(
             let (answered, writable) = tokio::join!(
                 join_all(nodes.iter().map(|n| async move {
                     let asked = Instant::now();
-                    (n.answers("/primary").await, asked.elapsed())
+                    // A node that is busy (a promotion, a sale, a loaded machine) may be
+                    // slow to say so: a late yes is still a yes.
+                    let yes = n.answers_within("/primary", Duration::from_secs(5)).await;
+                    (yes, asked.elapsed())
                 })),
                 join_all((0..nodes.len()).map(|i| async move {
                     match fault {
