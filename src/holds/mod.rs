@@ -378,10 +378,12 @@ pub async fn sweep(db: &PgPool, redis: &Redis, batch: i64) -> sqlx::Result<usize
 /// Holds released per sweeper transaction.
 pub const SWEEP_BATCH: i64 = 500;
 
-/// Runs the sweeper every `interval` for the life of the process.
+/// Runs the sweeper every `interval` for the life of the process, the first time one
+/// `interval` after the start (when it runs is then what `interval` says, however long
+/// the process takes to get its first connection).
 pub fn spawn_sweeper(db: PgPool, redis: Redis, interval: Duration) {
     tokio::spawn(async move {
-        let mut every = tokio::time::interval(interval);
+        let mut every = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             every.tick().await;
