@@ -123,7 +123,7 @@ impl Node {
     pub async fn answers_within(&self, path: &str, timeout: Duration) -> bool {
         // One client for every ask: building one loads the platform's root certificates
         // (13 ms of CPU each in a debug build here), and the failover test asks every node
-        // ten times a second on the runtime its sale runs on. No idle connections kept: a
+        // up to ten times a second. No idle connections kept: a
         // kept one belongs to the runtime that made it, and callers come from several.
         static CLIENT: OnceLock<Option<reqwest::Client>> = OnceLock::new();
         let client = CLIENT.get_or_init(|| {
