@@ -127,14 +127,13 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<bool> {
 /// flash sale's rate of WAL that is one every second or two. A server in service does
 /// not do this: its checkpoints rename old segments into the next ones, already allocated
 /// on disk. Here: 2 GB of WAL written and checkpointed twice leaves 64 such segments
-/// (1 GB, `min_wal_size`), and `max_wal_size` = 4 GB keeps a checkpoint from starting in
-/// the middle of a measurement. pgbench runs on the same cluster, so both sides of every
-/// ratio have the same WAL.
+/// (1 GB, `min_wal_size`); local mode's `max_wal_size` and `checkpoint_timeout` (see
+/// `local::postgres`) keep a checkpoint from starting in the middle of a measurement.
+/// pgbench runs on the same cluster, so both sides of every ratio have the same WAL.
 async fn recycled_wal(database_url: &str) -> anyhow::Result<()> {
     let db = PgPool::connect(database_url).await?;
     for setting in [
         "alter system set min_wal_size = '1GB'",
-        "alter system set max_wal_size = '4GB'",
         "select pg_reload_conf()",
     ] {
         // Runtime: statements about the server, not the application's tables.
