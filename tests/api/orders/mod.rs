@@ -1,7 +1,8 @@
-//! Orders under concurrency, across server processes, with retries and faults: races for
-//! a hot SKU under each strategy, batches and their answers, multi-SKU orders. Sold-out
-//! answers kept in Redis are in [`sold_out`], idempotency keys in [`keys`], and leases,
-//! their fencing and Redis going away in [`leases`].
+//! Orders under concurrency, across server processes: races for a hot SKU under each
+//! strategy (and the unsafe one, which oversells), batches and their answers, multi-SKU
+//! orders, time-ordered ids. Sold-out answers kept in Redis (and the Redis version) are in
+//! [`sold_out`], idempotency keys in [`keys`], and leases, their fencing and Redis going
+//! away in [`leases`].
 
 mod keys;
 mod leases;
