@@ -353,10 +353,7 @@ fn shared_buffers_mb(memory: Option<u64>) -> u64 {
 fn usable_memory(meminfo: Option<&str>, cgroup_max: Option<&str>) -> Option<u64> {
     let total = meminfo.and_then(memory_total);
     let limit = cgroup_max.and_then(|max| max.trim().parse::<u64>().ok());
-    match (total, limit) {
-        (Some(total), Some(limit)) => Some(total.min(limit)),
-        (total, limit) => total.or(limit),
-    }
+    [total, limit].into_iter().flatten().min()
 }
 
 /// `MemTotal` from `/proc/meminfo`'s text, in bytes.
