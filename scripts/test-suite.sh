@@ -2,9 +2,15 @@
 # Runs every test `cargo test --all-targets` runs, as it does, and then:
 #   - prints the ten slowest tests of the run (libtest's own per-test timing);
 #   - repeats each failing test's panic message;
+#   - gives each test a deadline (STOCKADE_TEST_DEADLINE seconds, 600 unless set): a test
+#     past it fails by name and its binary is stopped (scripts/run-test-binary.py);
 #   - fails when any process a test started (servers, PostgreSQL, Redis, Sentinels,
-#     HAProxy, PgBouncer, chromedriver and its Chromium) is still alive after the test
-#     binaries ended, naming each, and then stops them.
+#     HAProxy, PgBouncer, chromedriver and its Chromium) is still alive 15 s after the test
+#     binaries ended, naming each, and then stops them. (Each binary's warden stops what it
+#     left within a moment of its end: see src/children/warden.rs. This is the check on
+#     that.)
+# Nothing here waits on a pipe a leftover process could hold open: a binary's output is
+# read until the binary ends, not until its pipe closes.
 # Every process the tests start carries SUITE_RUN_ID in its environment (children inherit
 # it; the harness hands it to the `stockade serve` processes it starts with a clean
 # environment), which is how leftovers are found.
@@ -46,11 +52,9 @@ fi
 status=0
 for exe in "${executables[@]}"; do
   echo "     Running ${exe#"$PWD"/}"
-  # `--report-time` is libtest's (its "unstable" options are read at run time; the build
-  # is the stable one). A failing binary does not stop the others, as with `cargo test
-  # --no-fail-fast`, so one run shows every failure.
-  if ! RUSTC_BOOTSTRAP=1 SUITE_RUN_ID="$run_id" "$exe" -Z unstable-options --report-time "$@" \
-    2>&1 | tee -a "$log"; then
+  # A failing binary does not stop the others, as with `cargo test --no-fail-fast`, so
+  # one run shows every failure.
+  if ! SUITE_RUN_ID="$run_id" scripts/run-test-binary.py "$log" "$exe" "$@"; then
     status=1
   fi
 done
@@ -78,17 +82,26 @@ if grep -q "^thread '.*' ([0-9]*) panicked at " "$log"; then
   ' "$log"
 fi
 
-# What is still running with this run's mark (this script and its pipeline aside).
-leftovers=()
-for environ in /proc/[0-9]*/environ; do
-  pid=${environ#/proc/}
-  pid=${pid%/environ}
-  [ "$pid" = $$ ] && continue
-  # (Kernel threads and processes that just ended cannot be read: skipped.)
-  # (No pipe: `grep -q` leaving early would fail it under pipefail.)
-  if grep -qzxF "SUITE_RUN_ID=$run_id" "$environ" 2>/dev/null; then
-    leftovers+=("$pid")
-  fi
+# What is still running with this run's mark (this script and its own children aside),
+# looked for until none is or 15 s have passed.
+marked() {
+  leftovers=()
+  for environ in /proc/[0-9]*/environ; do
+    pid=${environ#/proc/}
+    pid=${pid%/environ}
+    [ "$pid" = $$ ] && continue
+    [ "$(awk '{print $4}' "/proc/$pid/stat" 2>/dev/null)" = $$ ] && continue
+    # (Kernel threads and processes that just ended cannot be read: skipped.)
+    # (No pipe: `grep -q` leaving early would fail it under pipefail.)
+    if grep -qzxF "SUITE_RUN_ID=$run_id" "$environ" 2>/dev/null; then
+      leftovers+=("$pid")
+    fi
+  done
+}
+for _ in $(seq 150); do
+  marked
+  [ ${#leftovers[@]} = 0 ] && break
+  sleep 0.1
 done
 if [ ${#leftovers[@]} -gt 0 ]; then
   echo

@@ -84,6 +84,8 @@ macro_rules! settings {
                 let mut vars: BTreeMap<String, String> = vars
                     .into_iter()
                     .filter(|(k, _)| k.starts_with("STOCKADE_") || VARIABLES.contains(&k.as_str()))
+                    // Not a setting: the mark a parent Stockade gives what it starts.
+                    .filter(|(k, _)| k != crate::children::warden::VAR)
                     .collect();
                 if let Some(unknown) = vars.keys().find(|k| !VARIABLES.contains(&k.as_str())) {
                     return Err(ConfigError::Unknown {

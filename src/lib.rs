@@ -12,6 +12,9 @@ pub mod bench;
 pub mod catalog;
 /// Checkout: placing an order or a hold without overselling or doubling (the argument).
 pub mod checkout;
+/// What Stockade starts: ports never given twice, children that never outlive it, starts
+/// that fail at once when a daemon dies.
+pub mod children;
 /// Command-line interface: `serve`, `migrate`, `seed`.
 pub mod cli;
 /// API clients: their keys, rate-limit overrides, and what each may read.

@@ -139,3 +139,21 @@ impl Drop for MarkIfDropped {
         mark_suspect();
     }
 }
+
+/// One connection to `url` within 30 s, or an error saying where to none was made: for
+/// the tools that set servers up (local mode, the cluster, the load tester), whose
+/// connects would otherwise wait as long as the server, or a proxy in front of it, lets
+/// them.
+pub async fn connect(url: &str) -> anyhow::Result<sqlx::PgConnection> {
+    use anyhow::Context;
+    use sqlx::Connection;
+    const WITHIN: Duration = Duration::from_secs(30);
+    let place = url
+        .rsplit_once('@')
+        .map_or(url, |(_, place)| place)
+        .to_string();
+    tokio::time::timeout(WITHIN, sqlx::PgConnection::connect(url))
+        .await
+        .with_context(|| format!("PostgreSQL at {place} did not accept a connection within 30 s"))?
+        .with_context(|| format!("cannot connect to PostgreSQL at {place}"))
+}

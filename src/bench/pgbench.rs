@@ -281,6 +281,7 @@ pub async fn run(
         .env("PGUSER", decode(url.username()))
         .env("PGDATABASE", decode(url.path().trim_start_matches('/')))
         .kill_on_drop(true);
+    crate::children::mark_tokio(&mut cmd);
     if let Some(password) = url.password() {
         cmd.env("PGPASSWORD", decode(password));
     }

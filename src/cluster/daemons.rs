@@ -11,6 +11,7 @@ use anyhow::{Context, bail};
 use nix::sys::signal::Signal;
 use nix::unistd::User;
 
+use crate::children;
 use crate::loadtest::servers::ServerProcess;
 use crate::local::{
     self, PG_DATABASE, PG_USER, find_binary, free_port, private_dir, run_as, write_private,
@@ -21,7 +22,7 @@ use super::{ClusterOptions, DOWN_AFTER, FAILOVER_TIMEOUT, MASTER_NAME, QUORUM, S
 /// A server process that is not PostgreSQL or Redis (PgBouncer, a Sentinel, HAProxy),
 /// kept with how to start it again.
 pub struct Daemon {
-    name: &'static str,
+    name: String,
     command: Box<dyn Fn() -> Command + Send + Sync>,
     child: Option<Child>,
     pub port: u16,
@@ -39,13 +40,13 @@ impl std::fmt::Debug for Daemon {
 
 impl Daemon {
     pub(super) fn start(
-        name: &'static str,
+        name: impl Into<String>,
         port: u16,
         log: PathBuf,
         command: impl Fn() -> Command + Send + Sync + 'static,
     ) -> anyhow::Result<Self> {
         let mut daemon = Self {
-            name,
+            name: name.into(),
             command: Box::new(command),
             child: None,
             port,
@@ -61,28 +62,45 @@ impl Daemon {
         self.stop();
         let mut cmd = (self.command)();
         cmd.stdin(Stdio::null()).process_group(0);
-        let child = cmd
+        let child = crate::children::mark(&mut cmd)
             .spawn()
             .with_context(|| format!("could not start {}", self.name))?;
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
+            if let Some(child) = self.child.as_mut()
+                && let Err(e) = children::exited(&self.name, child, &self.log)
             {
                 self.child = None;
-                let log = fs::read_to_string(&self.log).unwrap_or_default();
-                bail!("{} exited with {status} while starting:\n{log}", self.name);
+                return Err(e);
             }
+            // Its own port, not another's: a port that answers before this daemon runs
+            // would be someone else's listener (ports are drawn so it cannot be).
             if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                bail!("{} did not accept connections within 20 s", self.name);
+                bail!(
+                    "{} did not accept connections on port {} within 20 s; the last lines of \
+                     {}:\n{}",
+                    self.name,
+                    self.port,
+                    self.log.display(),
+                    children::log_tail(&self.log, 20)
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// An error naming the daemon and quoting its log if it has exited (or was stopped):
+    /// every wait on the cluster asks this of its daemons at each tick, so a daemon that
+    /// dies fails the wait at once.
+    pub fn check(&self) -> anyhow::Result<()> {
+        match &self.child {
+            Some(child) => children::check_alive(&self.name, child.id(), &self.log),
+            // Stopped or killed on purpose (a fault test's crash): not a failed start.
+            None => Ok(()),
         }
     }
 
@@ -114,7 +132,7 @@ impl Daemon {
     /// SIGTERM, and waits for the exit.
     pub fn stop(&mut self) {
         if let Some(child) = self.child.take() {
-            local::stop_child(child, Signal::SIGTERM, self.name);
+            local::stop_child(child, Signal::SIGTERM, &self.name);
         }
     }
 }
@@ -224,16 +242,24 @@ pub(super) fn start_pgbouncer(
 /// wait for them at their first requests, and give up.
 pub(super) async fn wait_for_server_connections(
     leader_url: &str,
-    pgbouncer_url: &str,
+    (pgbouncer, pgbouncer_url): (&Daemon, &str),
     pool: u32,
 ) -> anyhow::Result<()> {
     use sqlx::Connection;
-    let first = sqlx::PgConnection::connect(pgbouncer_url)
-        .await
-        .context("cannot connect through PgBouncer")?;
-    let db = sqlx::PgPool::connect(leader_url).await?;
+    let first = tokio::time::timeout(
+        Duration::from_secs(30),
+        sqlx::PgConnection::connect(pgbouncer_url),
+    )
+    .await
+    .context("no connection through PgBouncer within 30 s")?
+    .context("cannot connect through PgBouncer")?;
+    let db = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(Duration::from_secs(30))
+        .connect(leader_url)
+        .await?;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
+        pgbouncer.check()?;
         // This check's own session is one of the client backends.
         let open = sqlx::query_scalar!(
             r#"select count(*) - 1 as "open!" from pg_stat_activity
@@ -320,10 +346,17 @@ pub(super) fn start_sentinel(
 /// Waits until the Redis replica on `port` has copied its master and follows its stream
 /// (`master_link_status:up`): until then a failover would promote an empty replica, and
 /// everything kept only in Redis (a drop's queue) would be lost with the master.
-pub(super) async fn wait_for_redis_replica(port: u16, password: &str) -> anyhow::Result<()> {
+pub(super) async fn wait_for_redis_replica(
+    servers: [&local::LocalRedis; 2],
+    password: &str,
+) -> anyhow::Result<()> {
+    let port = servers[1].port;
     let deadline = Instant::now() + Duration::from_secs(30);
     let client = redis::Client::open(format!("redis://:{password}@127.0.0.1:{port}"))?;
     loop {
+        for server in servers {
+            server.check()?;
+        }
         // A replica busy loading its master's copy may be slow to answer: not yet, not a
         // failure, until the deadline.
         let info: redis::RedisResult<String> = async {
@@ -351,11 +384,14 @@ pub(super) async fn wait_for_redis_replica(port: u16, password: &str) -> anyhow:
 
 /// Waits until every Sentinel knows the replica and enough other Sentinels to fail over
 /// (`SENTINEL CKQUORUM`), so a failure right after start is handled.
-pub(super) async fn wait_for_sentinels(ports: &[u16]) -> anyhow::Result<()> {
+pub(super) async fn wait_for_sentinels(sentinels: &[Daemon]) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
-    for port in ports {
+    for port in sentinels.iter().map(|s| s.port) {
         let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
         loop {
+            for sentinel in sentinels {
+                sentinel.check()?;
+            }
             let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
                 if Instant::now() > deadline {
                     bail!("the Sentinel on port {port} did not answer within 30 s");

@@ -111,6 +111,7 @@ impl Cluster {
                 synchronous: true,
                 backups: options.backups.clone(),
                 links: options.fault_links,
+                clash: false,
             },
         )
         .await?;
@@ -119,7 +120,7 @@ impl Cluster {
         let pgbouncer = start_pgbouncer(&dir, owner.clone(), &postgres, &secret, &options)?;
         wait_for_server_connections(
             &postgres.database_url(),
-            &pgbouncer_url(&postgres, pgbouncer.port),
+            (&pgbouncer, &pgbouncer_url(&postgres, pgbouncer.port)),
             options.pgbouncer_pool,
         )
         .await?;
@@ -135,7 +136,7 @@ impl Cluster {
         let (pw, b_dir) = (redis_password.clone(), dir.join("redis-b"));
         let redis_replica =
             blocking(move || LocalRedis::start_with(&b_dir, None, Some(&pw), &follow)).await?;
-        wait_for_redis_replica(redis_replica.port, &redis_password).await?;
+        wait_for_redis_replica([&master, &redis_replica], &redis_password).await?;
         let mut sentinels = Vec::new();
         for i in 0..SENTINELS {
             sentinels.push(start_sentinel(
@@ -146,7 +147,7 @@ impl Cluster {
             )?);
         }
         let sentinel_ports: Vec<u16> = sentinels.iter().map(|s| s.port).collect();
-        wait_for_sentinels(&sentinel_ports).await?;
+        wait_for_sentinels(&sentinels).await?;
 
         let mut cluster_env = vec![
             (
@@ -348,7 +349,7 @@ async fn blocking<T: Send + 'static>(
 /// start (returning its password); the apps, behind PgBouncer, do not migrate.
 async fn prepare_database(url: &str) -> anyhow::Result<Option<String>> {
     use sqlx::Connection;
-    let mut conn = sqlx::PgConnection::connect(url).await?;
+    let mut conn = crate::pg::connect(url).await?;
     crate::startup::MIGRATOR
         .run(&mut conn)
         .await

@@ -160,6 +160,10 @@ pub struct Options {
     /// Each node reaches etcd, and is reached by the other nodes (replication and REST),
     /// through a TCP proxy of its own, so a test can cut it off ([`Node::partition`]).
     pub links: bool,
+    /// A test seam: node 1's link listens for REST calls on the port its own Patroni's
+    /// REST API is given, as two draws of one port once made it; the start must then fail
+    /// naming that Patroni, not wait.
+    pub clash: bool,
 }
 
 impl Default for Options {
@@ -170,6 +174,7 @@ impl Default for Options {
             synchronous: true,
             backups: None,
             links: false,
+            clash: false,
         }
     }
 }
@@ -269,10 +274,7 @@ impl Patroni {
             passwords,
             backups,
         };
-        let leader = cluster
-            .wait_for_leader(Duration::from_secs(60))
-            .await
-            .context("no Patroni node became the leader within a minute")?;
+        let leader = cluster.wait_for_leader(Duration::from_secs(60)).await?;
         if cluster.nodes.len() > 1 && options.synchronous {
             cluster.wait_for(Duration::from_secs(60), "/sync").await?;
         }
@@ -322,7 +324,7 @@ impl Patroni {
             .leader()
             .await
             .context("no leader to read the secret from")?;
-        let mut conn = sqlx::PgConnection::connect(&self.superuser_url(leader, "postgres")).await?;
+        let mut conn = crate::pg::connect(&self.superuser_url(leader, "postgres")).await?;
         let secret: Option<String> =
             sqlx::query_scalar("select rolpassword from pg_authid where rolname = $1")
                 .bind(PG_USER)
@@ -349,15 +351,30 @@ impl Patroni {
         None
     }
 
+    /// An error naming the first of the cluster's daemons (etcd, a node's Patroni or link,
+    /// HAProxy) that has died: waits on the cluster end with it at once rather than at
+    /// their deadline. One stopped or killed on purpose is not counted.
+    pub fn check_daemons(&self) -> anyhow::Result<()> {
+        self.etcd.check()?;
+        for node in &self.nodes {
+            node.daemon.check()?;
+            if let Some(link) = &node.link {
+                link.check()?;
+            }
+        }
+        self.haproxy.check()
+    }
+
     /// Waits until a node leads; which.
     pub async fn wait_for_leader(&self, within: Duration) -> anyhow::Result<usize> {
         let deadline = Instant::now() + within;
         loop {
+            self.check_daemons()?;
             if let Some(i) = self.leader().await {
                 return Ok(i);
             }
             if Instant::now() > deadline {
-                bail!("no leader within {within:?}");
+                bail!("no Patroni node became the leader within {within:?}");
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -367,6 +384,7 @@ impl Patroni {
     pub async fn wait_for(&self, within: Duration, path: &str) -> anyhow::Result<usize> {
         let deadline = Instant::now() + within;
         loop {
+            self.check_daemons()?;
             for (i, node) in self.nodes.iter().enumerate() {
                 if node.answers(path).await {
                     return Ok(i);
@@ -384,7 +402,8 @@ impl Patroni {
     async fn wait_for_write_port(&self, within: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + within;
         loop {
-            match sqlx::PgConnection::connect(&self.database_url()).await {
+            self.check_daemons()?;
+            match crate::pg::connect(&self.database_url()).await {
                 Ok(conn) => {
                     conn.close().await?;
                     return Ok(());
@@ -399,7 +418,7 @@ impl Patroni {
 
     async fn create_database(&self, leader: usize) -> anyhow::Result<()> {
         let url = self.superuser_url(leader, "postgres");
-        let mut conn = sqlx::PgConnection::connect(&url).await?;
+        let mut conn = crate::pg::connect(&url).await?;
         // Runtime strings, not `query!`: role and database names are identifiers, and the
         // password a literal, none of which can be bound.
         let exists: bool =
@@ -468,6 +487,24 @@ fn start_node(
     } else {
         None
     };
+    let mut ports = vec![("its REST API", rest), ("its PostgreSQL", pg_port)];
+    if let Some((etcd_at, pg_at, rest_at)) = link_ports {
+        ports.push(("its link to etcd", etcd_at));
+        ports.push(("its link to PostgreSQL", pg_at));
+        ports.push(("its link to the REST API", rest_at));
+    }
+    crate::children::ports::distinct(&name, &ports)?;
+    let link_ports = link_ports.map(|(etcd_at, pg_at, rest_at)| {
+        (
+            etcd_at,
+            pg_at,
+            if options.clash && i == 1 {
+                rest
+            } else {
+                rest_at
+            },
+        )
+    });
     let (etcd_at, pg_at, rest_at) = link_ports.unwrap_or((etcd_port, pg_port, rest));
     let mut parameters = json!({
         "wal_log_hints": "on",
@@ -548,7 +585,7 @@ fn start_node(
         Some(ports) => Some(start_link(&home, ports, (etcd_port, pg_port, rest))?),
         None => None,
     };
-    let daemon = Daemon::start("patroni", rest, log, move || {
+    let daemon = Daemon::start(format!("Patroni of {name}"), rest, log, move || {
         let mut cmd = Command::new(&bin);
         cmd.arg(&file);
         run_as(&mut cmd, owner.as_ref());

@@ -422,7 +422,7 @@ async fn fresh_database(url: &str, strategy: &str) -> anyhow::Result<String> {
         strategy.replace('-', "_"),
         &uuid::Uuid::new_v4().simple().to_string()[..8]
     );
-    let mut conn = sqlx::PgConnection::connect(url).await?;
+    let mut conn = crate::pg::connect(url).await?;
     // A runtime string, not `query!`: a database name is an identifier and cannot be bound.
     sqlx::query(sqlx::AssertSqlSafe(format!(r#"create database "{name}""#)))
         .execute(&mut conn)

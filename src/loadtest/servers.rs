@@ -22,6 +22,9 @@ pub struct ServerProcess {
     child: Option<Child>,
 }
 
+/// How long a server may take to say it serves.
+const START_WITHIN: Duration = Duration::from_secs(120);
+
 /// The environment variable the test suite marks its processes with.
 const SUITE_MARK: &str = "SUITE_RUN_ID";
 
@@ -44,11 +47,11 @@ impl ServerProcess {
         if let Some(mark) = std::env::var_os(SUITE_MARK) {
             cmd.env(SUITE_MARK, mark);
         }
-        let mut child = cmd
+        let mut child = crate::children::mark(&mut cmd)
             .spawn()
             .with_context(|| format!("cannot run {}", exe.display()))?;
         let stdout = child.stdout.take().expect("piped stdout");
-        let lines = tokio::task::spawn_blocking(move || {
+        let reading = tokio::task::spawn_blocking(move || {
             let mut reader = BufReader::new(stdout);
             let mut lines = Vec::new();
             let mut line = String::new();
@@ -62,8 +65,20 @@ impl ServerProcess {
                 line.clear();
             }
             lines
-        })
-        .await?;
+        });
+        // Local mode may first create and migrate its database: patient, but not forever.
+        // A server that exits ends the reading at once (its output closes).
+        let lines = match tokio::time::timeout(START_WITHIN, reading).await {
+            Ok(lines) => lines?,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!(
+                    "stockade serve did not say it was serving within {} s",
+                    START_WITHIN.as_secs()
+                );
+            }
+        };
         let mut server = Self {
             address: String::new(),
             stdout: lines,

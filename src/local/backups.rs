@@ -422,7 +422,7 @@ impl Repo {
             .stderr(log);
         // In this command's process group: Ctrl-C stops the recovery with it.
         run_as(&mut cmd, self.owner.as_ref());
-        let mut child = cmd
+        let mut child = crate::children::mark(&mut cmd)
             .spawn()
             .context("could not start postgres on the restored folder")?;
         // Replaying WAL takes as long as it takes; recovery that runs out of archive ends
@@ -479,7 +479,7 @@ impl Repo {
             .current_dir(&self.dir)
             .stdin(Stdio::null());
         run_as(&mut cmd, self.owner.as_ref());
-        let out = cmd
+        let out = crate::children::mark(&mut cmd)
             .output()
             .with_context(|| format!("could not run {}", self.pgbackrest.display()))?;
         if !out.status.success() {

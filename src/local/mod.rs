@@ -11,7 +11,6 @@
 //! start, which reuses their data.
 
 use std::fs;
-use std::net::TcpListener;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -94,7 +93,7 @@ impl LocalServices {
 /// Creates `name` unless it exists.
 pub async fn create_database(maintenance_url: &str, name: &str) -> anyhow::Result<()> {
     use sqlx::Connection;
-    let mut conn = sqlx::PgConnection::connect(maintenance_url).await?;
+    let mut conn = crate::pg::connect(maintenance_url).await?;
     let exists: bool = sqlx::query_scalar!(
         r#"select exists (select 1 from pg_database where datname = $1) as "exists!""#,
         name,
@@ -123,7 +122,7 @@ fn remembered_port(wanted: &Path, name: &str) -> anyhow::Result<u16> {
     if let Some(port) = fs::read_to_string(&file)
         .ok()
         .and_then(|s| s.trim().parse::<u16>().ok())
-        && TcpListener::bind(("127.0.0.1", port)).is_ok()
+        && crate::children::ports::claim_port(port)
     {
         return Ok(port);
     }
@@ -133,10 +132,7 @@ fn remembered_port(wanted: &Path, name: &str) -> anyhow::Result<u16> {
     Ok(port)
 }
 
-/// A port that was free a moment ago.
-pub fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
+pub use crate::children::free_port;
 
 /// Looks for `name` on `PATH`.
 pub fn find_binary(name: &str) -> Option<PathBuf> {

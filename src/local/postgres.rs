@@ -84,7 +84,7 @@ impl LocalPostgres {
                 nix::unistd::chown(&pwfile, Some(owner.uid), Some(owner.gid))?;
             }
             let mut initdb = Command::new(bin.join("initdb"));
-            initdb
+            crate::children::mark(&mut initdb)
                 .arg("-D")
                 .arg(&dir)
                 .args([
@@ -157,7 +157,7 @@ impl LocalPostgres {
         if created {
             tracing::info!(dir = %dir.display(), "copying the primary for a streaming replica");
             let mut backup = Command::new(bin.join("pg_basebackup"));
-            backup
+            crate::children::mark(&mut backup)
                 .arg("-D")
                 .arg(&dir)
                 .args(["-h", "127.0.0.1", "-p", &primary_port.to_string()])
@@ -237,7 +237,9 @@ impl LocalPostgres {
                 .args(["-c", "full_page_writes=off"]);
         }
         run_as(&mut cmd, owner);
-        let child = cmd.spawn().context("could not start postgres")?;
+        let child = crate::children::mark(&mut cmd)
+            .spawn()
+            .context("could not start postgres")?;
         let mut pg = Self {
             child: Some(child),
             port,

@@ -102,7 +102,9 @@ impl LocalRedis {
             .stderr(Stdio::null())
             .process_group(0);
         run_as(&mut cmd, owner.as_ref());
-        let child = cmd.spawn().context("could not start redis-server")?;
+        let child = crate::children::mark(&mut cmd)
+            .spawn()
+            .context("could not start redis-server")?;
         let mut redis = Self {
             child: Some(child),
             port,
@@ -148,6 +150,19 @@ impl LocalRedis {
                 bail!("redis-server did not accept connections within 20 s");
             }
             std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// An error naming this server and quoting its log if it has exited (one stopped on
+    /// purpose is not counted): waits on it end at once rather than at their deadline.
+    pub fn check(&self) -> anyhow::Result<()> {
+        match &self.child {
+            Some(child) => crate::children::check_alive(
+                &format!("redis-server on port {}", self.port),
+                child.id(),
+                &self.dir.join("redis.log"),
+            ),
+            None => Ok(()),
         }
     }
 

@@ -3,7 +3,6 @@
 
 use std::collections::HashSet;
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -18,7 +17,7 @@ const SELLERS: u64 = 8;
 
 /// Runs `stockade backup …`; its standard output, or a panic with its error.
 fn backup_command(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_stockade"))
+    let out = crate::helpers::processes::stockade_command()
         .arg("backup")
         .args(args)
         .env_clear()

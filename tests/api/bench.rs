@@ -2,13 +2,11 @@
 //! pgbench, the checker, and the report; the build's `default` strategy, and shoppers
 //! through the storefront's pages.
 
-use std::process::Command;
-
 #[test]
 fn a_quick_bench_measures_the_app_its_storefront_and_pgbench_and_passes_the_checker() {
     let out = tempfile::tempdir().unwrap();
     let started = std::time::Instant::now();
-    let run = Command::new(env!("CARGO_BIN_EXE_stockade"))
+    let run = crate::helpers::processes::stockade_command()
         .args(["bench", "--quick", "--quiet", "--strategies", "default"])
         // One measured second a workload: what is checked here is that each runs, is
         // measured beside pgbench and passes the checker, not how fast it is.
@@ -177,7 +175,7 @@ fn a_quick_bench_measures_the_app_its_storefront_and_pgbench_and_passes_the_chec
 async fn a_soak_writes_a_row_a_minute_with_latency_memory_and_table_sizes() {
     let servers = crate::helpers::servers().await;
     let out = tempfile::tempdir().unwrap();
-    let mut soak = tokio::process::Command::new(env!("CARGO_BIN_EXE_stockade"));
+    let mut soak = tokio::process::Command::from(crate::helpers::processes::stockade_command());
     soak.args(["bench", "--quick", "--quiet", "--soak", "3"])
         // Minutes of two seconds: what is checked is what each row holds.
         .args([

@@ -1,7 +1,6 @@
 //! `stockade check --quick` on a live shop: incremental, never a false alarm while orders
 //! commit around it, catching a broken ledger, and shown on the dashboard.
 
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -14,7 +13,7 @@ const STALE: Duration = Duration::from_secs(30);
 
 /// `stockade check [--quick]` as a process of its own; its exit code and output.
 fn check_process(url: &str, quick: bool) -> (Option<i32>, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_stockade"));
+    let mut cmd = crate::helpers::processes::stockade_command();
     cmd.arg("check")
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap())

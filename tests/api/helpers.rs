@@ -457,6 +457,18 @@ impl TestApp {
         (row.on_hand, row.reserved)
     }
 
+    /// Waits until `sql` counts at least one row; panics, saying so, after 30 s.
+    pub async fn wait_for_a_row(&self, sql: &'static str) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while self.count(sql).await == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no row within 30 s: {sql}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     pub async fn count(&self, sql: &'static str) -> i64 {
         // Runtime: the statement is the caller's.
         sqlx::query_scalar(sql).fetch_one(&self.db).await.unwrap()

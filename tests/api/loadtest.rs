@@ -544,7 +544,7 @@ async fn stockade_check_exits_non_zero_on_a_broken_database() {
     let url = fresh_database().await;
     let db = sqlx::PgPool::connect(&url).await.unwrap();
     let run = || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_stockade"))
+        crate::helpers::processes::stockade_command()
             .arg("check")
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap())
@@ -581,7 +581,7 @@ async fn stockade_check_exits_non_zero_on_a_broken_database() {
 async fn the_loadtest_command_runs_against_targets_and_writes_its_report() {
     let app = spawn_app().await;
     let out = std::env::temp_dir().join(format!("stockade-cli-{}", uuid::Uuid::new_v4().simple()));
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_stockade"))
+    let output = crate::helpers::processes::stockade_command()
         .args([
             "loadtest",
             "--target",

@@ -10,6 +10,7 @@ mod browser;
 mod carts;
 mod catalogue;
 mod checks;
+mod children;
 mod clients;
 mod cluster;
 mod drops;

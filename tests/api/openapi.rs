@@ -198,7 +198,7 @@ async fn schemathesis_finds_no_server_error_and_no_response_off_the_contract() {
         );
     std::fs::write(&hooks, hooks_py).unwrap();
     let started = Instant::now();
-    let out = tokio::process::Command::new(&exe)
+    let out = stockade::children::mark_tokio(&mut tokio::process::Command::new(&exe))
         .current_dir(dir.path())
         .args([
             "run",

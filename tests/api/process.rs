@@ -1,12 +1,11 @@
 //! Tests of the `stockade` binary as users run it.
 
 use std::path::Path;
-use std::process::Command;
 
 use crate::helpers::{serve, servers};
 
 fn stockade(env: &[(&str, &str)], args: &[&str]) -> std::process::Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_stockade"));
+    let mut cmd = crate::helpers::processes::stockade_command();
     cmd.args(args)
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap());

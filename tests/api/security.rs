@@ -179,7 +179,7 @@ async fn attempts_while_throttled_do_not_extend_the_lockout() {
 
 /// Runs `stockade admin unlock` against `app`'s database.
 fn unlock(app: &TestApp, args: &[&str]) -> String {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_stockade"))
+    let out = crate::helpers::processes::stockade_command()
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env(

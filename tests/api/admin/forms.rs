@@ -395,13 +395,8 @@ async fn a_stock_form_whose_first_send_is_still_running_gets_409_with_retry_afte
     let first = app.admin_post(path, &form);
     let second = async {
         // Once the first send holds the key (and waits for the row), send it again.
-        while app
-            .count("select count(*) from idempotency_keys where state = 'in_flight'")
-            .await
-            == 0
-        {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        app.wait_for_a_row("select count(*) from idempotency_keys where state = 'in_flight'")
+            .await;
         let res = app.admin_post(path, &form).await;
         lock.rollback().await.unwrap();
         res

@@ -167,13 +167,8 @@ async fn a_run_whose_key_was_taken_over_rolls_back_and_the_retry_applies_once() 
     );
     let retry = async {
         // Once the first has claimed the key (its change is running then):
-        while app
-            .count("select count(*) from idempotency_keys where key = 'taken'")
-            .await
-            == 0
-        {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        app.wait_for_a_row("select count(*) from idempotency_keys where key = 'taken'")
+            .await;
         restock_once(&app, "taken", "restock 1", Duration::ZERO, Duration::ZERO).await
     };
     let (slow, retry) = tokio::join!(slow, retry);

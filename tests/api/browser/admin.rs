@@ -357,13 +357,8 @@ async fn an_admin_restock_refreshed_resubmitted_and_double_clicked_adds_once_per
         vec![],
     );
     let release = async {
-        while app
-            .count("select count(*) from idempotency_keys where state = 'in_flight'")
-            .await
-            == 0
-        {
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
+        app.wait_for_a_row("select count(*) from idempotency_keys where state = 'in_flight'")
+            .await;
         // The second click's request arrives meanwhile and waits for the first.
         tokio::time::sleep(std::time::Duration::from_millis(600)).await;
         lock.rollback().await.unwrap();

@@ -21,18 +21,24 @@ pub async fn browser() -> fantoccini::Client {
             let port = stockade::local::free_port().unwrap();
             let mut command = Command::new("chromedriver");
             command.arg(format!("--port={port}"));
+            let log = servers().await.root.join("chromedriver.log");
+            let out = std::fs::File::create(&log).unwrap();
             let child = processes::marked(&mut command)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
+                .stdout(Stdio::from(out.try_clone().unwrap()))
+                .stderr(Stdio::from(out))
                 .spawn()
                 .expect(
                     "chromedriver not found: install chromium and chromium-driver (make test does)",
                 );
+            let pid = child.id();
             processes::own(child);
             let url = format!("http://127.0.0.1:{port}");
             // Patient: on a loaded machine chromedriver may take seconds to listen.
             let deadline = std::time::Instant::now() + Duration::from_secs(60);
             while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+                if let Err(e) = stockade::children::check_alive("chromedriver", pid, &log) {
+                    panic!("{e:#}");
+                }
                 assert!(
                     std::time::Instant::now() < deadline,
                     "chromedriver did not listen on port {port} within a minute"

@@ -25,9 +25,17 @@ pub fn run_mark() -> &'static str {
     })
 }
 
-/// Marks `command` (and so its descendants) as this run's.
+/// Marks `command` (and so its descendants) as this run's, and as this binary's: its
+/// warden kills them should the binary be killed before its exit hook runs.
 pub fn marked(command: &mut Command) -> &mut Command {
-    command.env(MARK, run_mark())
+    stockade::children::mark(command).env(MARK, run_mark())
+}
+
+/// The built `stockade` binary as a command, marked.
+pub fn stockade_command() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_stockade"));
+    marked(&mut command);
+    command
 }
 
 /// Keeps `child` until exit.
@@ -91,6 +99,9 @@ fn leftovers(me: u32) -> Vec<u32> {
         if state == 'Z' {
             continue; // already dead, waiting for its parent
         }
+        if is_warden(pid) || is_warden(parent) {
+            continue; // this binary's warden: it ends what is left once the binary ends
+        }
         parents.insert(pid, parent);
         let marked = std::fs::read(format!("/proc/{pid}/environ"))
             .map(|env| env.split(|b| *b == 0).any(|v| v == mark.as_bytes()))
@@ -126,6 +137,12 @@ fn state_and_parent(pid: u32) -> Option<(char, u32)> {
     let state = fields.next()?.chars().next()?;
     let parent = fields.next()?.parse().ok()?;
     Some((state, parent))
+}
+
+/// Whether `pid` is a warden (`src/children/warden.rs`), by its full command line.
+fn is_warden(pid: u32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .is_ok_and(|c| c.split(|b| *b == 0).any(|arg| arg == b"stockade-warden"))
 }
 
 fn command_line(pid: u32) -> String {

@@ -402,7 +402,7 @@ async fn naive_read_then_write_oversells_the_same_race() {
 #[tokio::test]
 async fn naive_unsafe_refuses_to_start_without_allow_unsafe() {
     let app = spawn_app().await;
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_stockade"))
+    let out = crate::helpers::processes::stockade_command()
         .arg("serve")
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap())
