@@ -504,17 +504,36 @@ pub(super) async fn confirm_many(conn: &mut PgConnection, w: &Confirmations) -> 
     .await
 }
 
-/// The SKUs of hold `id` while it is active, each with when the hold was placed (none for
-/// a hold confirmed, released or expired): what a drop asks of a hold about to be confirmed.
-pub async fn active_skus(db: &PgPool, id: Uuid) -> sqlx::Result<Vec<(String, DateTime<Utc>)>> {
+/// What a drop asks of a hold about to be confirmed: each SKU of hold `id` that a
+/// confirmation could still sell, with when the hold was placed and whether it still
+/// reserves its stock (active and unexpired by the database's clock). Every state a
+/// confirmation can turn into an order is read, the expired one included (expired by the
+/// sweeper, or past its time and not yet swept): none for a hold confirmed (answered from
+/// its record) or released.
+pub async fn confirmable_skus(db: &PgPool, id: Uuid) -> sqlx::Result<Vec<HeldSku>> {
     Ok(sqlx::query!(
-        r#"select l.sku, h.created_at from holds h join hold_lines l on l.hold_id = h.id
-            where h.id = $1 and h.state = 'active'"#,
+        r#"select l.sku, h.created_at,
+                  (h.state = 'active' and h.expires_at > now()) as "live!"
+             from holds h join hold_lines l on l.hold_id = h.id
+            where h.id = $1 and h.state in ('active', 'expired')"#,
         id
     )
     .fetch_all(db)
     .await?
     .into_iter()
-    .map(|r| (r.sku, r.created_at))
+    .map(|r| HeldSku {
+        sku: r.sku,
+        placed_at: r.created_at,
+        live: r.live,
+    })
     .collect())
+}
+
+/// A SKU of a hold, as [`confirmable_skus`] reads it.
+#[derive(Debug, Clone)]
+pub struct HeldSku {
+    pub sku: String,
+    pub placed_at: DateTime<Utc>,
+    /// The hold still reserves it: confirming sells what is reserved, not free stock.
+    pub live: bool,
 }

@@ -169,6 +169,10 @@ async fn every_response_carries_the_security_headers() {
         );
         assert_eq!(h["x-content-type-options"], "nosniff");
         assert!(h.contains_key("referrer-policy"));
+        let permissions = h["permissions-policy"].to_str().unwrap();
+        for feature in ["camera=()", "geolocation=()", "microphone=()", "payment=()"] {
+            assert!(permissions.contains(feature), "{path}: {permissions}");
+        }
     }
 }
 

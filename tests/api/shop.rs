@@ -30,7 +30,7 @@ async fn snapshot(app: &TestApp) -> Snapshot {
     }
 }
 
-fn form(pairs: &[(&str, &str)]) -> String {
+pub(crate) fn form(pairs: &[(&str, &str)]) -> String {
     pairs
         .iter()
         .map(|(k, v)| format!("{k}={}", urlencode(v)))
@@ -421,7 +421,7 @@ async fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
 }
 
 /// Adds to the cart through the page form.
-async fn add_to_cart(app: &TestApp, sku: &str, quantity: &str) -> reqwest::Response {
+pub(crate) async fn add_to_cart(app: &TestApp, sku: &str, quantity: &str) -> reqwest::Response {
     let csrf = app.csrf().await;
     app.client
         .post(app.url("/cart/add"))
@@ -437,7 +437,7 @@ async fn add_to_cart(app: &TestApp, sku: &str, quantity: &str) -> reqwest::Respo
 }
 
 /// POSTs a form (with this client's CSRF token); returns status and `Location`.
-async fn post_form(app: &TestApp, path: &str, body: &str) -> (u16, String) {
+pub(crate) async fn post_form(app: &TestApp, path: &str, body: &str) -> (u16, String) {
     let csrf = app.csrf().await;
     let body = match body {
         "" => form(&[("csrf", &csrf)]),

@@ -97,9 +97,16 @@ pub async fn may_place(
     Err(refusal)
 }
 
-/// A hold made before its product's drop bound it was placed without a pass, so it becomes
-/// an order only with one: checked when a drop binds any product (one read of the hold),
-/// and only while the hold is active (a confirmed one is answered from its record).
+/// A hold becomes an order of a drop's product only under the drop's rule in force at
+/// confirmation, checked whatever the hold's state (one read of the hold, when a drop
+/// binds any product):
+/// - a live hold placed before the drop bound its product was placed without a pass, so
+///   it needs one now (one placed after had to show a pass to be made);
+/// - an expired hold no longer reserves anything: confirming it buys from free stock, a
+///   new sale, so it needs a pass as a new order would, whenever it was placed. Otherwise
+///   holds taken before a drop was announced, left to expire, would buy past its queue.
+///
+/// A confirmed hold is answered from its record, a released one refused; neither is read.
 pub async fn may_confirm(
     state: &AppState,
     hold: Uuid,
@@ -111,10 +118,10 @@ pub async fn may_confirm(
         return Ok(());
     }
     let mut unbound = Vec::new();
-    for (sku, created_at) in crate::holds::db::active_skus(&state.db, hold).await? {
-        let drop = state.drops.of_sku(&state.db, &sku).await?;
-        if drop.is_some_and(|d| d.binds_at <= now && created_at < d.binds_at) {
-            unbound.push(sku);
+    for held in crate::holds::db::confirmable_skus(&state.db, hold).await? {
+        let drop = state.drops.of_sku(&state.db, &held.sku).await?;
+        if drop.is_some_and(|d| d.binds_at <= now && (!held.live || held.placed_at < d.binds_at)) {
+            unbound.push(held.sku);
         }
     }
     state

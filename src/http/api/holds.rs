@@ -153,6 +153,11 @@ pub async fn post_hold_confirm(
     })
     .await
     {
+        // Another client's hold is not found, whichever check would refuse it first (its
+        // refusal would say what it holds and which drop). Read only on a refusal.
+        if !clients::owns_hold(&state.db, &caller, id).await? {
+            return Err(no_hold());
+        }
         return Err(super::drops::refused(refusal));
     }
     let answer_by = answer_by(&req, state.settings.request_budget);

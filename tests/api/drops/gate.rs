@@ -340,3 +340,152 @@ async fn a_shopper_let_in_again_under_a_new_ticket_after_redis_lost_the_first_ke
     assert!(again.contains(&simple), "{again} carries {simple}");
     assert_eq!(again, pass, "the same pass as before");
 }
+
+/// The audit's bypass: holds taken before a drop was announced and left to expire were
+/// confirmed without a pass, before the drop even opened. An expired hold buys from free
+/// stock, as a new order does, so it meets the drop's rule as a new order does: swept by
+/// the sweeper or only past its time, it needs a pass; with none nothing is sold and its
+/// state does not change.
+#[tokio::test]
+async fn an_expired_hold_from_before_a_drop_is_not_confirmed_without_a_pass() {
+    // No sweeper of the app's own: the test sweeps when it means to, so one hold stays
+    // past its time without being swept.
+    let mut settings = crate::helpers::test_settings().await;
+    settings.sweep_interval = Duration::from_secs(3600);
+    let app = crate::helpers::spawn_app_with(settings).await;
+    app.add_product("DROP-X", "Drop X", 1000, 20).await;
+    let bot = Buyer {
+        key: key(&app, false).await,
+        shopper: None,
+    };
+    let mut holds = Vec::new();
+    for _ in 0..3 {
+        let (status, hold) = bot.place(&app.address, "holds", "DROP-X", None).await;
+        assert_eq!(status, 201, "{hold}");
+        holds.push(hold["id"].as_str().unwrap().to_string());
+    }
+    // One swept by the sweeper, one past its time but not yet swept, one still live.
+    sqlx::query(
+        "update holds set expires_at = now() - interval '1 second' where id = any($1::uuid[])",
+    )
+    .bind(&holds[..2])
+    .execute(&app.db)
+    .await
+    .unwrap();
+    let redis = stockade::locking::Redis::connect_lazy(
+        app.settings.redis_url.as_deref().unwrap(),
+        &app.settings.redis_prefix,
+    )
+    .unwrap();
+    sqlx::query("update holds set expires_at = now() + interval '1 hour' where id = $1::uuid")
+        .bind(&holds[1])
+        .execute(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(
+        stockade::holds::sweep(&app.db, &redis, 100).await.unwrap(),
+        1
+    );
+    sqlx::query("update holds set expires_at = now() - interval '1 second' where id = $1::uuid")
+        .bind(&holds[1])
+        .execute(&app.db)
+        .await
+        .unwrap();
+    // The drop is announced two minutes ahead: it binds its product now.
+    schedule(
+        &app,
+        "DROP-X",
+        Duration::from_secs(120),
+        Duration::from_secs(60),
+        Queueing::Fifo,
+        6000,
+        None,
+    )
+    .await;
+    let (status, body) = bot.place(&app.address, "orders", "DROP-X", None).await;
+    assert_eq!(status, 403, "a plain order: {body}");
+    for (hold, what) in holds.iter().zip(["swept", "past its time", "live"]) {
+        let res = bot
+            .request(helpers_client().post(format!("{}/api/v1/holds/{hold}/confirm", app.address)))
+            .send()
+            .await
+            .unwrap();
+        let status = res.status().as_u16();
+        let body: Value = res.json().await.unwrap_or(Value::Null);
+        assert_eq!(status, 403, "the {what} hold: {body}");
+        assert!(
+            body["detail"].as_str().unwrap_or("").contains("Drop X") || body["queue"].is_string(),
+            "the {what} hold's refusal names the queue: {body}"
+        );
+    }
+    // Another client confirming the live one: not found, as its `GET` answers, rather than
+    // a refusal that would say what it holds and which drop.
+    let other = Buyer {
+        key: key(&app, false).await,
+        shopper: None,
+    };
+    let res = other
+        .request(
+            helpers_client().post(format!("{}/api/v1/holds/{}/confirm", app.address, holds[2])),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 404, "{}", res.text().await.unwrap());
+    assert_eq!(app.count("select count(*) from orders").await, 0);
+    let states: Vec<String> = sqlx::query_scalar(
+        "select state::text from holds where id = any($1::uuid[]) order by state",
+    )
+    .bind(&holds)
+    .fetch_all(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(states, ["active", "active", "expired"]);
+}
+
+/// The same bypass through the shop: a checkout's hold from before the drop, expired,
+/// is sent to the drop's queue, not to an order page.
+#[tokio::test]
+async fn an_expired_checkout_from_before_a_drop_is_sent_to_the_queue_not_ordered() {
+    use crate::shop::{add_to_cart, post_form};
+    let app = spawn_app().await;
+    app.add_product("DROP-S", "Drop S", 1000, 20).await;
+    assert_eq!(
+        add_to_cart(&app, "DROP-S", "1").await.status().as_u16(),
+        303
+    );
+    let (_, cart) = app.get_text("/cart").await;
+    let start = crate::shop::form(&[
+        ("key", &crate::helpers::hidden(&cart, "key")),
+        ("lines", &crate::helpers::hidden(&cart, "lines")),
+    ]);
+    let (status, hold_page) = post_form(&app, "/checkout", &start).await;
+    assert!(
+        status == 303 && hold_page.starts_with("/checkout/"),
+        "{status} {hold_page}"
+    );
+    let hold = hold_page.trim_start_matches("/checkout/").to_string();
+    sqlx::query("update holds set expires_at = now() - interval '1 second' where id = $1::uuid")
+        .bind(&hold)
+        .execute(&app.db)
+        .await
+        .unwrap();
+    let drop = schedule(
+        &app,
+        "DROP-S",
+        Duration::from_secs(120),
+        Duration::from_secs(60),
+        Queueing::Fifo,
+        6000,
+        None,
+    )
+    .await;
+    let details = crate::shop::form(&[("name", "Ada"), ("email", "ada@example.com")]);
+    let (status, location) = post_form(&app, &format!("/checkout/{hold}/confirm"), &details).await;
+    assert_eq!(status, 303, "{location}");
+    assert!(
+        location.contains(&drop.id.to_string()) && !location.starts_with("/orders/"),
+        "sent to {location}, not the drop's queue"
+    );
+    assert_eq!(app.count("select count(*) from orders").await, 0);
+}
