@@ -2,7 +2,7 @@
 # Runs every test `cargo test --all-targets` runs, as it does, and then:
 #   - prints the ten slowest tests of the run (libtest's own per-test timing);
 #   - repeats each failing test's panic message;
-#   - gives each test a deadline (STOCKADE_TEST_DEADLINE seconds, 600 unless set): a test
+#   - gives each test a deadline (SUITE_TEST_DEADLINE seconds, 600 unless set): a test
 #     past it fails by name and its binary is stopped (scripts/run-test-binary.py);
 #   - fails when any process a test started (servers, PostgreSQL, Redis, Sentinels,
 #     HAProxy, PgBouncer, chromedriver and its Chromium) is still alive 15 s after the test
@@ -54,7 +54,7 @@ for exe in "${executables[@]}"; do
   echo "     Running ${exe#"$PWD"/}"
   # A failing binary does not stop the others, as with `cargo test --no-fail-fast`, so
   # one run shows every failure.
-  if ! SUITE_RUN_ID="$run_id" scripts/run-test-binary.py "$log" "$exe" "$@"; then
+  if ! scripts/run-test-binary.py "$run_id" "$log" "$exe" "$@"; then
     status=1
   fi
 done
@@ -90,7 +90,6 @@ marked() {
     pid=${environ#/proc/}
     pid=${pid%/environ}
     [ "$pid" = $$ ] && continue
-    [ "$(awk '{print $4}' "/proc/$pid/stat" 2>/dev/null)" = $$ ] && continue
     # (Kernel threads and processes that just ended cannot be read: skipped.)
     # (No pipe: `grep -q` leaving early would fail it under pipefail.)
     if grep -qzxF "SUITE_RUN_ID=$run_id" "$environ" 2>/dev/null; then
@@ -98,10 +97,12 @@ marked() {
     fi
   done
 }
-for _ in $(seq 150); do
+deadline=$((SECONDS + 15))
+while :; do
   marked
   [ ${#leftovers[@]} = 0 ] && break
-  sleep 0.1
+  [ "$SECONDS" -ge "$deadline" ] && break
+  sleep 0.2
 done
 if [ ${#leftovers[@]} -gt 0 ]; then
   echo

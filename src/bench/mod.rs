@@ -290,16 +290,17 @@ impl Bench<'_> {
         crate::local::create_database(&self.database_url, &name).await?;
         let url = url.to_string();
         // Migrated by the build that will serve it, which may be another one.
-        let migrated =
-            crate::children::mark_tokio(&mut tokio::process::Command::new(&self.plan.server_exe))
+        let migrated = crate::children::mark_tokio(
+            tokio::process::Command::new(&self.plan.server_exe)
                 .arg("migrate")
                 .env_clear()
-                .env("PATH", std::env::var("PATH").unwrap_or_default())
-                .env("DATABASE_URL", &url)
-                .env("STOCKADE_LOG", "error")
-                .status()
-                .await
-                .with_context(|| format!("cannot run {}", self.plan.server_exe.display()))?;
+                .env("PATH", std::env::var("PATH").unwrap_or_default()),
+        )
+        .env("DATABASE_URL", &url)
+        .env("STOCKADE_LOG", "error")
+        .status()
+        .await
+        .with_context(|| format!("cannot run {}", self.plan.server_exe.display()))?;
         if !migrated.success() {
             bail!(
                 "{} migrate failed ({migrated})",

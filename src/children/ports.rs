@@ -54,9 +54,35 @@ fn band_below(ephemeral_low: u16) -> (u16, u16) {
     }
 }
 
-/// The shared folder of claims: one lock file a port.
+/// The shared folder of claims, one lock file a port: a fixed path, not `$TMPDIR`, which
+/// differs between users and under `sudo`. Sticky and writable by all, as /tmp is, so
+/// root's cluster and a user's tests share it and no one removes another's files.
 fn claims_dir() -> PathBuf {
-    std::env::temp_dir().join("stockade-ports")
+    let dir = PathBuf::from("/tmp/stockade-ports");
+    if fs::create_dir_all(&dir).is_ok() {
+        let _ = fs::set_permissions(&dir, fs::Permissions::from_mode(0o1777));
+    }
+    dir
+}
+
+/// This process's claims, first raising its limit of open files to the most it may have:
+/// each claim keeps its lock file open until the process ends.
+fn claims() -> std::sync::MutexGuard<'static, Option<Claims>> {
+    let mut claims = CLAIMS.lock().unwrap_or_else(|e| e.into_inner());
+    if claims.is_none() {
+        use nix::sys::resource::{Resource, getrlimit, setrlimit};
+        if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
+            && soft < hard
+        {
+            let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+        }
+        *claims = Some(Claims {
+            held: Vec::new(),
+            // Each process starts somewhere else in the band, so concurrent ones rarely meet.
+            cursor: rand::random::<u32>(),
+        });
+    }
+    claims
 }
 
 /// A port no other Stockade process holds and nothing listens on, claimed for the rest of
@@ -64,17 +90,8 @@ fn claims_dir() -> PathBuf {
 pub fn free_port() -> anyhow::Result<u16> {
     let (low, high) = band();
     let dir = claims_dir();
-    if fs::create_dir_all(&dir).is_ok() {
-        // Shared by every user's Stockade (root's cluster and a user's tests alike);
-        // sticky, as /tmp is, so no one removes another's files.
-        let _ = fs::set_permissions(&dir, fs::Permissions::from_mode(0o1777));
-    }
-    let mut claims = CLAIMS.lock().unwrap_or_else(|e| e.into_inner());
-    let claims = claims.get_or_insert_with(|| Claims {
-        held: Vec::new(),
-        // Each process starts somewhere else in the band, so concurrent ones rarely meet.
-        cursor: rand::random::<u32>(),
-    });
+    let mut claims = claims();
+    let claims = claims.as_mut().expect("made by claims()");
     let width = u32::from(high - low);
     for _ in 0..width {
         let port = low + (claims.cursor % width) as u16;
@@ -82,7 +99,7 @@ pub fn free_port() -> anyhow::Result<u16> {
         if claims.held.iter().any(|(held, _)| *held == port) {
             continue;
         }
-        let Some(lock) = claim(&dir, port) else {
+        let Some(lock) = claim(&dir, port)? else {
             continue;
         };
         if TcpListener::bind(("127.0.0.1", port)).is_err() {
@@ -98,21 +115,23 @@ pub fn free_port() -> anyhow::Result<u16> {
     )
 }
 
-/// Claims `port` if it is the one this process used last time and still free (local mode
-/// keeps its servers' ports across restarts); `false` when another process holds it.
+/// Claims `port`, one a server used last time (local mode keeps its servers' ports across
+/// restarts), if it is in the band and still free; `false` when it is not (another process
+/// holds it, something listens there, or it was drawn where outgoing connections may take
+/// it, as older versions did).
 pub fn claim_port(port: u16) -> bool {
-    let mut claims = CLAIMS.lock().unwrap_or_else(|e| e.into_inner());
-    let claims = claims.get_or_insert_with(|| Claims {
-        held: Vec::new(),
-        cursor: rand::random::<u32>(),
-    });
-    if claims.held.iter().any(|(held, _)| *held == port) {
+    let (low, high) = band();
+    if !(low..high).contains(&port) {
         return false;
     }
     let dir = claims_dir();
-    let _ = fs::create_dir_all(&dir);
+    let mut claims = claims();
+    let claims = claims.as_mut().expect("made by claims()");
+    if claims.held.iter().any(|(held, _)| *held == port) {
+        return false;
+    }
     match claim(&dir, port) {
-        Some(lock) if TcpListener::bind(("127.0.0.1", port)).is_ok() => {
+        Ok(Some(lock)) if TcpListener::bind(("127.0.0.1", port)).is_ok() => {
             claims.held.push((port, lock));
             true
         }
@@ -131,8 +150,11 @@ pub fn distinct(owner: &str, ports: &[(&str, u16)]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The lock on `port`'s file, unless another open file holds it.
-fn claim(dir: &std::path::Path, port: u16) -> Option<File> {
+/// The lock on `port`'s file; `None` when another open file holds it. Any other failure
+/// (no file could be opened: out of file descriptors, no permission) is an error, not a
+/// port that is taken.
+fn claim(dir: &std::path::Path, port: u16) -> anyhow::Result<Option<File>> {
+    use anyhow::Context;
     let path = dir.join(port.to_string());
     // A file another user made may be read-only to this one; a lock needs only reading.
     let file = OpenOptions::new()
@@ -142,10 +164,15 @@ fn claim(dir: &std::path::Path, port: u16) -> Option<File> {
         .truncate(false)
         .open(&path)
         .or_else(|_| File::open(&path))
-        .ok()?;
+        .with_context(|| format!("cannot open {} to claim port {port}", path.display()))?;
     let _ = fs::set_permissions(&path, fs::Permissions::from_mode(0o666));
-    file.try_lock().ok()?;
-    Some(file)
+    match file.try_lock() {
+        Ok(()) => Ok(Some(file)),
+        Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(e).with_context(|| format!("cannot lock {}", path.display()))
+        }
+    }
 }
 
 #[cfg(test)]
@@ -176,13 +203,13 @@ mod tests {
     }
 
     /// A cluster draws about 30 ports for one start (etcd 2, each of three nodes 5, HAProxy
-    /// 2, PgBouncer, Redis 2, three Sentinels, its apps); drawn a hundred times over in one
+    /// 2, PgBouncer, Redis 2, three Sentinels, its apps); drawn twenty times over in one
     /// process, from four threads at once, none repeats and none is listened on.
     #[test]
-    fn a_hundred_clusters_worth_of_ports_drawn_at_once_never_repeat() {
+    fn twenty_clusters_worth_of_ports_drawn_at_once_never_repeat() {
         let threads: Vec<_> = (0..4)
             .map(|_| {
-                std::thread::spawn(|| (0..750).map(|_| free_port().unwrap()).collect::<Vec<u16>>())
+                std::thread::spawn(|| (0..150).map(|_| free_port().unwrap()).collect::<Vec<u16>>())
             })
             .collect();
         let drawn: Vec<u16> = threads
@@ -195,6 +222,8 @@ mod tests {
         assert!(drawn.iter().all(|p| (low..high).contains(p)));
         // A claimed port is not claimed again, by this process or through the shared lock.
         assert!(!claim_port(drawn[0]));
-        assert!(claim(&claims_dir(), drawn[1]).is_none());
+        assert!(claim(&claims_dir(), drawn[1]).unwrap().is_none());
+        // Outside the band: never claimed, even when free.
+        assert!(!claim_port(band().0 - 1));
     }
 }

@@ -88,6 +88,9 @@ fn start(id: &str) -> std::io::Result<()> {
         .args(["-c", SCRIPT, "stockade-warden", id])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
+        // Not the parent's: whoever reads the parent's output to its end (`output()`, a
+        // pipe) must not wait for the warden too.
+        .stderr(Stdio::null())
         // Its own process group: a Ctrl-C meant for this process does not end it first.
         .process_group(0)
         .spawn()?;

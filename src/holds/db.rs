@@ -510,13 +510,23 @@ pub(super) async fn confirm_many(conn: &mut PgConnection, w: &Confirmations) -> 
 /// confirmation can turn into an order is read, the expired one included (expired by the
 /// sweeper, or past its time and not yet swept): none for a hold confirmed (answered from
 /// its record) or released.
-pub async fn confirmable_skus(db: &PgPool, id: Uuid) -> sqlx::Result<Vec<HeldSku>> {
+///
+/// A hold within `margin` of its end counts as expired already: the confirmation that
+/// follows this read may find it expired (it may wait that long for its transaction), and
+/// would then sell from free stock under a check made for a live hold.
+pub async fn confirmable_skus(
+    db: &PgPool,
+    id: Uuid,
+    margin: std::time::Duration,
+) -> sqlx::Result<Vec<HeldSku>> {
     Ok(sqlx::query!(
         r#"select l.sku, h.created_at,
-                  (h.state = 'active' and h.expires_at > now()) as "live!"
+                  (h.state = 'active' and h.expires_at > now() + make_interval(secs => $2))
+                    as "live!"
              from holds h join hold_lines l on l.hold_id = h.id
             where h.id = $1 and h.state in ('active', 'expired')"#,
-        id
+        id,
+        margin.as_secs_f64(),
     )
     .fetch_all(db)
     .await?

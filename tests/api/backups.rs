@@ -17,11 +17,9 @@ const SELLERS: u64 = 8;
 
 /// Runs `stockade backup …`; its standard output, or a panic with its error.
 fn backup_command(args: &[&str]) -> String {
-    let out = crate::helpers::processes::stockade_command()
+    let out = crate::helpers::processes::clean_stockade_command()
         .arg("backup")
         .args(args)
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap())
         .output()
         .unwrap();
     let (stdout, stderr) = (

@@ -13,10 +13,8 @@ const STALE: Duration = Duration::from_secs(30);
 
 /// `stockade check [--quick]` as a process of its own; its exit code and output.
 fn check_process(url: &str, quick: bool) -> (Option<i32>, String) {
-    let mut cmd = crate::helpers::processes::stockade_command();
+    let mut cmd = crate::helpers::processes::clean_stockade_command();
     cmd.arg("check")
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap())
         .env("DATABASE_URL", url)
         .env("STOCKADE_LOG", "error");
     if quick {

@@ -254,10 +254,8 @@ async fn a_checkout_form_key_is_the_browsers_own() {
 async fn stockade_api_key_makes_lists_and_revokes_keys() {
     let app = keyed_app().await;
     let run = |args: &[&str]| {
-        let out = crate::helpers::processes::stockade_command()
+        let out = crate::helpers::processes::clean_stockade_command()
             .args(args)
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env(
                 "DATABASE_URL",
                 app.settings.database_url.as_deref().unwrap(),

@@ -544,10 +544,8 @@ async fn stockade_check_exits_non_zero_on_a_broken_database() {
     let url = fresh_database().await;
     let db = sqlx::PgPool::connect(&url).await.unwrap();
     let run = || {
-        crate::helpers::processes::stockade_command()
+        crate::helpers::processes::clean_stockade_command()
             .arg("check")
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap())
             .env("DATABASE_URL", &url)
             .output()
             .unwrap()
@@ -581,7 +579,7 @@ async fn stockade_check_exits_non_zero_on_a_broken_database() {
 async fn the_loadtest_command_runs_against_targets_and_writes_its_report() {
     let app = spawn_app().await;
     let out = std::env::temp_dir().join(format!("stockade-cli-{}", uuid::Uuid::new_v4().simple()));
-    let output = crate::helpers::processes::stockade_command()
+    let output = crate::helpers::processes::clean_stockade_command()
         .args([
             "loadtest",
             "--target",
@@ -602,8 +600,6 @@ async fn the_loadtest_command_runs_against_targets_and_writes_its_report() {
         ])
         .arg("--out")
         .arg(&out)
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap())
         .env(
             "DATABASE_URL",
             app.settings.database_url.as_deref().unwrap(),

@@ -5,10 +5,8 @@ use std::path::Path;
 use crate::helpers::{serve, servers};
 
 fn stockade(env: &[(&str, &str)], args: &[&str]) -> std::process::Output {
-    let mut cmd = crate::helpers::processes::stockade_command();
-    cmd.args(args)
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap());
+    let mut cmd = crate::helpers::processes::clean_stockade_command();
+    cmd.args(args);
     for (k, v) in env {
         cmd.env(k, v);
     }

@@ -179,9 +179,7 @@ async fn attempts_while_throttled_do_not_extend_the_lockout() {
 
 /// Runs `stockade admin unlock` against `app`'s database.
 fn unlock(app: &TestApp, args: &[&str]) -> String {
-    let out = crate::helpers::processes::stockade_command()
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
+    let out = crate::helpers::processes::clean_stockade_command()
         .env(
             "DATABASE_URL",
             app.settings.database_url.as_deref().unwrap(),

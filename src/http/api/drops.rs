@@ -118,7 +118,10 @@ pub async fn may_confirm(
         return Ok(());
     }
     let mut unbound = Vec::new();
-    for held in crate::holds::db::confirmable_skus(&state.db, hold).await? {
+    // The confirmation after this read may take up to the request's budget: a hold that
+    // could expire meanwhile is held to an expired hold's rule now.
+    let margin = state.settings.request_budget;
+    for held in crate::holds::db::confirmable_skus(&state.db, hold, margin).await? {
         let drop = state.drops.of_sku(&state.db, &held.sku).await?;
         if drop.is_some_and(|d| d.binds_at <= now && (!held.live || held.placed_at < d.binds_at)) {
             unbound.push(held.sku);

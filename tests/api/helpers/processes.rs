@@ -31,6 +31,17 @@ pub fn marked(command: &mut Command) -> &mut Command {
     stockade::children::mark(command).env(MARK, run_mark())
 }
 
+/// The built `stockade` binary as a command with an empty environment but `PATH`, marked
+/// (after the clearing, which would take the marks with it).
+pub fn clean_stockade_command() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_stockade"));
+    command
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default());
+    marked(&mut command);
+    command
+}
+
 /// The built `stockade` binary as a command, marked.
 pub fn stockade_command() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_stockade"));

@@ -402,10 +402,8 @@ async fn naive_read_then_write_oversells_the_same_race() {
 #[tokio::test]
 async fn naive_unsafe_refuses_to_start_without_allow_unsafe() {
     let app = spawn_app().await;
-    let out = crate::helpers::processes::stockade_command()
+    let out = crate::helpers::processes::clean_stockade_command()
         .arg("serve")
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap())
         .env(
             "DATABASE_URL",
             app.settings.database_url.as_deref().unwrap(),
