@@ -457,6 +457,17 @@ impl TestApp {
         (row.on_hand, row.reserved)
     }
 
+    /// Runs the hold sweeper over this app's database once, as a process's sweeper would;
+    /// how many holds it released.
+    pub async fn sweep_holds(&self) -> usize {
+        let redis = stockade::locking::Redis::connect_lazy(
+            self.settings.redis_url.as_deref().unwrap(),
+            &self.settings.redis_prefix,
+        )
+        .unwrap();
+        stockade::holds::sweep(&self.db, &redis, 100).await.unwrap()
+    }
+
     /// Waits until `sql` counts at least one row; panics, saying so, after 30 s.
     pub async fn wait_for_a_row(&self, sql: &'static str) {
         let deadline = std::time::Instant::now() + Duration::from_secs(30);

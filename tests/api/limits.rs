@@ -389,12 +389,7 @@ async fn expire(app: &TestApp, id: &str) {
         .execute(&app.db)
         .await
         .unwrap();
-    let redis = stockade::locking::Redis::connect_lazy(
-        app.settings.redis_url.as_deref().unwrap(),
-        &app.settings.redis_prefix,
-    )
-    .unwrap();
-    stockade::holds::sweep(&app.db, &redis, 100).await.unwrap();
+    app.sweep_holds().await;
 }
 
 async fn confirm_hold(app: &TestApp, id: &str, body: serde_json::Value) -> reqwest::Response {

@@ -372,20 +372,12 @@ async fn an_expired_hold_from_before_a_drop_is_not_confirmed_without_a_pass() {
     .execute(&app.db)
     .await
     .unwrap();
-    let redis = stockade::locking::Redis::connect_lazy(
-        app.settings.redis_url.as_deref().unwrap(),
-        &app.settings.redis_prefix,
-    )
-    .unwrap();
     sqlx::query("update holds set expires_at = now() + interval '1 hour' where id = $1::uuid")
         .bind(&holds[1])
         .execute(&app.db)
         .await
         .unwrap();
-    assert_eq!(
-        stockade::holds::sweep(&app.db, &redis, 100).await.unwrap(),
-        1
-    );
+    assert_eq!(app.sweep_holds().await, 1);
     sqlx::query("update holds set expires_at = now() - interval '1 second' where id = $1::uuid")
         .bind(&holds[1])
         .execute(&app.db)
