@@ -17,8 +17,8 @@
 use std::fs::{self, File, OpenOptions};
 use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
-use std::sync::Mutex;
+use std::path::{Path, PathBuf};
+use std::sync::{LazyLock, Mutex};
 
 use anyhow::bail;
 
@@ -29,7 +29,40 @@ struct Claims {
     cursor: u32,
 }
 
-static CLAIMS: Mutex<Option<Claims>> = Mutex::new(None);
+/// This process's claims. Made at the first draw, which first raises the limit of open
+/// files to the most this process may have: each claim keeps its lock file open until the
+/// process ends.
+static CLAIMS: LazyLock<Mutex<Claims>> = LazyLock::new(|| {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
+        && soft < hard
+    {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+    Mutex::new(Claims {
+        held: Vec::new(),
+        // Each process starts somewhere else in the band, so concurrent ones rarely meet.
+        cursor: rand::random::<u32>(),
+    })
+});
+
+impl Claims {
+    /// Claims `port` for this process unless it holds it already, another process holds
+    /// it, or something listens there.
+    fn hold(&mut self, dir: &Path, port: u16) -> anyhow::Result<bool> {
+        if self.held.iter().any(|(held, _)| *held == port) {
+            return Ok(false);
+        }
+        let Some(lock) = claim(dir, port)? else {
+            return Ok(false);
+        };
+        if TcpListener::bind(("127.0.0.1", port)).is_err() {
+            return Ok(false); // the lock is let go with `lock`
+        }
+        self.held.push((port, lock));
+        Ok(true)
+    }
+}
 
 /// The band ports are drawn from: `[low, high)`.
 fn band() -> (u16, u16) {
@@ -65,24 +98,8 @@ fn claims_dir() -> PathBuf {
     dir
 }
 
-/// This process's claims, first raising its limit of open files to the most it may have:
-/// each claim keeps its lock file open until the process ends.
-fn claims() -> std::sync::MutexGuard<'static, Option<Claims>> {
-    let mut claims = CLAIMS.lock().unwrap_or_else(|e| e.into_inner());
-    if claims.is_none() {
-        use nix::sys::resource::{Resource, getrlimit, setrlimit};
-        if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
-            && soft < hard
-        {
-            let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
-        }
-        *claims = Some(Claims {
-            held: Vec::new(),
-            // Each process starts somewhere else in the band, so concurrent ones rarely meet.
-            cursor: rand::random::<u32>(),
-        });
-    }
-    claims
+fn claims() -> std::sync::MutexGuard<'static, Claims> {
+    CLAIMS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A port no other Stockade process holds and nothing listens on, claimed for the rest of
@@ -91,22 +108,13 @@ pub fn free_port() -> anyhow::Result<u16> {
     let (low, high) = band();
     let dir = claims_dir();
     let mut claims = claims();
-    let claims = claims.as_mut().expect("made by claims()");
     let width = u32::from(high - low);
     for _ in 0..width {
         let port = low + (claims.cursor % width) as u16;
         claims.cursor = claims.cursor.wrapping_add(1);
-        if claims.held.iter().any(|(held, _)| *held == port) {
-            continue;
+        if claims.hold(&dir, port)? {
+            return Ok(port);
         }
-        let Some(lock) = claim(&dir, port)? else {
-            continue;
-        };
-        if TcpListener::bind(("127.0.0.1", port)).is_err() {
-            continue; // something else listens there; the lock is dropped with `lock`
-        }
-        claims.held.push((port, lock));
-        return Ok(port);
     }
     bail!(
         "no free port between {low} and {high}: every one is listened on or held by another \
@@ -124,19 +132,7 @@ pub fn claim_port(port: u16) -> bool {
     if !(low..high).contains(&port) {
         return false;
     }
-    let dir = claims_dir();
-    let mut claims = claims();
-    let claims = claims.as_mut().expect("made by claims()");
-    if claims.held.iter().any(|(held, _)| *held == port) {
-        return false;
-    }
-    match claim(&dir, port) {
-        Ok(Some(lock)) if TcpListener::bind(("127.0.0.1", port)).is_ok() => {
-            claims.held.push((port, lock));
-            true
-        }
-        _ => false,
-    }
+    claims().hold(&claims_dir(), port).unwrap_or(false)
 }
 
 /// An error unless the ports `owner` was given all differ (a check on a start's plan: a
@@ -153,7 +149,7 @@ pub fn distinct(owner: &str, ports: &[(&str, u16)]) -> anyhow::Result<()> {
 /// The lock on `port`'s file; `None` when another open file holds it. Any other failure
 /// (no file could be opened: out of file descriptors, no permission) is an error, not a
 /// port that is taken.
-fn claim(dir: &std::path::Path, port: u16) -> anyhow::Result<Option<File>> {
+fn claim(dir: &Path, port: u16) -> anyhow::Result<Option<File>> {
     use anyhow::Context;
     let path = dir.join(port.to_string());
     // A file another user made may be read-only to this one; a lock needs only reading.

@@ -246,13 +246,9 @@ pub(super) async fn wait_for_server_connections(
     pool: u32,
 ) -> anyhow::Result<()> {
     use sqlx::Connection;
-    let first = tokio::time::timeout(
-        Duration::from_secs(30),
-        sqlx::PgConnection::connect(pgbouncer_url),
-    )
-    .await
-    .context("no connection through PgBouncer within 30 s")?
-    .context("cannot connect through PgBouncer")?;
+    let first = crate::pg::connect(pgbouncer_url)
+        .await
+        .context("cannot connect through PgBouncer")?;
     let db = sqlx::postgres::PgPoolOptions::new()
         .acquire_timeout(Duration::from_secs(30))
         .connect(leader_url)

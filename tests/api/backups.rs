@@ -129,10 +129,7 @@ fn env_for(data_dir: &Path) -> Vec<(&'static str, String)> {
 
 #[tokio::test]
 async fn a_restore_to_a_moment_mid_sale_has_every_order_acknowledged_before_it_and_none_after() {
-    let root = servers()
-        .await
-        .root
-        .join(format!("backups-{}", uuid::Uuid::new_v4().simple()));
+    let root = servers().await.fresh_dir("backups");
     let backups = root.join("backups");
     let backups_arg = backups.display().to_string();
     let mut shop = serve(&env_for(&root.join("data")), &["--backups", &backups_arg]).await;

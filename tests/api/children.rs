@@ -17,10 +17,7 @@ use crate::helpers::servers;
 /// and quoting its log, long before any of its deadlines (the leader wait's is 60 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_start_whose_daemon_cannot_bind_its_port_fails_naming_it() {
-    let dir = servers()
-        .await
-        .root
-        .join(format!("clash-{}", uuid::Uuid::new_v4().simple()));
+    let dir = servers().await.fresh_dir("clash");
     let started = Instant::now();
     let options = Options {
         nodes: 1,
@@ -51,10 +48,7 @@ async fn a_cluster_start_whose_daemon_cannot_bind_its_port_fails_naming_it() {
 /// `stockade cluster`, SIGKILLed once it serves: within 15 s nothing it started runs.
 #[tokio::test]
 async fn nothing_stockade_cluster_started_outlives_its_sigkill() {
-    let dir = servers()
-        .await
-        .root
-        .join(format!("orphans-cluster-{}", uuid::Uuid::new_v4().simple()));
+    let dir = servers().await.fresh_dir("orphans-cluster");
     let mut command = stockade_command();
     command.args([
         "cluster",
@@ -73,10 +67,7 @@ async fn nothing_stockade_cluster_started_outlives_its_sigkill() {
 /// serves: within 15 s nothing it started runs.
 #[tokio::test]
 async fn nothing_local_mode_started_outlives_its_sigkill() {
-    let dir = servers()
-        .await
-        .root
-        .join(format!("orphans-local-{}", uuid::Uuid::new_v4().simple()));
+    let dir = servers().await.fresh_dir("orphans-local");
     let mut command = stockade_command();
     command
         .arg("serve")

@@ -88,6 +88,12 @@ pub async fn servers() -> &'static Servers {
 }
 
 impl Servers {
+    /// A new, unique folder path under the run's root, named `{prefix}-{uuid}` (not created).
+    pub fn fresh_dir(&self, prefix: &str) -> PathBuf {
+        self.root
+            .join(format!("{prefix}-{}", Uuid::new_v4().simple()))
+    }
+
     pub fn url(&self, database: &str) -> String {
         format!("{}{database}", self.pg_base)
     }
@@ -221,10 +227,7 @@ pub async fn spawn_app_with_own_redis() -> TestApp {
 
 /// [`spawn_app_with_own_redis`] with `settings` (whose Redis URL it replaces).
 pub async fn spawn_app_with_own_redis_and(mut settings: Settings) -> TestApp {
-    let dir = servers()
-        .await
-        .root
-        .join(format!("redis-{}", Uuid::new_v4().simple()));
+    let dir = servers().await.fresh_dir("redis");
     let redis = tokio::task::spawn_blocking(move || LocalRedis::start(&dir, None).unwrap())
         .await
         .unwrap();

@@ -44,10 +44,7 @@ fn processes_using(dir: &Path) -> Vec<String> {
 
 #[tokio::test]
 async fn local_mode_keeps_its_data_across_a_restart_and_leaves_no_servers_behind() {
-    let root = servers()
-        .await
-        .root
-        .join(format!("local-{}", uuid::Uuid::new_v4().simple()));
+    let root = servers().await.fresh_dir("local");
     let data_dir = root.join("data");
     let env = [
         ("STOCKADE_DATA_DIR", data_dir.display().to_string()),

@@ -551,10 +551,7 @@ async fn redis_killed_and_restarted_empty_mid_sale_oversells_nothing() {
 
 #[tokio::test]
 async fn postgres_restarted_mid_sale_loses_no_acknowledged_order() {
-    let dir = servers()
-        .await
-        .root
-        .join(format!("pg-{}", uuid::Uuid::new_v4().simple()));
+    let dir = servers().await.fresh_dir("pg");
     let pg_dir = dir.clone();
     let mut pg =
         tokio::task::spawn_blocking(move || LocalPostgres::start(&pg_dir, None, true, None))

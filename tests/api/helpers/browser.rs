@@ -7,7 +7,6 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use tokio::sync::OnceCell;
-use uuid::Uuid;
 
 use super::{processes, servers};
 
@@ -48,10 +47,7 @@ pub async fn browser() -> fantoccini::Client {
             url
         })
         .await;
-    let profile = servers()
-        .await
-        .root
-        .join(format!("chrome-{}", Uuid::new_v4().simple()));
+    let profile = servers().await.fresh_dir("chrome");
     let mut caps = serde_json::Map::new();
     caps.insert(
         "goog:chromeOptions".into(),
