@@ -429,7 +429,10 @@ pub(super) async fn wait_for_sentinels(sentinels: &[Daemon]) -> anyhow::Result<(
 }
 
 /// HAProxy in front of the apps: round robin, each checked on `/readyz` every half
-/// second. An app is taken out when its PostgreSQL check fails (three checks in a row); a
+/// second. The forwarding headers the apps believe (from 127.0.0.1, their trusted proxy)
+/// are HAProxy's own, never the client's: `X-Forwarded-Host` is the `Host` it was sent,
+/// `X-Forwarded-Proto` is `http` (it listens on plain http), `Forwarded` is dropped, and
+/// `X-Forwarded-For` gets the client's address appended (the apps read only that hop). An app is taken out when its PostgreSQL check fails (three checks in a row); a
 /// Redis outage leaves it in, as orders go on under the database guard. A request whose
 /// connection is refused (a dead app) is sent to another app. If every app fails its
 /// check, all of them get traffic again, unchecked (fail open).
@@ -469,6 +472,9 @@ pub(super) fn start_haproxy(
              \x20 retry-on conn-failure\n\
              frontend shop\n\
              \x20 bind 127.0.0.1:{port}\n\
+             \x20 http-request del-header forwarded\n\
+             \x20 http-request set-header x-forwarded-host %[req.hdr(host)]\n\
+             \x20 http-request set-header x-forwarded-proto http\n\
              \x20 option forwardfor\n\
              \x20 default_backend apps\n\
              backend apps\n\

@@ -52,8 +52,9 @@ pub enum Queueing {
 }
 
 impl Queueing {
+    /// Exactly `fifo` or `lottery`, as the API's enum says (no other case, no spaces).
     pub fn parse(raw: &str) -> Option<Self> {
-        match raw.trim().to_ascii_lowercase().as_str() {
+        match raw {
             "fifo" => Some(Self::Fifo),
             "lottery" => Some(Self::Lottery),
             _ => None,
@@ -186,24 +187,68 @@ impl NewDrop {
     }
 }
 
-/// Parses an opening time: RFC 3339, or `+SECONDS` from `now`.
+/// Parses an opening time exactly as the API's pattern for `opens_at` says: `+SECONDS`
+/// from `now` (1 to 9 digits), or RFC 3339 in its internet form,
+/// `YYYY-MM-DDTHH:MM:SS[.fraction](Z|±HH:MM)` with an upper-case `T` and `Z` and nothing
+/// around it (chrono alone would also take a space for the `T`, lower case, and more).
 pub fn parse_opens_at(raw: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, String> {
-    let raw = raw.trim();
     if let Some(secs) = raw.strip_prefix('+') {
-        return secs
-            .parse::<u32>()
-            .map(|s| now + chrono::Duration::seconds(i64::from(s)))
-            .map_err(|_| {
-                format!("{raw:?} is not +SECONDS (e.g. +300 for five minutes from now).")
-            });
+        return match (1..=9).contains(&secs.len()) && secs.bytes().all(|b| b.is_ascii_digit()) {
+            true => Ok(now + chrono::Duration::seconds(secs.parse::<i64>().unwrap_or(0))),
+            false => Err(format!(
+                "{} is not +SECONDS (1 to 9 digits, e.g. +300 for five minutes from now).",
+                crate::text::quoted(raw)
+            )),
+        };
     }
-    DateTime::parse_from_rfc3339(raw)
+    internet_time(raw)
+        .and_then(|()| DateTime::parse_from_rfc3339(raw).ok())
         .map(|t| t.with_timezone(&Utc))
-        .map_err(|_| {
+        .ok_or_else(|| {
             format!(
-                "{raw:?} is not a time: use RFC 3339 (e.g. 2026-12-24T18:00:00Z) or +SECONDS from now."
+                "{} is not a time: use RFC 3339 (e.g. 2026-12-24T18:00:00Z) or +SECONDS from now.",
+                crate::text::quoted(raw)
             )
         })
+}
+
+/// `Some(())` when `raw` has the shape `YYYY-MM-DDTHH:MM:SS[.digits](Z|±HH:MM)`.
+fn internet_time(raw: &str) -> Option<()> {
+    let b = raw.as_bytes();
+    let digits = |range: std::ops::Range<usize>| {
+        b.get(range.clone())
+            .is_some_and(|d| d.len() == range.len() && d.iter().all(u8::is_ascii_digit))
+    };
+    let at = |i: usize, c: u8| b.get(i) == Some(&c);
+    let date_time = digits(0..4)
+        && at(4, b'-')
+        && digits(5..7)
+        && at(7, b'-')
+        && digits(8..10)
+        && at(10, b'T')
+        && digits(11..13)
+        && at(13, b':')
+        && digits(14..16)
+        && at(16, b':')
+        && digits(17..19);
+    if !date_time {
+        return None;
+    }
+    let mut rest = &raw[19..];
+    if let Some(fraction) = rest.strip_prefix('.') {
+        let n = fraction.bytes().take_while(u8::is_ascii_digit).count();
+        if n == 0 {
+            return None;
+        }
+        rest = &fraction[n..];
+    }
+    let zone = rest.as_bytes();
+    let offset = zone.len() == 6
+        && matches!(zone[0], b'+' | b'-')
+        && zone[1..3].iter().all(u8::is_ascii_digit)
+        && zone[3] == b':'
+        && zone[4..6].iter().all(u8::is_ascii_digit);
+    (rest == "Z" || offset).then_some(())
 }
 
 #[cfg(test)]
@@ -229,6 +274,26 @@ mod tests {
                 .contains("RFC 3339")
         );
         assert!(parse_opens_at("+-5", now).is_err());
+        // What the audit found accepted, though the API's pattern refuses it.
+        for refused in [
+            "+1234567890",
+            "2027-12-24 18:00:00Z",
+            "2027-12-24t18:00:00Z",
+            "2027-12-24T18:00:00z",
+            " +300",
+            "+300 ",
+            " 2027-12-24T18:00:00Z",
+        ] {
+            assert!(parse_opens_at(refused, now).is_err(), "{refused:?}");
+        }
+        for taken in [
+            "+1",
+            "+999999999",
+            "2027-12-24T18:00:00.25Z",
+            "2027-12-24T18:00:00-05:30",
+        ] {
+            assert!(parse_opens_at(taken, now).is_ok(), "{taken:?}");
+        }
     }
 
     #[test]
@@ -237,5 +302,7 @@ mod tests {
             assert_eq!(Queueing::parse(q.as_str()), Some(q));
         }
         assert_eq!(Queueing::parse("random"), None);
+        assert_eq!(Queueing::parse("FIFO"), None);
+        assert_eq!(Queueing::parse(" lottery "), None);
     }
 }

@@ -223,6 +223,65 @@ async fn replica_lag(primary: &PgPool) -> (i64, i64) {
 /// What `stockade cluster --state-file` writes describes what runs: each process alive
 /// under its pid, the shop and the database answering at their URLs, and the PostgreSQL
 /// nodes by their Patroni names, one of them the leader.
+/// The audit's forged request through HAProxy: a form sent with a foreign `Origin` and a
+/// `X-Forwarded-Host` naming that origin. HAProxy sets the forwarding headers itself, so
+/// the app compares the origin with the host really asked for (403), and the same form
+/// from the shop's own origin is taken whatever host it claims; a page asked for with
+/// `X-Forwarded-Proto: https` over plain http sets no `Secure` cookie.
+async fn forged_forwarding_headers_are_not_believed(cluster: &Cluster) {
+    let shop = cluster.url();
+    let client = crate::helpers::client();
+    let html = client
+        .get(format!("{shop}/"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let marker = r#"<meta name="csrf-token" content=""#;
+    let start = html.find(marker).expect("pages carry the token") + marker.len();
+    let csrf = html[start..start + 64].to_string();
+    let send = |origin: &str| {
+        client
+            .post(format!("{shop}/cart/add"))
+            .header("origin", origin)
+            .header("x-forwarded-host", "evil.example")
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(format!("sku={HOT_SKU}&quantity=1&csrf={csrf}"))
+            .send()
+    };
+    let forged = send("http://evil.example").await.unwrap();
+    assert_eq!(
+        forged.status().as_u16(),
+        403,
+        "a forged origin passed through HAProxy"
+    );
+    let own = send(&shop).await.unwrap();
+    assert_ne!(
+        own.status().as_u16(),
+        403,
+        "the shop's own form was refused"
+    );
+    let page = crate::helpers::client()
+        .get(format!("{shop}/"))
+        .header("x-forwarded-proto", "https")
+        .send()
+        .await
+        .unwrap();
+    let cookies: Vec<String> = page
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .map(|c| c.to_str().unwrap_or("").to_ascii_lowercase())
+        .collect();
+    assert!(!cookies.is_empty(), "a first visit sets its cookie");
+    assert!(
+        cookies.iter().all(|c| !c.contains("secure")),
+        "a Secure cookie over plain http on a forged X-Forwarded-Proto: {cookies:?}"
+    );
+}
+
 async fn check_state(cluster: &Cluster, dir: &std::path::Path) {
     let state = cluster.state().await;
     // Written readable by this user only, replacing (never writing through) a link that
@@ -318,6 +377,7 @@ async fn a_flash_sale_through_haproxy_survives_losing_a_redis_master_an_app_the_
     let mut cluster = start_cluster(&dir).await;
     eprintln!("cluster up in {:.1} s", started.elapsed().as_secs_f64());
     check_state(&cluster, &dir).await;
+    forged_forwarding_headers_are_not_believed(&cluster).await;
     let primary = PgPool::connect(&cluster.primary_url()).await.unwrap();
     let standby = cluster.redis[1].port;
 

@@ -158,13 +158,17 @@ impl DropFormText {
             if raw.is_empty() {
                 return Ok(None);
             }
-            raw.parse().map(Some).map_err(|_| {
-                AppError::Unprocessable(format!("{what} must be a whole number, not {raw:?}."))
+            crate::text::whole_number(raw).map(Some).ok_or_else(|| {
+                AppError::Unprocessable(format!(
+                    "{what} must be a whole number (digits only), not {}.",
+                    crate::text::quoted(raw)
+                ))
             })
         };
         Ok(DropForm {
             sku: self.sku.clone(),
-            opens_at: self.opens_at.clone(),
+            // A person's typing: spaces around the time are let go here, not in the API.
+            opens_at: self.opens_at.trim().to_string(),
             prequeue_seconds: number(&self.prequeue_seconds, "The pre-queue")?,
             queueing: self.queueing.clone(),
             admit_per_minute: number(&self.admit_per_minute, "Shoppers let in per minute")?

@@ -253,6 +253,18 @@ pub(crate) struct ShopperHeader {
     drop_shopper: Option<String>,
 }
 
+/// The `Drop-Pass` request header, as the contract describes it.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Header)]
+#[allow(dead_code)]
+pub(crate) struct PassHeader {
+    /// The pass a drop's queue gave this caller (or this `Drop-Shopper`) when it let them
+    /// in: needed for a product in a drop, from a few seconds after the drop is scheduled
+    /// until it ends. Ignored for other products.
+    #[param(rename = "Drop-Pass")]
+    drop_pass: Option<String>,
+}
+
 /// Joins a drop's queue (or, joined already, returns the same ticket). One place per
 /// caller (per `Drop-Shopper` for a client acting for many buyers); poll the ticket's
 /// `Location` no sooner than `Retry-After`.

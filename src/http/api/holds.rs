@@ -24,7 +24,7 @@ use crate::idempotency::Scope;
     path = "/api/v1/holds",
     tag = "holds",
     security(("api_key" = [])),
-    params(IdempotencyKeyHeader),
+    params(IdempotencyKeyHeader, super::drops::ShopperHeader, super::drops::PassHeader),
     request_body = HoldBody,
     responses(
         (status = 201, description = "The hold, placed (or replayed).",
@@ -103,14 +103,19 @@ pub struct ConfirmBody {
 }
 
 /// Confirms a hold the caller placed into an order; confirming again answers the same
-/// order. After expiry the order is placed from free stock if there is enough (else 409);
+/// order. After expiry the order is placed from free stock if there is enough (else 409),
+/// as a new order: a product in a drop then needs a `Drop-Pass` however old the hold;
 /// a hold purged after `STOCKADE_HOLD_RETENTION_DAYS` answers 404.
 #[utoipa::path(
     post,
     path = "/api/v1/holds/{id}/confirm",
     tag = "holds",
     security(("api_key" = [])),
-    params(("id" = Uuid, Path, description = "The hold's id.")),
+    params(
+        ("id" = Uuid, Path, description = "The hold's id."),
+        super::drops::ShopperHeader,
+        super::drops::PassHeader,
+    ),
     // Optional (`required: false`, set in `openapi::document`), but never `null`.
     request_body(content = ConfirmBody, description = "Optional: no body (or only white \
         space) is the same as `{}`. Not `null`."),
@@ -144,7 +149,12 @@ pub async fn post_hold_confirm(
     let details = OrderRequest::check_contact(body.email.as_deref(), body.name.as_deref())?;
     // A hold placed before its product's drop bound it: only with this caller's pass (a
     // `Drop-Shopper` this caller may not send names nobody, and no pass is theirs).
-    let identity = super::drops::identity(&req, &caller).map_or(String::new(), |(i, _)| i);
+    // A malformed `Drop-Shopper` is refused whatever the hold holds, as the contract says.
+    let identity = match super::drops::identity(&req, &caller) {
+        Ok((identity, _)) => identity,
+        Err(malformed @ AppError::BadRequest(_)) => return Err(malformed),
+        Err(_) => String::new(),
+    };
     if let Err(refusal) = super::drops::may_confirm(&state, id, &identity, |_| {
         req.headers()
             .get(super::drops::PASS_HEADER)

@@ -21,7 +21,7 @@ use crate::orders;
     path = "/api/v1/orders",
     tag = "orders",
     security(("api_key" = [])),
-    params(IdempotencyKeyHeader),
+    params(IdempotencyKeyHeader, super::drops::ShopperHeader, super::drops::PassHeader),
     request_body = OrderBody,
     responses(
         (status = 201, description = "The order, placed (or replayed).",

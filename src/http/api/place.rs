@@ -90,8 +90,12 @@ pub(super) async fn place(
         OrderRequest::from_json(&body, state.settings.max_line_quantity)?.placed_by(shopper);
     // A product in a drop: only with this caller's pass from its queue (a retry under a
     // key that has a record is answered from it). Who the caller is counts only there: a
-    // `Drop-Shopper` that is not allowed is refused only for a product in a drop.
-    let identity = super::drops::identity(&req, &caller).map(|(identity, _)| identity);
+    // `Drop-Shopper` that is not allowed is refused only for a product in a drop; one that
+    // is malformed, always (the contract's pattern refuses it).
+    let identity = match super::drops::identity(&req, &caller) {
+        Err(malformed @ AppError::BadRequest(_)) => return Err(malformed),
+        other => other.map(|(identity, _)| identity),
+    };
     let skus = request.skus();
     let allowed = super::drops::may_place(
         &state,

@@ -126,3 +126,97 @@ async fn an_admin_schedules_a_drop_watches_it_live_and_each_button_applies_once(
     let (status, body) = ada.join(&app.address, id).await;
     assert_eq!(status, 409, "{body}");
 }
+
+/// The contract equals the server: what the admin API's `opens_at` pattern and `queueing`
+/// enum refuse, the server refuses (the audit found each accepted), and so does the form
+/// a `+5` where a whole number goes; each in words, nothing made. The served contract
+/// declares the drop headers on every operation that reads them.
+#[tokio::test]
+async fn the_drop_api_and_form_refuse_what_their_contract_refuses() {
+    let app = spawn_app().await;
+    app.add_product("DROP-C", "Drop C", 1000, 10).await;
+    let csrf = app.login_admin().await;
+    let doc: Value = app.get("/api/v1/openapi.json").await.json().await.unwrap();
+    let schema = &doc["components"]["schemas"]["NewDropBody"]["properties"];
+    let pattern = regex::Regex::new(schema["opens_at"]["pattern"].as_str().unwrap()).unwrap();
+    let ok = serde_json::json!({"sku": "DROP-C", "opens_at": "+3600", "queueing": "fifo",
+                                "admit_per_minute": 1});
+    let schedule = |body: Value| {
+        app.client
+            .post(app.url("/api/v1/admin/drops"))
+            .header("X-CSRF-Token", &csrf)
+            .json(&body)
+            .send()
+    };
+    for opens_at in [
+        "+1234567890",
+        "2027-12-24 18:00:00Z",
+        "2027-12-24t18:00:00Z",
+        "2027-12-24T18:00:00z",
+        " +300",
+    ] {
+        assert!(
+            !pattern.is_match(opens_at),
+            "the pattern takes {opens_at:?}"
+        );
+        let mut bad = ok.clone();
+        bad["opens_at"] = opens_at.into();
+        let res = schedule(bad).await.unwrap();
+        assert_eq!(res.status().as_u16(), 422, "opens_at {opens_at:?}");
+        assert!(
+            res.text().await.unwrap().contains("not"),
+            "a sentence for {opens_at:?}"
+        );
+    }
+    let queueing: Vec<&str> = doc["components"]["schemas"]["Queueing"]["enum"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    for name in ["FIFO", " lottery ", "Lottery"] {
+        assert!(!queueing.contains(&name));
+        let mut bad = ok.clone();
+        bad["queueing"] = name.into();
+        let res = schedule(bad).await.unwrap();
+        assert_eq!(res.status().as_u16(), 422, "queueing {name:?}");
+    }
+    let form_csrf = app.admin_csrf().await;
+    let res = app
+        .admin_post(
+            "/admin/drops",
+            &[
+                ("csrf", &form_csrf),
+                ("key", &Uuid::new_v4().to_string()),
+                ("sku", "DROP-C"),
+                ("opens_at", "+3600"),
+                ("queueing", "fifo"),
+                ("admit_per_minute", "+5"),
+            ],
+        )
+        .await;
+    assert_eq!(res.status().as_u16(), 422);
+    assert!(res.text().await.unwrap().contains("whole number"));
+    assert_eq!(app.count("select count(*) from drops").await, 0);
+    // The one that fits the contract is taken.
+    assert_eq!(schedule(ok).await.unwrap().status().as_u16(), 201);
+
+    for (path, method) in [
+        ("/api/v1/orders", "post"),
+        ("/api/v1/holds", "post"),
+        ("/api/v1/holds/{id}/confirm", "post"),
+    ] {
+        let names: Vec<&str> = doc["paths"][path][method]["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|p| p["name"].as_str())
+            .collect();
+        for header in ["Drop-Pass", "Drop-Shopper"] {
+            assert!(
+                names.contains(&header),
+                "{method} {path} does not declare {header}"
+            );
+        }
+    }
+}
