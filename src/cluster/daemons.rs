@@ -218,7 +218,6 @@ pub(super) fn start_pgbouncer(
              max_client_conn = 4000\n\
              ignore_startup_parameters = extra_float_digits\n\
              server_login_retry = 1\n\
-             admin_users = {PG_USER}\n\
              logfile = {log}\n\
              pidfile = {pid}\n",
             pg = postgres.write_port,
@@ -328,8 +327,14 @@ pub(super) fn start_sentinel(
         port,
         dir.join("sentinel.log"),
         move || {
-            let mut cmd = Command::new(&bin);
-            cmd.arg(&config).stdout(Stdio::null()).stderr(Stdio::null());
+            // Under umask 077: Sentinel rewrites its configuration (with the Redis password
+            // in it) as a new file, which would otherwise be readable by everyone (0644).
+            let mut cmd = Command::new("/bin/sh");
+            cmd.args(["-c", "umask 077 && exec \"$0\" \"$@\""])
+                .arg(&bin)
+                .arg(&config)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
             if sentinel_flag {
                 cmd.arg("--sentinel");
             }

@@ -300,6 +300,26 @@ async fn check_state(cluster: &Cluster, dir: &std::path::Path) {
         .mode();
     assert_eq!(mode & 0o777, 0o600, "{mode:o}");
     assert_eq!(std::fs::read_to_string(&elsewhere).unwrap(), "untouched");
+    // Each Sentinel's configuration, which it has rewritten by now (it records its id),
+    // holds the Redis password: its owner's to read only.
+    for i in 1..=stockade::cluster::SENTINELS {
+        let conf = dir.join(format!("sentinel-{i}")).join("sentinel.conf");
+        let conf = std::fs::read_to_string(dir.join(format!("sentinel-{i}")).join("LOCATION"))
+            .map(|moved| std::path::PathBuf::from(moved.trim()).join("sentinel.conf"))
+            .unwrap_or(conf);
+        let text = std::fs::read_to_string(&conf).unwrap();
+        assert!(text.contains("sentinel myid"), "not rewritten yet: {text}");
+        let mode = std::fs::metadata(&conf).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "{} is {mode:o}", conf.display());
+    }
+    // The app's user cannot open PgBouncer's admin console.
+    let console = cluster
+        .pgbouncer_url()
+        .replace(&format!("/{}", stockade::local::PG_DATABASE), "/pgbouncer");
+    assert!(
+        sqlx::PgPool::connect(&console).await.is_err(),
+        "the app's user opened PgBouncer's admin console"
+    );
     let processes = state["processes"].as_array().unwrap();
     for p in processes {
         let pid = p["pid"].as_i64().unwrap_or_else(|| panic!("a pid: {p}"));

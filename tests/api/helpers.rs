@@ -243,6 +243,9 @@ pub fn client() -> reqwest::Client {
         .redirect(reqwest::redirect::Policy::none())
         .cookie_store(true)
         .timeout(Duration::from_secs(30))
+        // Under the servers' keep-alive (actix's 5 s): a connection idle longer may be
+        // closed by the server just as a request reuses it (an incomplete message).
+        .pool_idle_timeout(Duration::from_secs(2))
         .build()
         .unwrap()
 }

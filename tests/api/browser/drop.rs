@@ -118,7 +118,9 @@ async fn a_shopper_queues_sees_the_place_move_and_is_let_in_to_buy_at_phone_and_
     // The pages move on by themselves: every place they show, until the turn (the phone's
     // twenty seconds after the opening, the desktop's five more).
     let deadline = Instant::now() + Duration::from_secs(60);
-    let mut seen: [Vec<u64>; 2] = [Vec::new(), Vec::new()];
+    // From the places the join showed (checked above): on a loaded machine the first move
+    // may come before this loop starts, and is still a move.
+    let mut seen = [vec![shoppers[0].2], vec![shoppers[1].2]];
     let mut admitted = [false, false];
     while admitted.contains(&false) {
         assert!(
@@ -138,8 +140,7 @@ async fn a_shopper_queues_sees_the_place_move_and_is_let_in_to_buy_at_phone_and_
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    for (i, (_, width, place)) in shoppers.iter().enumerate() {
-        assert_eq!(seen[i].first(), Some(place), "{width}: {seen:?}");
+    for (i, (_, width, _)) in shoppers.iter().enumerate() {
         assert!(
             seen[i].len() >= 2 && seen[i].windows(2).all(|w| w[1] < w[0]),
             "{width}: the place shown moved forward without a reload: {seen:?}"

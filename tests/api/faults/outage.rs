@@ -19,8 +19,10 @@ use crate::helpers::test_settings;
 const AT_MOST_TRIED: u64 = 100;
 /// Answers in the two seconds, at least. A refused connection is retried by the pool
 /// until its wait (`db_acquire_timeout`, 5 s in the tests) runs out, so without the probe
-/// each of the sixteen clients would get one answer at most; answered at once, thousands.
-const AT_LEAST_ANSWERED: usize = 200;
+/// each of the sixteen clients would get one answer at most (16 in all); answered at once,
+/// thousands on an idle machine and well over this on one loaded several times over (168
+/// seen): four answers per client, each within half a second.
+const AT_LEAST_ANSWERED: usize = 64;
 
 async fn refused_at_once_while_the_database(mode: Mode) {
     let sku = "OUT-1";
