@@ -147,9 +147,7 @@ impl AppError {
     /// The message a person may see; server errors say nothing internal.
     pub fn public_message(&self) -> String {
         match self {
-            Self::Database(e) if is_transient(e) => {
-                "We are very busy right now; please try again in a moment.".into()
-            }
+            Self::Database(e) if is_transient(e) => crate::pg::transient_cause(e).into(),
             Self::Database(e) if is_check_violation(e) => {
                 "Stock changed while this was being done, and the database refused it; \
                  nothing was changed. Please try again."
@@ -274,7 +272,7 @@ impl From<crate::checkout::OrderError> for AppError {
                 retry_after: Some(1),
                 details: None,
             },
-            E::Busy | E::TimedOut => Self::Unavailable {
+            E::Busy | E::TimedOut | E::Transient(_) => Self::Unavailable {
                 message: sentence(&e.to_string()),
                 retry_after: 1,
             },

@@ -54,6 +54,34 @@ pub fn is_unreachable(e: &sqlx::Error) -> bool {
     }
 }
 
+/// What a transient failure ([`is_transient`]) says happened, in a sentence a shopper can
+/// read: only what the failure shows. A lock or statement that ran out of time says the
+/// database was held up, not that the shop is busy (a lock held by someone else looks the
+/// same from here as a crowd); no connection to be had, or PgBouncer full, says busy; a
+/// conflict with another request says so; a server out of reach says so.
+pub fn transient_cause(e: &sqlx::Error) -> &'static str {
+    let code = match e {
+        sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
+        _ => None,
+    };
+    match code.as_deref() {
+        _ if is_unreachable(e) => {
+            "The database cannot be reached right now; please try again in a moment."
+        }
+        // lock_not_available, query_canceled (statement timeout), idle-in-transaction
+        // timeout
+        Some("55P03" | "57014" | "25P03") => {
+            "The database did not get to this in time (it is held up); please try again \
+             in a moment."
+        }
+        // serialization_failure, deadlock_detected
+        Some("40001" | "40P01") => {
+            "This met another request for the same stock at the database; please try again."
+        }
+        _ => "We are very busy right now; please try again in a moment.",
+    }
+}
+
 /// PgBouncer answers everything with `08P01`: these messages say it has no PostgreSQL
 /// server to give (its logins to the server fail, or its server connection broke), not
 /// that it is full (`max_client_conn`, `query_wait_timeout`: busy, not gone) nor that the

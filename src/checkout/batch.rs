@@ -572,7 +572,10 @@ fn copy_error(error: &OrderError) -> OrderError {
         OrderError::Database(sqlx::Error::PoolTimedOut) => {
             OrderError::Database(sqlx::Error::PoolTimedOut)
         }
-        OrderError::Database(e) if crate::pg::is_transient(e) => OrderError::Busy,
+        // Its cause, not "high demand": a blocked table is not a crowd.
+        OrderError::Database(e) if crate::pg::is_transient(e) => {
+            OrderError::Transient(crate::pg::transient_cause(e))
+        }
         OrderError::Database(e) => {
             OrderError::Database(sqlx::Error::Protocol(format!("batch failed: {e}")))
         }

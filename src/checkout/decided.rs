@@ -156,7 +156,12 @@ pub(super) async fn answer_or_settled<K: Kind>(
 ) -> Result<Outcome<K>, OrderError> {
     let error = match placed {
         Err(error @ OrderError::Database(sqlx::Error::PoolTimedOut)) => return Err(error),
-        Err(error @ (OrderError::TimedOut | OrderError::Database(_) | OrderError::Busy)) => error,
+        Err(
+            error @ (OrderError::TimedOut
+            | OrderError::Database(_)
+            | OrderError::Busy
+            | OrderError::Transient(_)),
+        ) => error,
         decided => return decided,
     };
     if let Ok(Found::Completed(stored)) = keyed.lookup(deps.db).await {

@@ -128,6 +128,10 @@ pub enum OrderError {
     InFlight,
     #[error("these products are in high demand right now; please retry in a moment")]
     Busy,
+    /// A batch failed for a passing database reason ([`crate::pg::transient_cause`] says
+    /// which, for every order of the batch alike): not stored, retry.
+    #[error("{0}")]
+    Transient(&'static str),
     /// The request ran out of time with its outcome unknown (a commit may have been sent
     /// and not answered): only the key can tell.
     #[error(
@@ -147,7 +151,10 @@ impl OrderError {
             Self::KeyReused => "key_reused",
             Self::InFlight => "in_flight",
             // Shed for want of a connection, as a 503 says.
-            Self::Busy | Self::TimedOut | Self::Database(sqlx::Error::PoolTimedOut) => "busy",
+            Self::Busy
+            | Self::Transient(_)
+            | Self::TimedOut
+            | Self::Database(sqlx::Error::PoolTimedOut) => "busy",
             Self::Database(_) => "error",
         }
     }

@@ -155,3 +155,45 @@ async fn twins_that_find_their_key_decided_let_go_of_their_connection_before_rea
     assert_eq!(app.count("select count(*) from orders").await, 1);
     app.assert_invariants().await;
 }
+
+/// A refusal names its real cause. With the stock table locked by someone else, an order
+/// under each strategy waits for its lock until the statement's time runs out and is
+/// answered 503: saying the database was held up, not that the products are in high
+/// demand (the audit's finding under `batched`, where a batch's failure was copied to its
+/// orders as "high demand"). Nothing is sold.
+async fn a_blocked_table_is_named_as_the_cause_not_demand(strategy: OrderStrategy) {
+    let app = spawn_app_with(Settings {
+        order_strategy: strategy,
+        statement_timeout: Duration::from_millis(800),
+        tx_timeout: Duration::from_secs(2),
+        ..test_settings().await
+    })
+    .await;
+    app.add_product("HELD-1", "Held", 100, 10).await;
+    let mut lock = app.db.begin().await.unwrap();
+    sqlx::query("lock table stock in access exclusive mode")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let res = app.post_order("held-1", &[("HELD-1", 1)]).await;
+    let status = res.status().as_u16();
+    let retry = res.headers().contains_key("retry-after");
+    let body: serde_json::Value = res.json().await.unwrap();
+    lock.rollback().await.unwrap();
+    assert_eq!(status, 503, "{strategy:?}: {body}");
+    assert!(retry, "{strategy:?}: no Retry-After");
+    let detail = body["detail"].as_str().unwrap_or_default();
+    assert!(!detail.contains("high demand"), "{strategy:?}: {detail}");
+    assert!(detail.contains("held up"), "{strategy:?}: {detail}");
+    assert_eq!(app.count("select count(*) from orders").await, 0);
+}
+
+#[tokio::test]
+async fn a_blocked_table_is_named_as_the_cause_under_batched() {
+    a_blocked_table_is_named_as_the_cause_not_demand(OrderStrategy::Batched).await;
+}
+
+#[tokio::test]
+async fn a_blocked_table_is_named_as_the_cause_under_redis_lock() {
+    a_blocked_table_is_named_as_the_cause_not_demand(OrderStrategy::RedisLock).await;
+}
