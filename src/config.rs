@@ -344,6 +344,9 @@ environment {
     /// carries its own).
     redis_password: Option<Secret>, "STOCKADE_REDIS_PASSWORD" = unset,
         |_, v| Ok(Some(Secret::from(v)));
+    /// The Sentinels' own password (their `requirepass`), sent with every question to them.
+    redis_sentinel_password: Option<Secret>, "STOCKADE_REDIS_SENTINEL_PASSWORD" = unset,
+        |_, v| Ok(Some(Secret::from(v)));
     /// A streaming replica that takes the reads which may lag (catalogue, product pages,
     /// product API, admin reports); unset: the primary.
     database_replica_url: Option<Secret>, "STOCKADE_DATABASE_REPLICA_URL" = unset,

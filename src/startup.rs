@@ -215,6 +215,7 @@ pub async fn connect_redis(settings: &Settings) -> anyhow::Result<Redis> {
             &settings.redis_sentinels,
             &settings.redis_master,
             settings.redis_password.as_deref(),
+            settings.redis_sentinel_password.as_deref(),
             &settings.redis_prefix,
             settings.redis_timeout,
         )

@@ -310,6 +310,7 @@ pub(super) fn start_sentinel(
              set-proc-title no\n\
              dir {dir}\n\
              logfile {log}\n\
+             requirepass {password}\n\
              sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} {QUORUM}\n\
              sentinel auth-pass {MASTER_NAME} {password}\n\
              sentinel down-after-milliseconds {MASTER_NAME} {down}\n\
@@ -385,10 +386,10 @@ pub(super) async fn wait_for_redis_replica(
 
 /// Waits until every Sentinel knows the replica and enough other Sentinels to fail over
 /// (`SENTINEL CKQUORUM`), so a failure right after start is handled.
-pub(super) async fn wait_for_sentinels(sentinels: &[Daemon]) -> anyhow::Result<()> {
+pub(super) async fn wait_for_sentinels(sentinels: &[Daemon], password: &str) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     for port in sentinels.iter().map(|s| s.port) {
-        let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
+        let client = redis::Client::open(format!("redis://:{password}@127.0.0.1:{port}"))?;
         loop {
             for sentinel in sentinels {
                 sentinel.check()?;

@@ -147,7 +147,7 @@ impl Cluster {
             )?);
         }
         let sentinel_ports: Vec<u16> = sentinels.iter().map(|s| s.port).collect();
-        wait_for_sentinels(&sentinels).await?;
+        wait_for_sentinels(&sentinels, &redis_password).await?;
 
         let mut cluster_env = vec![
             (
@@ -169,6 +169,11 @@ impl Cluster {
             ),
             ("STOCKADE_REDIS_MASTER".into(), MASTER_NAME.into()),
             ("STOCKADE_REDIS_PASSWORD".into(), redis_password.clone()),
+            // The Sentinels share the servers' password (`requirepass`).
+            (
+                "STOCKADE_REDIS_SENTINEL_PASSWORD".into(),
+                redis_password.clone(),
+            ),
             // HAProxy forwards the client's address.
             ("STOCKADE_TRUSTED_PROXIES".into(), "127.0.0.1".into()),
             ("STOCKADE_LISTEN".into(), "127.0.0.1:0".into()),
@@ -247,7 +252,10 @@ impl Cluster {
 
     /// Where the Sentinels say the master is now.
     pub async fn current_master_port(&self) -> anyhow::Result<u16> {
-        let client = redis::Client::open(format!("redis://127.0.0.1:{}", self.sentinels[0].port))?;
+        let client = redis::Client::open(format!(
+            "redis://:{}@127.0.0.1:{}",
+            self.redis_password, self.sentinels[0].port
+        ))?;
         let mut conn = client.get_multiplexed_async_connection().await?;
         let (_, port): (String, u16) = redis::cmd("SENTINEL")
             .arg("get-master-addr-by-name")

@@ -45,6 +45,8 @@ pub use node::Node;
 
 /// Patroni's scope: the cluster's name in etcd.
 pub const SCOPE: &str = "stockade";
+/// The user Patroni's REST API asks its unsafe methods for (with `patroni-rest.password`).
+pub const REST_USER: &str = "stockade";
 /// The leader key's life after its holder stops renewing it.
 pub const TTL: Duration = Duration::from_secs(20);
 
@@ -103,6 +105,9 @@ struct Passwords {
     superuser: String,
     replication: String,
     rewind: String,
+    /// Patroni's REST API: asked for its unsafe methods (`PATCH /config`, a switchover,
+    /// a restart), so nobody else on the machine can reconfigure or move the cluster.
+    rest: String,
 }
 
 impl Passwords {
@@ -123,6 +128,7 @@ impl Passwords {
             superuser: one("patroni-superuser")?,
             replication: one("patroni-replication")?,
             rewind: one("patroni-rewind")?,
+            rest: one("patroni-rest")?,
         })
     }
 }
@@ -189,6 +195,11 @@ impl Patroni {
             cluster.backups = Some(repo);
         }
         Ok(cluster)
+    }
+
+    /// The password of Patroni's REST API for its unsafe methods (user [`REST_USER`]).
+    pub fn rest_password(&self) -> &str {
+        &self.passwords.rest
     }
 
     /// The app's database through HAProxy's write port: whichever node leads.
@@ -439,7 +450,12 @@ fn start_node(
         // Patroni's own default: each loop's decision ("no action. I am (pg3), the leader
         // with the lock") is what tells afterwards why a node did or did not lead.
         "log": {"level": "INFO"},
-        "restapi": {"listen": format!("127.0.0.1:{rest}"), "connect_address": format!("127.0.0.1:{rest_at}")},
+        "restapi": {
+            "listen": format!("127.0.0.1:{rest}"),
+            "connect_address": format!("127.0.0.1:{rest_at}"),
+            // For the unsafe methods only: HAProxy's checks and the waits here are GETs.
+            "authentication": {"username": REST_USER, "password": passwords.rest},
+        },
         // With links, etcd is reached only through them: no discovery of its members'
         // own addresses, which would go around the link.
         "etcd3": {"hosts": [format!("127.0.0.1:{etcd_at}")], "use_proxies": options.links},

@@ -89,6 +89,8 @@ struct Sentinel {
     /// The master's name the Sentinels monitor.
     master: String,
     password: Option<String>,
+    /// The Sentinels' own (`requirepass`).
+    sentinel_password: Option<String>,
     /// The master the connection points at now.
     current: Mutex<(String, u16)>,
 }
@@ -98,7 +100,11 @@ impl Sentinel {
     async fn master_address(&self, timeout: Duration) -> Option<(String, u16)> {
         for address in &self.addresses {
             let ask = async {
-                let client = redis::Client::open(format!("redis://{address}"))?;
+                let url = match &self.sentinel_password {
+                    Some(pw) => format!("redis://:{pw}@{address}"),
+                    None => format!("redis://{address}"),
+                };
+                let client = redis::Client::open(url)?;
                 let mut conn = client.get_multiplexed_async_connection().await?;
                 redis::cmd("SENTINEL")
                     .arg("get-master-addr-by-name")
@@ -169,11 +175,13 @@ impl Redis {
     }
 
     /// Finds the master named `master` through the Sentinels at `sentinels` (`host:port`)
-    /// and connects to it with `password`; follows it across failovers from then on.
+    /// (asking them with `sentinel_password`) and connects to it with `password`; follows
+    /// it across failovers from then on.
     pub async fn connect_sentinel(
         sentinels: &[String],
         master: &str,
         password: Option<&str>,
+        sentinel_password: Option<&str>,
         prefix: &str,
         timeout: Duration,
     ) -> anyhow::Result<Self> {
@@ -181,6 +189,7 @@ impl Redis {
             addresses: sentinels.to_vec(),
             master: master.to_string(),
             password: password.map(str::to_string),
+            sentinel_password: sentinel_password.map(str::to_string),
             current: Mutex::new((String::new(), 0)),
         };
         let patience = timeout.max(Duration::from_secs(1));
