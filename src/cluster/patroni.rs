@@ -34,7 +34,7 @@ use sqlx::Connection;
 use super::daemons::{Daemon, log_to, write_owned};
 use crate::local::backups::{Repo, Server};
 use crate::local::{PG_DATABASE, PG_USER, find_binary, free_port, private_dir, run_as};
-use etcd::{start_etcd, wait_for_etcd};
+use etcd::{PATRONI_USER, secure_etcd, start_etcd, wait_for_etcd};
 use routing::{start_haproxy, start_link};
 
 mod etcd;
@@ -108,6 +108,9 @@ struct Passwords {
     /// Patroni's REST API: asked for its unsafe methods (`PATCH /config`, a switchover,
     /// a restart), so nobody else on the machine can reconfigure or move the cluster.
     rest: String,
+    /// etcd's `root` (needed to turn auth on), and Patroni's own etcd user.
+    etcd_root: String,
+    etcd: String,
 }
 
 impl Passwords {
@@ -129,6 +132,8 @@ impl Passwords {
             replication: one("patroni-replication")?,
             rewind: one("patroni-rewind")?,
             rest: one("patroni-rest")?,
+            etcd_root: one("etcd-root")?,
+            etcd: one("etcd-patroni")?,
         })
     }
 }
@@ -147,6 +152,7 @@ impl Patroni {
         };
         let etcd = start_etcd(dir, owner.clone())?;
         wait_for_etcd(etcd.port, Duration::from_secs(30)).await?;
+        secure_etcd(etcd.port, &passwords.etcd_root, &passwords.etcd).await?;
         let mut started = Vec::new();
         for i in 1..=options.nodes.max(1) {
             let node = start_node(
@@ -458,7 +464,12 @@ fn start_node(
         },
         // With links, etcd is reached only through them: no discovery of its members'
         // own addresses, which would go around the link.
-        "etcd3": {"hosts": [format!("127.0.0.1:{etcd_at}")], "use_proxies": options.links},
+        "etcd3": {
+            "hosts": [format!("127.0.0.1:{etcd_at}")],
+            "use_proxies": options.links,
+            "username": PATRONI_USER,
+            "password": passwords.etcd,
+        },
         "bootstrap": {
             "dcs": {
                 "ttl": TTL.as_secs(),

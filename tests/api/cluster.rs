@@ -298,8 +298,8 @@ fn as_another_user(mut command: std::process::Command) -> String {
 }
 
 /// The audit's commands from another local user: Patroni's `PATCH /config` is 401 without
-/// the REST password (and 200 with it), and a Sentinel refuses `SENTINEL SET` without the
-/// password (NOAUTH). etcd is not yet closed (see the README).
+/// the REST password (and 200 with it), a Sentinel refuses `SENTINEL SET` without the
+/// password (NOAUTH), and etcd will not read out the leader key without a user.
 fn control_planes_refuse_other_users(cluster: &Cluster) {
     let url = format!("{}/config", cluster.postgres.nodes[0].patroni_url());
     let patch = |credentials: Option<String>| {
@@ -341,6 +341,25 @@ fn control_planes_refuse_other_users(cluster: &Cluster) {
     assert!(
         answer.contains("NOAUTH"),
         "a Sentinel took SENTINEL SET: {answer}"
+    );
+    // base64 of "/service/stockade/leader"
+    let mut range = std::process::Command::new("curl");
+    range
+        .args([
+            "-s",
+            "-X",
+            "POST",
+            "-d",
+            r#"{"key": "L3NlcnZpY2Uvc3RvY2thZGUvbGVhZGVy"}"#,
+        ])
+        .arg(format!(
+            "http://127.0.0.1:{}/v3/kv/range",
+            cluster.postgres.etcd.port
+        ));
+    let answer = as_another_user(range);
+    assert!(
+        answer.contains("error") && !answer.contains("\"kvs\""),
+        "etcd gave out the leader key: {answer}"
     );
 }
 

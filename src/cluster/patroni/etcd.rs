@@ -67,3 +67,77 @@ pub(super) fn start_etcd(dir: &Path, owner: Option<User>) -> anyhow::Result<Daem
         cmd
     })
 }
+
+/// The etcd user Patroni reads and writes its keys as.
+pub const PATRONI_USER: &str = "patroni";
+
+/// Turns on etcd's authentication, once: a `root` user (which etcd requires before it
+/// enables auth) and a `patroni` user whose role may read and write Patroni's keys
+/// (`/service/…`) and nothing else. Then nobody else on the machine can read, write or
+/// delete the leader key. At a later start of the same cluster (auth already on: `root`
+/// logs in) nothing is done.
+pub(super) async fn secure_etcd(port: u16, root: &str, patroni: &str) -> anyhow::Result<()> {
+    use base64::Engine as _;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()?;
+    let call = |path: &'static str, body: serde_json::Value| {
+        let request = client
+            .post(format!("http://127.0.0.1:{port}/v3/auth/{path}"))
+            .json(&body);
+        async move {
+            let answer: serde_json::Value = request
+                .send()
+                .await
+                .with_context(|| format!("etcd did not answer /v3/auth/{path}"))?
+                .json()
+                .await
+                .with_context(|| format!("etcd's answer to /v3/auth/{path} is not JSON"))?;
+            anyhow::Ok(answer)
+        }
+    };
+    let login = call(
+        "authenticate",
+        serde_json::json!({"name": "root", "password": root}),
+    )
+    .await?;
+    if login["token"].is_string() {
+        return Ok(());
+    }
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let steps = [
+        (
+            "user/add",
+            serde_json::json!({"name": "root", "password": root}),
+        ),
+        (
+            "user/grant",
+            serde_json::json!({"user": "root", "role": "root"}),
+        ),
+        ("role/add", serde_json::json!({"name": PATRONI_USER})),
+        (
+            "role/grant",
+            serde_json::json!({"name": PATRONI_USER, "perm": {
+                "permType": "READWRITE", "key": b64("/service/"), "range_end": b64("/service0"),
+            }}),
+        ),
+        (
+            "user/add",
+            serde_json::json!({"name": PATRONI_USER, "password": patroni}),
+        ),
+        (
+            "user/grant",
+            serde_json::json!({"user": PATRONI_USER, "role": PATRONI_USER}),
+        ),
+        ("enable", serde_json::json!({})),
+    ];
+    for (path, body) in steps {
+        let answer = call(path, body).await?;
+        // A step a start that stopped half-way already took is not an error.
+        let error = answer["error"].as_str().unwrap_or_default();
+        if !error.is_empty() && !error.contains("already exists") {
+            bail!("etcd refused /v3/auth/{path}: {error}");
+        }
+    }
+    Ok(())
+}
