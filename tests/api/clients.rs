@@ -218,9 +218,7 @@ async fn checkout_in_new_browser(app: &TestApp, key: &str) -> (reqwest::Client, 
         let res = browser.get(app.url("/")).send().await.unwrap();
         (res.status(), res.text().await.unwrap())
     };
-    let marker = r#"<meta name="csrf-token" content=""#;
-    let start = html.find(marker).unwrap() + marker.len();
-    let csrf = html[start..start + 64].to_string();
+    let csrf = crate::helpers::csrf_in(&html);
     let location = checkout(app, &browser, &csrf, key).await;
     (browser, csrf, location)
 }

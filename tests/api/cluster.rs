@@ -239,9 +239,7 @@ async fn forged_forwarding_headers_are_not_believed(cluster: &Cluster) {
         .text()
         .await
         .unwrap();
-    let marker = r#"<meta name="csrf-token" content=""#;
-    let start = html.find(marker).expect("pages carry the token") + marker.len();
-    let csrf = html[start..start + 64].to_string();
+    let csrf = crate::helpers::csrf_in(&html);
     let send = |origin: &str| {
         client
             .post(format!("{shop}/cart/add"))

@@ -237,6 +237,13 @@ pub async fn spawn_app_with_own_redis_and(mut settings: Settings) -> TestApp {
     app
 }
 
+/// The storefront CSRF token a page embeds (its `csrf-token` meta element).
+pub fn csrf_in(html: &str) -> String {
+    let marker = r#"<meta name="csrf-token" content=""#;
+    let start = html.find(marker).expect("pages carry the token") + marker.len();
+    html[start..start + 64].to_string()
+}
+
 pub fn client() -> reqwest::Client {
     stockade::install_tls_provider();
     reqwest::Client::builder()
@@ -268,9 +275,7 @@ impl TestApp {
     /// The storefront CSRF token of this client (its cookie, as pages embed it).
     pub async fn csrf(&self) -> String {
         let (_, html) = self.get_text("/").await;
-        let marker = r#"<meta name="csrf-token" content=""#;
-        let start = html.find(marker).expect("pages carry the token") + marker.len();
-        html[start..start + 64].to_string()
+        csrf_in(&html)
     }
 
     /// Creates the test admin ([`ADMIN_USER`]), unless it exists.

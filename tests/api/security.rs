@@ -29,9 +29,7 @@ async fn csrf_of(app: &TestApp, client: &reqwest::Client) -> String {
         .text()
         .await
         .unwrap();
-    let marker = r#"<meta name="csrf-token" content=""#;
-    let start = html.find(marker).expect("pages carry the token") + marker.len();
-    html[start..start + 64].to_string()
+    crate::helpers::csrf_in(&html)
 }
 
 /// POSTs the login form from `client` with `X-Forwarded-For: forwarded_for` (as the

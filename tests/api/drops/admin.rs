@@ -9,21 +9,26 @@ fn form_key(page: &str, action: &str) -> String {
     form[at..at + form[at..].find('"').unwrap()].to_string()
 }
 
+/// `POST /api/v1/admin/drops` with `body`, as the logged-in admin whose token is `csrf`.
+async fn schedule_through_the_api(app: &TestApp, csrf: &str, body: Value) -> reqwest::Response {
+    app.client
+        .post(app.url("/api/v1/admin/drops"))
+        .header("X-CSRF-Token", csrf)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn an_admin_schedules_a_drop_watches_it_live_and_each_button_applies_once() {
     let app = spawn_app().await;
     app.add_product("DROP-M", "Drop M", 1000, 10).await;
     let csrf = app.login_admin().await;
-    let schedule = |body: Value| {
-        app.client
-            .post(app.url("/api/v1/admin/drops"))
-            .header("X-CSRF-Token", &csrf)
-            .json(&body)
-            .send()
-    };
+    let schedule = |body: Value| schedule_through_the_api(&app, &csrf, body);
     let drop = serde_json::json!({"sku": "DROP-M", "opens_at": "+3600", "prequeue_seconds": 7200,
                                   "queueing": "fifo", "admit_per_minute": 1});
-    let res = schedule(drop.clone()).await.unwrap();
+    let res = schedule(drop.clone()).await;
     assert_eq!(res.status().as_u16(), 201);
     let id = res.json::<Value>().await.unwrap()["id"]
         .as_str()
@@ -32,10 +37,10 @@ async fn an_admin_schedules_a_drop_watches_it_live_and_each_button_applies_once(
     // Refused in words, and nothing made: a time that is none, a second live drop.
     let mut bad = drop.clone();
     bad["opens_at"] = "yesterday".into();
-    let res = schedule(bad).await.unwrap();
+    let res = schedule(bad).await;
     assert_eq!(res.status().as_u16(), 422);
     assert!(res.text().await.unwrap().contains("is not a time"));
-    assert_eq!(schedule(drop).await.unwrap().status().as_u16(), 409);
+    assert_eq!(schedule(drop).await.status().as_u16(), 409);
     assert_eq!(app.count("select count(*) from drops").await, 1);
 
     // Two shoppers queue; the live figures say so, in the API and on the page.
@@ -141,13 +146,7 @@ async fn the_drop_api_and_form_refuse_what_their_contract_refuses() {
     let pattern = regex::Regex::new(schema["opens_at"]["pattern"].as_str().unwrap()).unwrap();
     let ok = serde_json::json!({"sku": "DROP-C", "opens_at": "+3600", "queueing": "fifo",
                                 "admit_per_minute": 1});
-    let schedule = |body: Value| {
-        app.client
-            .post(app.url("/api/v1/admin/drops"))
-            .header("X-CSRF-Token", &csrf)
-            .json(&body)
-            .send()
-    };
+    let schedule = |body: Value| schedule_through_the_api(&app, &csrf, body);
     for opens_at in [
         "+1234567890",
         "2027-12-24 18:00:00Z",
@@ -161,7 +160,7 @@ async fn the_drop_api_and_form_refuse_what_their_contract_refuses() {
         );
         let mut bad = ok.clone();
         bad["opens_at"] = opens_at.into();
-        let res = schedule(bad).await.unwrap();
+        let res = schedule(bad).await;
         assert_eq!(res.status().as_u16(), 422, "opens_at {opens_at:?}");
         assert!(
             res.text().await.unwrap().contains("not"),
@@ -178,7 +177,7 @@ async fn the_drop_api_and_form_refuse_what_their_contract_refuses() {
         assert!(!queueing.contains(&name));
         let mut bad = ok.clone();
         bad["queueing"] = name.into();
-        let res = schedule(bad).await.unwrap();
+        let res = schedule(bad).await;
         assert_eq!(res.status().as_u16(), 422, "queueing {name:?}");
     }
     let form_csrf = app.admin_csrf().await;
@@ -199,7 +198,7 @@ async fn the_drop_api_and_form_refuse_what_their_contract_refuses() {
     assert!(res.text().await.unwrap().contains("whole number"));
     assert_eq!(app.count("select count(*) from drops").await, 0);
     // The one that fits the contract is taken.
-    assert_eq!(schedule(ok).await.unwrap().status().as_u16(), 201);
+    assert_eq!(schedule(ok).await.status().as_u16(), 201);
 
     for (path, method) in [
         ("/api/v1/orders", "post"),
