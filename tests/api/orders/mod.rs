@@ -344,8 +344,16 @@ async fn a_batch_spans_skus_and_an_order_whose_sku_is_leased_elsewhere_waits_alo
     let wide3: Vec<u16> = ["w3", "w3b", "w3c"].iter().map(|k| of(k).1).collect();
     assert_eq!(wide3.iter().filter(|s| **s == 201).count(), 2, "{wide3:?}");
     assert_eq!(wide3.iter().filter(|s| **s == 409).count(), 1, "{wide3:?}");
-    // The others did not wait for WIDE-4's lease; WIDE-4's order did.
-    assert!(of("w1").2 < Duration::from_millis(700), "{answers:?}");
+    // The others did not wait for WIDE-4's lease; WIDE-4's order did. Had they waited,
+    // they would have been answered with it, in its batch: they come well before it.
+    // (Measured against it rather than a fixed time: with both cores busy the first batch
+    // alone took 751 ms once.)
+    for key in ["w1", "w2", "w3"] {
+        assert!(
+            of(key).2 + Duration::from_millis(100) < of("w4").2,
+            "{key} waited with WIDE-4: {answers:?}"
+        );
+    }
     assert!(of("w4").2 >= Duration::from_millis(600), "{answers:?}");
     let metrics = app.metrics().await;
     let batches: f64 = metrics
