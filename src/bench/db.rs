@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 
-use super::report::PostgresInfo;
+use super::rows::PostgresInfo;
 
 /// Transactions committed in database `name` so far.
 pub(super) async fn commit_count(admin: &PgPool, name: &str) -> anyhow::Result<i64> {

@@ -3,7 +3,7 @@
 
 use super::Workload;
 use super::pgbench;
-use super::report::{Derived, Row};
+use super::rows::{Derived, Row};
 
 /// The storefront's target: completed checkouts/s at least this share of the hot SKU's API
 /// orders/s under the same strategy.
@@ -208,7 +208,8 @@ pub(super) fn derived_lines(rows: &[Row], pgbench: &[pgbench::PgbenchResult]) ->
 mod tests {
     use super::*;
     use crate::bench::load;
-    use crate::bench::report::{BenchReport, PostgresInfo, Step, summary};
+    use crate::bench::report::{BenchReport, summary};
+    use crate::bench::rows::{PostgresInfo, Step};
 
     #[test]
     fn the_storefront_gets_its_ratio_to_orders_and_each_steps_open_loop_p99_against_targets() {

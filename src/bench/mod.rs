@@ -30,6 +30,7 @@ pub mod load;
 pub mod pgbench;
 mod progress;
 pub mod report;
+pub mod rows;
 pub mod soak;
 mod storefront;
 mod workload;
@@ -51,7 +52,8 @@ use self::db::{
 use self::derived::derived_lines;
 use self::load::{Connections, Live, Load, Measured, Schedule};
 use self::progress::Progress;
-use self::report::{BenchReport, Row};
+use self::report::BenchReport;
+use self::rows::Row;
 use crate::loadtest::check::{self, RedisTarget};
 use crate::loadtest::servers::ServerProcess;
 use crate::local::{LocalOptions, LocalServices};
@@ -240,7 +242,7 @@ impl Bench<'_> {
     async fn soak_all(
         &self,
         admin: &PgPool,
-        postgres: report::PostgresInfo,
+        postgres: rows::PostgresInfo,
         minutes: u64,
     ) -> anyhow::Result<BenchReport> {
         let strategy = &self.plan.strategies[0];

@@ -17,7 +17,7 @@ use sqlx::PgPool;
 
 use super::db::{wal_position, wal_since};
 use super::load::{Connections, Load, Schedule};
-use super::report::Row;
+use super::rows::Row;
 use super::{Bench, OPEN_LOOP_CONNECTIONS, Strategy, Workload, stop_all};
 use crate::loadtest::check::{self, RedisTarget, Verdict};
 use crate::loadtest::servers::ServerProcess;

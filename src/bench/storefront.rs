@@ -39,7 +39,7 @@ use sqlx::PgPool;
 
 use super::db::{per_request, wal_position, wal_since};
 use super::load::{Connection, Live, Measured};
-use super::report::{Row, Step};
+use super::rows::{Row, Step};
 use super::{Bench, HOT_SKU, OPEN_LOOP_CONNECTIONS, Workload};
 
 /// The steps of a checkout, in order, with the status each should answer.

@@ -64,7 +64,7 @@ impl From<Row> for Drop {
     }
 }
 
-/// Creates a drop; it binds its product [`super::registry::BIND_AFTER`] from now.
+/// Creates a drop; it binds its product [`super::BIND_AFTER`] from now.
 pub async fn create(db: &PgPool, new: &NewDrop) -> Result<Drop, DropError> {
     new.check(Utc::now()).map_err(DropError::Invalid)?;
     let secret: Vec<u8> = {
@@ -73,7 +73,7 @@ pub async fn create(db: &PgPool, new: &NewDrop) -> Result<Drop, DropError> {
         rand::rng().fill_bytes(&mut key);
         key
     };
-    let bind_after = super::registry::BIND_AFTER.as_millis() as f64 / 1000.0;
+    let bind_after = super::BIND_AFTER.as_millis() as f64 / 1000.0;
     let inserted = sqlx::query_as!(
         Row,
         r#"insert into drops (id, sku, opens_at, prequeue_seconds, queueing, admit_per_minute,

@@ -37,6 +37,10 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
+/// How long after a drop is created it binds its product: every process's registry
+/// ([`registry`]) has read it by then, so none sells the product without a pass.
+pub const BIND_AFTER: Duration = Duration::from_secs(3);
+
 /// How long one tick's database call may take before it is cut off (and the tick tried
 /// again at the next): a tick that waits on a dead network must not hold a connection.
 pub const TICK_LIMIT: Duration = Duration::from_secs(2);

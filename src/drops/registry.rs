@@ -1,6 +1,6 @@
 //! Which products are in a drop, as this process knows it: read from PostgreSQL every
 //! [`REFRESH`], and at once by the process that changed a drop. A drop binds its product
-//! [`BIND_AFTER`] after it is created; a process whose copy is older than [`STALE`]
+//! [`BIND_AFTER`](super::BIND_AFTER) after it is created; a process whose copy is older than [`STALE`]
 //! reads it again before deciding whether a hold or order needs a pass, so no process
 //! sells a bound product without one (BIND_AFTER − STALE is the margin for the moment
 //! between the drop's insert and its commit).
@@ -13,12 +13,11 @@ use chrono::Utc;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::Drop;
 use super::pass::{self, Refused};
+use super::Drop;
 
 pub const REFRESH: Duration = Duration::from_millis(500);
 pub const STALE: Duration = Duration::from_secs(2);
-pub const BIND_AFTER: Duration = Duration::from_secs(3);
 
 #[derive(Default)]
 struct Known {

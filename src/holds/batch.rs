@@ -29,7 +29,7 @@ use uuid::Uuid;
 
 use super::{Confirmed, HoldError};
 use crate::events::Event;
-use crate::orders::{Order, OrderLine, OrderStatus, limits};
+use crate::orders::{Order, OrderStatus, limits};
 
 /// One confirmation waiting for its lot.
 struct Pending {
@@ -246,16 +246,4 @@ async fn apply(
     }
     tx.commit().await?;
     Ok(made)
-}
-
-/// A live hold of unlimited products, locked for a lot.
-pub(super) struct LiveHold {
-    pub(super) id: Uuid,
-    pub(super) email: Option<String>,
-    pub(super) customer_name: Option<String>,
-    pub(super) shopper: Vec<String>,
-    /// Its idempotency scope and key: whose it is.
-    pub(super) scope: String,
-    pub(super) key: String,
-    pub(super) lines: Vec<OrderLine>,
 }

@@ -332,7 +332,7 @@ pub(super) fn owns(owner: &str, scope: &str, key: &str) -> bool {
 pub(super) async fn lock_live(
     conn: &mut PgConnection,
     ids: &[Uuid],
-) -> sqlx::Result<Vec<super::batch::LiveHold>> {
+) -> sqlx::Result<Vec<LiveHold>> {
     let rows = sqlx::query!(
         r#"select h.id, h.email, h.customer_name, h.shopper, h.idempotency_scope,
                   h.idempotency_key
@@ -358,7 +358,7 @@ pub(super) async fn lock_live(
     .await?;
     Ok(rows
         .into_iter()
-        .map(|r| super::batch::LiveHold {
+        .map(|r| LiveHold {
             id: r.id,
             email: r.email,
             customer_name: r.customer_name,
@@ -546,4 +546,16 @@ pub struct HeldSku {
     pub placed_at: DateTime<Utc>,
     /// The hold still reserves it: confirming sells what is reserved, not free stock.
     pub live: bool,
+}
+
+/// A live hold of unlimited products, locked for a lot.
+pub struct LiveHold {
+    pub id: Uuid,
+    pub email: Option<String>,
+    pub customer_name: Option<String>,
+    pub shopper: Vec<String>,
+    /// Its idempotency scope and key: whose it is.
+    pub scope: String,
+    pub key: String,
+    pub lines: Vec<OrderLine>,
 }

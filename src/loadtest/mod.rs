@@ -493,7 +493,12 @@ async fn one_run(
                 Err(e) => (Err(e), None),
             }
         }
-        _ => (run::run(&plan, live).await, None),
+        _ => (
+            run::run(&plan, live)
+                .await
+                .map(|ran| summary::summarise(&plan, ran)),
+            None,
+        ),
     };
     if let Some((bar, task)) = progress {
         task.abort();

@@ -8,7 +8,7 @@ use plotters::prelude::*;
 use serde::Serialize;
 
 use super::check::{SkuBalance, Verdict};
-use super::run::RunResult;
+use super::summary::{RunResult, Slice};
 
 /// One run of one strategy, with its verdicts.
 #[derive(Debug, Clone, Serialize)]
@@ -276,7 +276,7 @@ pub fn html(report: &Report) -> anyhow::Result<String> {
             .map(|(i, r)| (r.strategy.as_str(), colour_of(&r.strategy, i), f(r)))
             .collect()
     };
-    let timeline = |f: fn(&super::run::Slice) -> f64| {
+    let timeline = |f: fn(&Slice) -> f64| {
         per_run(&|r| r.result.timeline.iter().map(|s| (s.t, f(s))).collect())
     };
     let mut charts = vec![

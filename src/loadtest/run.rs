@@ -12,7 +12,6 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use super::Scenario;
-pub use super::summary::{Percentiles, RunResult, Slice};
 
 /// What one run does.
 #[derive(Debug, Clone)]
@@ -395,7 +394,7 @@ async fn sample_stock(plan: &Plan, client: &reqwest::Client) -> Option<i64> {
 }
 
 /// Runs `plan`; `live` is updated as it goes (for a progress bar).
-pub async fn run(plan: &Plan, live: Arc<Live>) -> anyhow::Result<RunResult> {
+pub async fn run(plan: &Plan, live: Arc<Live>) -> anyhow::Result<Ran> {
     let mut headers = reqwest::header::HeaderMap::new();
     if let Some(key) = &plan.api_key {
         let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}"))
@@ -520,12 +519,22 @@ pub async fn run(plan: &Plan, live: Arc<Live>) -> anyhow::Result<RunResult> {
     let log = std::mem::take(&mut *recorder.log.lock().expect("log lock"));
     let stock = std::mem::take(&mut *stock_samples.lock().expect("samples lock"));
     let started_buyers = next.load(Ordering::Relaxed).min(plan.buyers);
-    Ok(super::summary::summarise(
-        plan,
+    Ok(Ran {
         log,
         stock,
         wall,
-        started_buyers,
-        dispatch.unwrap_or(wall),
-    ))
+        buyers_started: started_buyers,
+        dispatch: dispatch.unwrap_or(wall),
+    })
+}
+
+/// What a run recorded: every buyer's requests, the stock seen over time, how long it
+/// took, how many buyers started, and how long dispatching them took.
+pub struct Ran {
+    pub log: Vec<LogEntry>,
+    /// `(seconds into the run, units available)`.
+    pub stock: Vec<(f64, i64)>,
+    pub wall: Duration,
+    pub buyers_started: u64,
+    pub dispatch: Duration,
 }

@@ -2,12 +2,11 @@
 //! percentiles, and the timeline in up to 60 slices.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use super::run::{LogEntry, Plan, behaviour_of, buyer_rng, lines_for};
+use super::run::{LogEntry, Plan, Ran, behaviour_of, buyer_rng, lines_for};
 
 /// One slice of the run's timeline; counts are per second.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -67,14 +66,14 @@ impl Percentiles {
     }
 }
 
-pub(super) fn summarise(
-    plan: &Plan,
-    mut log: Vec<LogEntry>,
-    stock: Vec<(f64, i64)>,
-    wall: Duration,
-    buyers_started: u64,
-    dispatch: Duration,
-) -> RunResult {
+pub(super) fn summarise(plan: &Plan, ran: Ran) -> RunResult {
+    let Ran {
+        mut log,
+        stock,
+        wall,
+        buyers_started,
+        dispatch,
+    } = ran;
     log.sort_by(|a, b| a.at_ms.total_cmp(&b.at_ms));
     let mut all = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).expect("valid bounds");
     let width = [0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0]

@@ -25,10 +25,9 @@ use nix::sys::signal::Signal;
 use nix::unistd::User;
 use serde::Deserialize;
 
-use super::postgres::MAX_CONNECTIONS;
 use super::{
-    PG_USER, find_binary, free_port, postgres_bin_dir, private_dir, reachable, run_as,
-    service_user, stop_child, write_private,
+    MAX_CONNECTIONS, PG_USER, find_binary, free_port, postgres_bin_dir, private_dir, reachable,
+    run_as, service_user, stop_child, write_private,
 };
 
 /// The one stanza (pgBackRest's name for a database cluster) a repository here holds.

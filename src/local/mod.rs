@@ -34,6 +34,10 @@ mod redis;
 pub use postgres::LocalPostgres;
 pub use redis::LocalRedis;
 
+/// Local mode's `max_connections`. A restored copy must allow at least as many as the
+/// server its WAL came from, or its recovery stops.
+pub(crate) const MAX_CONNECTIONS: u32 = 500;
+
 /// Options for starting the servers.
 #[derive(Debug, Clone, Default)]
 pub struct LocalOptions {

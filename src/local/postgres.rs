@@ -13,13 +13,9 @@ use nix::unistd::User;
 
 use super::backups::Repo;
 use super::{
-    PG_USER, postgres_bin_dir, private_dir, remembered_port, run_as, service_user, stop_child,
-    stop_leftover, write_private,
+    MAX_CONNECTIONS, PG_USER, postgres_bin_dir, private_dir, remembered_port, run_as, service_user,
+    stop_child, stop_leftover, write_private,
 };
-
-/// Local mode's `max_connections`. A restored copy must allow at least as many as the
-/// server its WAL came from, or its recovery stops.
-pub(crate) const MAX_CONNECTIONS: u32 = 500;
 
 /// How [`LocalPostgres::spawn`] starts the server.
 struct Spawn {

@@ -30,7 +30,8 @@ use self::fairness::{Concordance, Independence};
 use self::shopper::{Conduct, Outcome, Shared, Shopper};
 use super::LoadtestArgs;
 use super::check::RedisTarget;
-use super::run::{Live, Percentiles, Plan, RunResult};
+use super::run::{Live, Plan};
+use super::summary::{Percentiles, RunResult};
 use crate::drops::{NewDrop, Queueing};
 
 /// The product the drop scenario sells.
@@ -175,7 +176,7 @@ pub async fn run(
     let total = d.prequeue_shoppers + d.later_shoppers;
     let keys = shopper_keys(db, &plan.run_id, total).await?;
     // The opening leaves time for every server to learn of the drop before it binds.
-    let lead = crate::drops::registry::BIND_AFTER + Duration::from_secs(1);
+    let lead = crate::drops::BIND_AFTER + Duration::from_secs(1);
     let prequeue = Duration::from_secs(u64::from(d.prequeue_seconds));
     let drop = crate::drops::db::create(
         db,
@@ -270,7 +271,14 @@ pub async fn run(
     revoke_shopper_keys(db, &plan.run_id).await?;
 
     let log = std::mem::take(&mut *shared.log.lock().expect("log lock"));
-    let result = super::summary::summarise(plan, log, Vec::new(), wall, total, wall);
+    let ran = super::run::Ran {
+        log,
+        stock: Vec::new(),
+        wall,
+        buyers_started: total,
+        dispatch: wall,
+    };
+    let result = super::summary::summarise(plan, ran);
     let section = section(&drop, &outcomes, &admissions);
     Ok((result, section))
 }
