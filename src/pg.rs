@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::time::error::Elapsed;
 
 pub mod outage;
+pub mod replica;
 
 /// Database failures that load or a passing fault causes, and a retry may not meet: no
 /// free connection, a timeout, a lock or serialisation conflict, the server out of reach.

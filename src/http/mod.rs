@@ -7,7 +7,9 @@ pub mod api;
 mod assets;
 mod body;
 mod client;
+pub mod contract;
 pub mod csrf;
+pub mod gate;
 mod health;
 pub mod json;
 pub mod limits;
@@ -56,7 +58,7 @@ pub struct AppState {
     /// The live drops, for deciding which holds and orders need a pass.
     pub drops: Arc<crate::drops::Registry>,
     /// The streaming replica for reads that may lag (`STOCKADE_DATABASE_REPLICA_URL`).
-    pub replica: Option<Arc<crate::startup::Replica>>,
+    pub replica: Option<Arc<crate::pg::replica::Replica>>,
     /// Whether the primary is out of reach, as this process's probe last found it.
     pub outage: Arc<crate::pg::outage::Outage>,
 }

@@ -1,9 +1,13 @@
 //! What a query string or a web form that cannot be read is answered with: a sentence
 //! naming the parameter, never serde's or actix's own words ("Query deserialize error:
 //! duplicate field `q`"). Installed as the `QueryConfig` and `FormConfig` error handlers,
-//! so every `web::Query` and `web::Form` answers the same way.
+//! so every `web::Query` and `web::Form` answers the same way. And the parameters that the
+//! catalogue page and the API's product list both read ([`BrowseParams`]).
 
-use crate::error::AppError;
+use serde::Deserialize;
+
+use crate::catalog::browse::{Browse, Sort};
+use crate::error::{AppError, percent_encode};
 
 /// 400 for a query string that does not fit its handler's parameters.
 pub fn query_error(e: actix_web::error::QueryPayloadError) -> AppError {
@@ -91,6 +95,49 @@ fn label(name: &str) -> String {
         "page" => "the page".into(),
         "status" => "the status".into(),
         other => format!("\"{}\"", other.chars().take(40).collect::<String>()),
+    }
+}
+
+/// The catalogue's query parameters as sent, all optional; [`BrowseParams::parse`] checks
+/// them (the page and the API read the same ones).
+#[derive(Debug, Default, Deserialize)]
+pub struct BrowseParams {
+    pub q: Option<String>,
+    pub category: Option<String>,
+    pub sort: Option<String>,
+    pub page: Option<String>,
+}
+
+impl BrowseParams {
+    pub fn parse(&self) -> Result<Browse, AppError> {
+        Browse::parse(
+            self.q.as_deref(),
+            self.category.as_deref(),
+            self.sort.as_deref(),
+            self.page.as_deref(),
+        )
+        .map_err(|e| AppError::Unprocessable(crate::error::sentence(&e.0)))
+    }
+
+    /// `path` with the query that asks for `browse` (defaults left out).
+    pub fn url_for(path: &str, browse: &Browse) -> String {
+        let mut params = Vec::new();
+        if !browse.q.is_empty() {
+            params.push(format!("q={}", percent_encode(&browse.q)));
+        }
+        if let Some(c) = &browse.category {
+            params.push(format!("category={}", percent_encode(c)));
+        }
+        if browse.sort != Sort::Relevance {
+            params.push(format!("sort={}", browse.sort.as_str()));
+        }
+        if browse.page != 1 {
+            params.push(format!("page={}", browse.page));
+        }
+        match params.is_empty() {
+            true => path.to_string(),
+            false => format!("{path}?{}", params.join("&")),
+        }
     }
 }
 

@@ -10,10 +10,10 @@ use crate::checkout::OrderRequest;
 use crate::clients;
 use crate::error::AppError;
 use crate::holds;
+use crate::http::contract::{ConfirmErrors, OwnLookupErrors, PlaceErrors, ReleaseErrors};
 use crate::http::json::{self, Json};
 use crate::http::limits;
 use crate::http::middleware::answer_by;
-use crate::http::openapi::{ConfirmErrors, OwnLookupErrors, PlaceErrors, ReleaseErrors};
 use crate::http::{AppState, detached};
 use crate::idempotency::Scope;
 
@@ -24,7 +24,7 @@ use crate::idempotency::Scope;
     path = "/api/v1/holds",
     tag = "holds",
     security(("api_key" = [])),
-    params(IdempotencyKeyHeader, super::drops::ShopperHeader, super::drops::PassHeader),
+    params(IdempotencyKeyHeader, crate::http::contract::ShopperHeader, crate::http::contract::PassHeader),
     request_body = HoldBody,
     responses(
         (status = 201, description = "The hold, placed (or replayed).",
@@ -96,9 +96,9 @@ pub async fn get_hold(
 /// Optional details for confirming a hold.
 #[derive(Debug, Default, serde::Deserialize, utoipa::ToSchema)]
 pub struct ConfirmBody {
-    #[schema(value_type = Option<crate::http::openapi::inputs::Email>)]
+    #[schema(value_type = Option<crate::http::contract::inputs::Email>)]
     email: Option<String>,
-    #[schema(value_type = Option<crate::http::openapi::inputs::CustomerName>)]
+    #[schema(value_type = Option<crate::http::contract::inputs::CustomerName>)]
     name: Option<String>,
 }
 
@@ -113,8 +113,8 @@ pub struct ConfirmBody {
     security(("api_key" = [])),
     params(
         ("id" = Uuid, Path, description = "The hold's id."),
-        super::drops::ShopperHeader,
-        super::drops::PassHeader,
+        crate::http::contract::ShopperHeader,
+        crate::http::contract::PassHeader,
     ),
     // Optional (`required: false`, set in `openapi::document`), but never `null`.
     request_body(content = ConfirmBody, description = "Optional: no body (or only white \
@@ -150,14 +150,14 @@ pub async fn post_hold_confirm(
     // A hold placed before its product's drop bound it: only with this caller's pass (a
     // `Drop-Shopper` this caller may not send names nobody, and no pass is theirs).
     // A malformed `Drop-Shopper` is refused whatever the hold holds, as the contract says.
-    let identity = match super::drops::identity(&req, &caller) {
+    let identity = match crate::http::gate::identity(&req, &caller) {
         Ok((identity, _)) => identity,
         Err(malformed @ AppError::BadRequest(_)) => return Err(malformed),
         Err(_) => String::new(),
     };
-    if let Err(refusal) = super::drops::may_confirm(&state, id, &identity, |_| {
+    if let Err(refusal) = crate::http::gate::may_confirm(&state, id, &identity, |_| {
         req.headers()
-            .get(super::drops::PASS_HEADER)
+            .get(crate::http::gate::PASS_HEADER)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string)
     })
@@ -168,7 +168,7 @@ pub async fn post_hold_confirm(
         if !clients::owns_hold(&state.db, &caller, id).await? {
             return Err(no_hold());
         }
-        return Err(super::drops::refused(refusal));
+        return Err(crate::http::gate::refused(refusal));
     }
     let answer_by = answer_by(&req, state.settings.request_budget);
     let shared = state.clone().into_inner();

@@ -8,9 +8,9 @@ use super::place::{OrderBody, place};
 use crate::clients;
 use crate::error::AppError;
 use crate::http::AppState;
+use crate::http::contract::{OwnLookupErrors, PlaceErrors};
 use crate::http::json::Json;
 use crate::http::limits;
-use crate::http::openapi::{OwnLookupErrors, PlaceErrors};
 use crate::idempotency::Scope;
 use crate::orders;
 
@@ -21,7 +21,7 @@ use crate::orders;
     path = "/api/v1/orders",
     tag = "orders",
     security(("api_key" = [])),
-    params(IdempotencyKeyHeader, super::drops::ShopperHeader, super::drops::PassHeader),
+    params(IdempotencyKeyHeader, crate::http::contract::ShopperHeader, crate::http::contract::PassHeader),
     request_body = OrderBody,
     responses(
         (status = 201, description = "The order, placed (or replayed).",

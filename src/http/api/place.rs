@@ -9,10 +9,10 @@ use crate::checkout::{self, HoldOutcome, OrderOutcome, OrderRequest, Shopper};
 use crate::clients::Caller;
 use crate::drops::registry::RequireError;
 use crate::error::AppError;
+use crate::http::contract::inputs::{CustomerName, Email, SkuInput};
 use crate::http::json::Json;
 use crate::http::limits::{self, limit_placement};
 use crate::http::middleware::{answer_by, problem_response};
-use crate::http::openapi::inputs::{CustomerName, Email, SkuInput};
 use crate::http::{AppState, detached};
 use crate::idempotency::{IdempotencyKey, Scope};
 use crate::orders::Shortage;
@@ -92,18 +92,18 @@ pub(super) async fn place(
     // key that has a record is answered from it). Who the caller is counts only there: a
     // `Drop-Shopper` that is not allowed is refused only for a product in a drop; one that
     // is malformed, always (the contract's pattern refuses it).
-    let identity = match super::drops::identity(&req, &caller) {
+    let identity = match crate::http::gate::identity(&req, &caller) {
         Err(malformed @ AppError::BadRequest(_)) => return Err(malformed),
         other => other.map(|(identity, _)| identity),
     };
     let skus = request.skus();
-    let allowed = super::drops::may_place(
+    let allowed = crate::http::gate::may_place(
         &state,
         &skus,
         identity.as_deref(),
         |_| {
             req.headers()
-                .get(super::drops::PASS_HEADER)
+                .get(crate::http::gate::PASS_HEADER)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string)
         },
@@ -113,7 +113,7 @@ pub(super) async fn place(
     match (allowed, identity) {
         (Ok(()), _) => {}
         (Err(RequireError::NeedsPass(_)), Err(e)) => return Err(e),
-        (Err(refusal), _) => return Err(super::drops::refused(refusal)),
+        (Err(refusal), _) => return Err(crate::http::gate::refused(refusal)),
     }
     let answer_by = answer_by(&req, state.settings.request_budget);
     let state = state.into_inner();

@@ -7,8 +7,8 @@ use serde::Serialize;
 use crate::catalog::{ProductView, Sku};
 use crate::error::AppError;
 use crate::http::AppState;
-use crate::http::openapi::inputs::{CategoryFilter, PageNumber, SearchWords, SkuInput, SortOrder};
-use crate::http::openapi::{LookupErrors, SearchErrors};
+use crate::http::contract::inputs::{CategoryFilter, PageNumber, SearchWords, SkuInput, SortOrder};
+use crate::http::contract::{LookupErrors, SearchErrors};
 
 /// A product as the API shows it.
 #[derive(Serialize, utoipa::ToSchema)]
@@ -79,7 +79,7 @@ const API_PER_PAGE: i64 = 100;
 pub async fn get_products(
     req: HttpRequest,
     state: web::Data<AppState>,
-    query: web::Query<crate::http::shop::BrowseParams>,
+    query: web::Query<crate::http::params::BrowseParams>,
 ) -> Result<HttpResponse, AppError> {
     let browse = query.parse()?;
     // Without `?page=` the whole list, as before paging existed.
@@ -93,7 +93,7 @@ pub async fn get_products(
     let mut res = HttpResponse::Ok();
     res.insert_header(("X-Total-Count", listing.total));
     if query.page.is_some() && browse.page * per_page < listing.total {
-        let next = crate::http::shop::BrowseParams::url_for(
+        let next = crate::http::params::BrowseParams::url_for(
             req.path(),
             &crate::catalog::browse::Browse {
                 page: browse.page + 1,

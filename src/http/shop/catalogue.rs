@@ -4,55 +4,12 @@
 use actix_web::{HttpRequest, web};
 use askama::Template;
 use askama_web::WebTemplate;
-use serde::Deserialize;
 
 use crate::catalog::ProductView;
 use crate::catalog::browse::{Browse, PER_PAGE, Sort};
-use crate::error::{AppError, percent_encode};
+use crate::error::AppError;
+use crate::http::params::BrowseParams;
 use crate::http::{AppState, Chrome};
-
-/// The catalogue's query parameters as sent, all optional; [`BrowseParams::parse`] checks
-/// them (the page and the API read the same ones).
-#[derive(Debug, Default, Deserialize)]
-pub struct BrowseParams {
-    pub q: Option<String>,
-    pub category: Option<String>,
-    pub sort: Option<String>,
-    pub page: Option<String>,
-}
-
-impl BrowseParams {
-    pub fn parse(&self) -> Result<Browse, AppError> {
-        Browse::parse(
-            self.q.as_deref(),
-            self.category.as_deref(),
-            self.sort.as_deref(),
-            self.page.as_deref(),
-        )
-        .map_err(|e| AppError::Unprocessable(crate::error::sentence(&e.0)))
-    }
-
-    /// `path` with the query that asks for `browse` (defaults left out).
-    pub fn url_for(path: &str, browse: &Browse) -> String {
-        let mut params = Vec::new();
-        if !browse.q.is_empty() {
-            params.push(format!("q={}", percent_encode(&browse.q)));
-        }
-        if let Some(c) = &browse.category {
-            params.push(format!("category={}", percent_encode(c)));
-        }
-        if browse.sort != Sort::Relevance {
-            params.push(format!("sort={}", browse.sort.as_str()));
-        }
-        if browse.page != 1 {
-            params.push(format!("page={}", browse.page));
-        }
-        match params.is_empty() {
-            true => path.to_string(),
-            false => format!("{path}?{}", params.join("&")),
-        }
-    }
-}
 
 #[derive(Template, WebTemplate)]
 #[template(path = "catalog/index.html")]

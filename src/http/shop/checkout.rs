@@ -67,7 +67,7 @@ pub async fn post_checkout(
     // when this form's key already has a record (a second press is answered from it).
     let skus = request.skus();
     let identity = super::browser(&req);
-    let allowed = crate::http::api::drops::may_place(
+    let allowed = crate::http::gate::may_place(
         &state,
         &skus,
         Ok(&identity),
@@ -217,7 +217,7 @@ pub async fn post_checkout_confirm(
         return wrong("email", why).await;
     }
     // A hold placed before its product's drop bound it: only with this browser's pass.
-    let allowed = crate::http::api::drops::may_confirm(&state, id, &super::browser(&req), |d| {
+    let allowed = crate::http::gate::may_confirm(&state, id, &super::browser(&req), |d| {
         super::drop::browser_pass(&req, d)
     })
     .await;

@@ -14,8 +14,8 @@ use crate::drops::queue::Joiner;
 use crate::drops::ticket::{State, TicketView};
 use crate::drops::{Drop, pass};
 use crate::error::AppError;
-use crate::http::api::drops as api;
 use crate::http::csrf::{self, TokenForm};
+use crate::http::gate as api;
 use crate::http::{AppState, Chrome, html, named_cookie, see_other};
 
 fn ticket_cookie(id: Uuid) -> String {

@@ -18,7 +18,6 @@ pub mod order;
 pub mod product;
 
 pub use cart::{CART_COOKIE, Cart};
-pub use catalogue::BrowseParams;
 
 /// Who this browser is: a digest of its CSRF cookie. It is the key space of its checkout
 /// forms (the form's key is random already; this makes a key that leaked, in a shared

@@ -11,8 +11,8 @@ use crate::drops::db::Change;
 use crate::drops::live::{Live, live};
 use crate::error::AppError;
 use crate::http::AppState;
+use crate::http::contract::{AdminActionErrors, AdminCreateErrors, AdminReadErrors};
 use crate::http::json::Json;
-use crate::http::openapi::{AdminActionErrors, AdminCreateErrors, AdminReadErrors};
 
 /// A drop to schedule.
 #[derive(utoipa::ToSchema)]
@@ -22,7 +22,7 @@ use crate::http::openapi::{AdminActionErrors, AdminCreateErrors, AdminReadErrors
 }))]
 #[allow(dead_code)] // read as JSON into `DropForm`; this is its shape
 pub struct NewDropBody {
-    #[schema(value_type = crate::http::openapi::inputs::SkuInput)]
+    #[schema(value_type = crate::http::contract::inputs::SkuInput)]
     sku: String,
     /// RFC 3339, or `+SECONDS` from now; not in the past.
     #[schema(
@@ -94,7 +94,7 @@ pub async fn get_api_drops(
     request_body = NewDropBody,
     responses(
         (status = 201, description = "The drop.", body = Live),
-        (status = 409, response = crate::http::openapi::Conflict),
+        (status = 409, response = crate::http::contract::Conflict),
         AdminCreateErrors,
     )
 )]
@@ -137,7 +137,7 @@ pub async fn post_api_drops(
     params(("id" = String, Path, description = "The drop's id.")),
     responses(
         (status = 200, description = "The drop.", body = Live),
-        (status = 404, response = crate::http::openapi::NotFound),
+        (status = 404, response = crate::http::contract::NotFound),
         AdminReadErrors,
     )
 )]
@@ -169,7 +169,7 @@ pub async fn get_api_drop(
     ),
     responses(
         (status = 200, description = "The drop, after the change.", body = Live),
-        (status = 409, response = crate::http::openapi::Conflict),
+        (status = 409, response = crate::http::contract::Conflict),
         AdminActionErrors,
     )
 )]

@@ -25,15 +25,15 @@ use crate::error::AppError;
 use crate::events::db::{self, Delivery, Endpoint};
 use crate::events::sign;
 use crate::http::AppState;
-use crate::http::json::Json;
-use crate::http::openapi::inputs::{
+use crate::http::contract::inputs::{
     DeliveryStatus, EndpointDescription, EventTypeName, ProductSettingsPatch, Reason, SkuInput,
     WebhookUrl,
 };
-use crate::http::openapi::{
+use crate::http::contract::{
     AdminActionErrors, AdminCreateErrors, AdminEditErrors, AdminListErrors, AdminReadErrors,
     AdminStockErrors,
 };
+use crate::http::json::Json;
 use crate::idempotency::{Once, Scope, StoredResponse};
 use crate::inventory::db::{self as stock, Adjusted};
 
@@ -555,8 +555,8 @@ async fn existing_sku(state: &AppState, path: &str) -> Result<Sku, AppError> {
 
 #[cfg(test)]
 mod tests {
-    use crate::http::openapi::inputs::tests::{TEXTS, agrees};
-    use crate::http::openapi::inputs::{one_of, plain_line};
+    use crate::http::contract::inputs::tests::{TEXTS, agrees};
+    use crate::http::contract::inputs::{one_of, plain_line};
 
     // The document's patterns for what this module's helpers check (beside them, which
     // the document's module cannot see).
