@@ -63,24 +63,15 @@ use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot};
 
 use self::decide::{Applied, transact};
+use super::placement::{MAX_ATTEMPTS, Made, OrderError, Want, stale_after};
+use super::request::OrderRequest;
 use super::sold_out::{self, Answer};
-use super::{Order, OrderError, OrderRequest, Shortage};
 use crate::catalog::Sku;
 use crate::catalog::cache::CatalogCache;
 use crate::config::Settings;
-use crate::holds::Hold;
 use crate::idempotency::{Fingerprint, IdempotencyKey, Scope};
 use crate::locking::{AcquireFree, Lease, Redis};
 use crate::metrics::Metrics;
-
-/// What a job asks of its SKU's units.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Want {
-    /// An order: `on_hand −= q`.
-    Order,
-    /// A checkout hold: `reserved += q`, until it expires.
-    Hold,
-}
 
 /// One order or hold for the queue, of one SKU or several (a cart).
 pub struct Job {
@@ -127,12 +118,10 @@ impl Queued {
 /// What the leader tells one waiting request.
 #[derive(Debug)]
 pub enum BatchAnswer {
-    /// The order was placed (201).
-    Placed(Order),
-    /// The hold was placed (201).
-    Held(Hold),
+    /// The order or hold was made (201).
+    Made(Made),
     /// Not enough stock (409), stored under the key.
-    Short(Vec<Shortage>),
+    Short(Vec<crate::orders::Shortage>),
     /// The key was decided by another request: answer from its record.
     DecidedElsewhere,
     /// The key has a sold-out answer kept in Redis: this.
@@ -327,7 +316,7 @@ impl Batcher {
             .iter()
             .map(|q| (q.job.scope.as_str(), q.job.key.as_str()))
             .collect();
-        let stale = super::stale_after(s);
+        let stale = stale_after(s);
         let (_, marked, acquired) = tokio::join!(
             self.release(previous.as_ref()),
             self.redis.mark_keys(&keys, stale),
@@ -393,14 +382,14 @@ impl Batcher {
                 Ok(Ok(Applied::StaleFence { last_fence })) => {
                     self.metrics.stale_fences.inc();
                     self.redis.raise_fence(last_fence).await;
-                    if attempts < super::place::MAX_ATTEMPTS {
+                    if attempts < MAX_ATTEMPTS {
                         batch = now.into_iter().chain(later).collect();
                         continue;
                     }
                     OrderError::Busy
                 }
                 Ok(Ok(Applied::Raced)) => {
-                    if attempts < super::place::MAX_ATTEMPTS {
+                    if attempts < MAX_ATTEMPTS {
                         batch = now.into_iter().chain(later).collect();
                         continue;
                     }
@@ -420,7 +409,7 @@ impl Batcher {
                 }
             };
             for q in now {
-                q.answer(BatchAnswer::Failed(copy_error(&error)));
+                q.answer(BatchAnswer::Failed(error.copied()));
             }
             return (later, None);
         }
@@ -560,25 +549,4 @@ fn answer_marked(batch: Vec<Queued>, marked: Option<Vec<Option<String>>>) -> Vec
         }
     }
     rest
-}
-
-/// The same failure for every job of a failed batch (each request then checks whether its
-/// key was decided after all, as a single request would).
-fn copy_error(error: &OrderError) -> OrderError {
-    match error {
-        OrderError::UnknownSkus(skus) => OrderError::UnknownSkus(skus.clone()),
-        OrderError::TimedOut => OrderError::TimedOut,
-        // Kept as it is: it proves the batch sent nothing, so each job answers at once.
-        OrderError::Database(sqlx::Error::PoolTimedOut) => {
-            OrderError::Database(sqlx::Error::PoolTimedOut)
-        }
-        // Its cause, not "high demand": a blocked table is not a crowd.
-        OrderError::Database(e) if crate::pg::is_transient(e) => {
-            OrderError::Transient(crate::pg::transient_cause(e))
-        }
-        OrderError::Database(e) => {
-            OrderError::Database(sqlx::Error::Protocol(format!("batch failed: {e}")))
-        }
-        _ => OrderError::Busy,
-    }
 }

@@ -7,8 +7,9 @@
 //! cap, lines merged per SKU and sorted by it, contact details checked. Unknown SKUs are
 //! refused before anything is stored.
 //!
-//! **Placing** (in `place.rs`) takes these steps, for an order and a hold alike; a
-//! [`Kind`](kind::Kind) (an order, a hold) says only what differs between the two:
+//! **Placing** (in `place.rs`) takes these steps, for an order and a hold alike; what the
+//! request wants ([`Want`]: an order, a hold) says only what differs between the two
+//! (`kind.rs`):
 //!
 //! 1. *claim check*: a key already decided is answered from its record — the stored
 //!    answer replayed, 422 ([`OrderError::KeyReused`]) for another request under it,
@@ -40,9 +41,11 @@
 //! cancelled since). Should the key's record be purged, the key's unique column on the
 //! order or hold still refuses a second one.
 //!
-//! Each operation has its own outcome ([`OrderOutcome`], [`HoldOutcome`]); the errors that
-//! are not stored, so that a retry under the same key may still succeed, are
-//! [`OrderError`]. Mapping either to a status code is the HTTP layer's business.
+//! What a key decided is an [`Outcome`]: what was [`Made`], or the shortages; the errors
+//! that are not stored, so that a retry under the same key may still succeed, are
+//! [`OrderError`]. Mapping either to a status code is the HTTP layer's business. The
+//! folder runs one way: `placement.rs` (these words) ← `kind.rs` ← `decided.rs` ←
+//! `transact.rs`, `batch/` ← `place.rs` ← this page.
 //!
 //! Two optimisations sit beside the path and keep its guarantees: [`batch`] (strategy
 //! `batched`, the default: the orders and holds of one process share a transaction) and [`sold_out`]
@@ -52,24 +55,25 @@ pub mod batch;
 mod decided;
 mod kind;
 mod place;
+pub mod placement;
 mod request;
 pub mod sold_out;
 mod transact;
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 
 pub use batch::Batcher;
+pub use placement::{Made, OrderError, Outcome, Want, stale_after};
 pub use request::{InvalidOrder, MAX_LINES, OrderRequest, Quantity, RequestLine, Shopper};
 
+use crate::catalog::cache::CatalogCache;
 use crate::config::{OrderStrategy, Settings};
-use crate::holds::Hold;
 use crate::idempotency::{IdempotencyKey, Scope};
 use crate::locking::Redis;
 use crate::metrics::Metrics;
-// Also what `batch` and `sold_out` read and write, as `super::…`.
-use crate::orders::{Order, OrderLine, Shortage};
 
 /// What placing an order or hold needs.
 #[derive(Clone, Copy)]
@@ -78,149 +82,61 @@ pub struct OrderDeps<'a> {
     pub redis: &'a Redis,
     pub settings: &'a Settings,
     pub metrics: &'a Metrics,
-    pub batcher: &'a std::sync::Arc<Batcher>,
+    pub batcher: &'a Arc<Batcher>,
     /// Forgotten for a SKU this process sells out, so its pages say so at once.
-    pub catalog: &'a crate::catalog::cache::CatalogCache,
+    pub catalog: &'a CatalogCache,
     /// When the request's client is answered whatever happens (its budget runs out): no
     /// transaction starts for it after this. A commit sent before may still finish; its
     /// key then replays the order.
-    pub answer_by: std::time::Instant,
+    pub answer_by: Instant,
 }
 
-/// What placing an order decided; stored under the key and replayed for retries.
-#[derive(Debug, Clone)]
-pub enum OrderOutcome {
-    /// The order exists.
-    Placed { order: Order, replayed: bool },
-    /// Not enough stock for these SKUs; nothing was written.
-    Insufficient {
-        shortages: Vec<Shortage>,
-        replayed: bool,
-    },
-}
-
-/// What placing a hold decided; stored under the key and replayed for retries.
-#[derive(Debug, Clone)]
-pub enum HoldOutcome {
-    /// The hold exists; its stock is reserved until it expires.
-    Held { hold: Hold, replayed: bool },
-    /// Not enough stock for these SKUs; nothing was written.
-    Insufficient {
-        shortages: Vec<Shortage>,
-        replayed: bool,
-    },
-}
-
-/// Outcomes that are not stored: the client may retry with the same key.
-#[derive(Debug, thiserror::Error)]
-pub enum OrderError {
-    #[error("no product with SKU {}", .0.join(", "))]
-    UnknownSkus(Vec<String>),
-    #[error("{0}")]
-    OverCap(String),
-    /// The shopper already has what a product's purchase limit allows (409, not stored:
-    /// it changes when one of their holds is released).
-    #[error("{0}")]
-    OverLimit(String),
-    #[error("this idempotency key was already used for a different request")]
-    KeyReused,
-    #[error("a request with this idempotency key is still being processed; retry shortly")]
-    InFlight,
-    #[error("these products are in high demand right now; please retry in a moment")]
-    Busy,
-    /// A batch failed for a passing database reason ([`crate::pg::transient_cause`] says
-    /// which, for every order of the batch alike): not stored, retry.
-    #[error("{0}")]
-    Transient(&'static str),
-    /// The request ran out of time with its outcome unknown (a commit may have been sent
-    /// and not answered): only the key can tell.
-    #[error(
-        "we could not confirm the order in time; retry with the same Idempotency-Key to find out whether it was placed"
-    )]
-    TimedOut,
-    #[error(transparent)]
-    Database(#[from] sqlx::Error),
-}
-
-impl OrderError {
-    /// The metric label of a request that ended with this error.
-    fn outcome(&self) -> &'static str {
-        match self {
-            Self::UnknownSkus(_) | Self::OverCap(_) => "invalid",
-            Self::OverLimit(_) => "over_limit",
-            Self::KeyReused => "key_reused",
-            Self::InFlight => "in_flight",
-            // Shed for want of a connection, as a 503 says.
-            Self::Busy
-            | Self::Transient(_)
-            | Self::TimedOut
-            | Self::Database(sqlx::Error::PoolTimedOut) => "busy",
-            Self::Database(_) => "error",
-        }
-    }
-}
-
-/// Places `request` as an order under `key`: the one way an order is made on a
-/// shopper's request, for pages and the API alike.
-#[tracing::instrument(skip_all, fields(scope = scope.as_str(), lines = request.lines().len()))]
-pub async fn place_order(
+/// Places `request` as what it wants (an order, or a hold with a cap per SKU) under `key`:
+/// the one way either is made on a shopper's request, for pages and the API alike.
+#[tracing::instrument(skip_all, fields(want = ?want, scope = scope.as_str(), lines = request.lines().len()))]
+pub async fn place(
     deps: OrderDeps<'_>,
+    want: Want,
     scope: Scope,
     key: &IdempotencyKey,
     request: &OrderRequest,
-) -> Result<OrderOutcome, OrderError> {
-    let keyed = decided::Keyed::new(deps.settings, scope, key, request);
-    // Under `batched` an order goes straight to the process's queue: the batch's
-    // transaction reads its key and its stock along with everyone else's.
-    let placed = if deps.settings.order_strategy == OrderStrategy::Batched {
-        place::place_batched::<Order>(deps, &keyed, request).await
-    } else {
-        place::place::<Order>(deps, &keyed, request).await
-    };
-    let outcome = match &placed {
-        Ok(decided::Outcome::Made { replayed: true, .. })
-        | Ok(decided::Outcome::Insufficient { replayed: true, .. }) => "replayed",
-        Ok(decided::Outcome::Made { .. }) => "placed",
-        Ok(decided::Outcome::Insufficient { .. }) => "insufficient",
-        Err(e) => e.outcome(),
-    };
-    deps.metrics.orders.with_label_values(&[outcome]).inc();
-    placed.map(OrderOutcome::from)
-}
-
-/// Places a checkout hold for `request` under `key`: the same path as an order, with
-/// `reserved += q` instead of `on_hand −= q`, and a cap per SKU.
-#[tracing::instrument(skip_all, fields(scope = scope.as_str(), lines = request.lines().len()))]
-pub async fn place_hold(
-    deps: OrderDeps<'_>,
-    scope: Scope,
-    key: &IdempotencyKey,
-    request: &OrderRequest,
-) -> Result<HoldOutcome, OrderError> {
+) -> Result<Outcome, OrderError> {
     let cap = deps.settings.hold_max_per_sku;
-    if let Some(line) = request.lines().iter().find(|l| l.quantity.get() > cap) {
+    if want == Want::Hold
+        && let Some(line) = request.lines().iter().find(|l| l.quantity.get() > cap)
+    {
         return Err(OrderError::OverCap(format!(
             "a checkout can hold at most {cap} of {} (asked for {})",
             line.sku,
             line.quantity.get()
         )));
     }
-    let keyed = decided::Keyed::new(deps.settings, scope, key, request);
-    // Under `batched` a hold (the storefront's checkout button) joins the batch, as an
-    // order does.
-    let placed = if deps.settings.order_strategy == OrderStrategy::Batched {
-        place::place_batched::<Hold>(deps, &keyed, request).await
-    } else {
-        place::place::<Hold>(deps, &keyed, request).await
+    let keyed = placement::Keyed::new(deps.settings, want, scope, key, request);
+    let steps = placement::Deps {
+        db: deps.db,
+        redis: deps.redis,
+        settings: deps.settings,
+        metrics: deps.metrics,
+        catalog: deps.catalog,
+        answer_by: deps.answer_by,
     };
-    placed.map(HoldOutcome::from)
-}
-
-/// How long an in-flight idempotency record is trusted before a retry may take it over:
-/// longer than any request can still be working on it (its budget). A process stopped
-/// for longer finds its claim gone on waking and answers with what the key holds then.
-pub fn stale_after(s: &Settings) -> Duration {
-    s.request_budget + s.fault_pause_after_lease + Duration::from_secs(2)
+    // Under `batched` an order or hold goes straight to the process's queue: the batch's
+    // transaction reads its key and its stock along with everyone else's.
+    let placed = if deps.settings.order_strategy == OrderStrategy::Batched {
+        place::place_batched(steps, deps.batcher, &keyed, request).await
+    } else {
+        place::place(steps, &keyed, request).await
+    };
+    if want == Want::Order {
+        let outcome = match &placed {
+            Ok(o) if o.replayed() => "replayed",
+            Ok(Outcome::Made { .. }) => "placed",
+            Ok(Outcome::Insufficient { .. }) => "insufficient",
+            Err(e) => e.outcome(),
+        };
+        deps.metrics.orders.with_label_values(&[outcome]).inc();
+    }
+    placed
 }
 
 /// The longest a request's work may go on, answered or not, before it is stopped

@@ -1,21 +1,20 @@
 //! The steps every placement takes, orders and holds alike (see the module's own page,
 //! [`crate::checkout`], for why they keep stock and keys right). What differs between an
-//! order and a hold is the [`Kind`] a step is run for: how stock moves, which rows are
-//! written, how the made thing is read back for a replay.
+//! order and a hold is the [`Want`](super::placement::Want) a step is run for: how stock
+//! moves, which rows are written, how the made thing is read back for a replay.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use sqlx::Postgres;
 use sqlx::pool::PoolConnection;
 
-use super::batch::{self, BatchAnswer};
-use super::decided::{
-    Keyed, Outcome, answer_or_settled, decided_elsewhere, from_redis, store_insufficient,
-};
-use super::kind::Kind;
+use super::batch::{self, BatchAnswer, Batcher};
+use super::decided::{answer_or_settled, decided_elsewhere, from_redis, store_insufficient};
+use super::placement::{Deps, Keyed, MAX_ATTEMPTS, OrderError, Outcome};
+use super::request::OrderRequest;
 use super::sold_out;
 use super::transact::{Tx, transact};
-use super::{OrderDeps, OrderError, OrderRequest};
 use crate::catalog::Sku;
 use crate::config::OrderStrategy;
 use crate::idempotency::{self, Found};
@@ -24,16 +23,13 @@ use crate::locking::{Acquire, Lease, Redis};
 use crate::orders::Shortage;
 use crate::orders::db::{self as order_rows, OrderProduct};
 
-/// How many times a write refused for a stale fence is retried under a fresh lease.
-pub(super) const MAX_ATTEMPTS: usize = 5;
-
-/// Steps 1–6 for a request of kind `K` (a single-SKU order under `batched` goes to the
+/// Steps 1–6 for a request (a single-SKU order under `batched` goes to the
 /// batch instead: [`place_batched`]).
-pub(super) async fn place<K: Kind>(
-    deps: OrderDeps<'_>,
+pub(super) async fn place(
+    deps: Deps<'_>,
     keyed: &Keyed<'_>,
     request: &OrderRequest,
-) -> Result<Outcome<K>, OrderError> {
+) -> Result<Outcome, OrderError> {
     // A SKU this process saw sold out: answered from Redis if it still is, no write.
     // (`batched` does this for a whole batch at once.)
     if deps.settings.order_strategy == OrderStrategy::RedisLock
@@ -75,11 +71,11 @@ pub(super) async fn place<K: Kind>(
 /// The answer for a request whose SKU this process saw sold out: from the key's record
 /// in PostgreSQL if it has one, else "not enough stock" stored in Redis while the SKU is
 /// still hinted sold out. `None`: decide as usual.
-async fn sold_out_answer<K: Kind>(
-    deps: OrderDeps<'_>,
+async fn sold_out_answer(
+    deps: Deps<'_>,
     keyed: &Keyed<'_>,
     request: &OrderRequest,
-) -> Result<Option<Outcome<K>>, OrderError> {
+) -> Result<Option<Outcome>, OrderError> {
     match keyed.lookup(deps.db).await? {
         Found::Absent => {}
         found => return decided_elsewhere(deps, keyed, found).await.map(Some),
@@ -110,13 +106,13 @@ fn shortages_of(request: &OrderRequest, available: &[(String, i32)]) -> Vec<Shor
 /// Steps 3–6 for a request whose key is undecided; `conn` is the connection its reads
 /// used. Where nothing is waited for before the transaction (no lease), that connection
 /// carries it, so a request queues for the pool once.
-async fn place_keyed<K: Kind>(
-    deps: OrderDeps<'_>,
+async fn place_keyed(
+    deps: Deps<'_>,
     keyed: &Keyed<'_>,
     request: &OrderRequest,
     products: &[OrderProduct],
     conn: PoolConnection<Postgres>,
-) -> Result<Outcome<K>, OrderError> {
+) -> Result<Outcome, OrderError> {
     let s = deps.settings;
     let mut held = Some(conn);
     // A plain read is a true answer at the moment it was read: when stock is already
@@ -205,7 +201,7 @@ async fn place_keyed<K: Kind>(
             return Err(OrderError::TimedOut);
         }
         let fence = lease.as_ref().map(|l| l.fence);
-        let work = transact::<K>(deps, keyed, request, fence, held.as_deref_mut());
+        let work = transact(deps, keyed, request, fence, held.as_deref_mut());
         let outcome = deps
             .redis
             .while_held(
@@ -253,7 +249,7 @@ async fn place_keyed<K: Kind>(
 }
 
 /// Hints the SKUs that have nothing left sold out (under the strategies that lease).
-async fn hint_sold_out(deps: OrderDeps<'_>, shortages: &[Shortage]) {
+async fn hint_sold_out(deps: Deps<'_>, shortages: &[Shortage]) {
     if !matches!(
         deps.settings.order_strategy,
         OrderStrategy::RedisLock | OrderStrategy::Batched
@@ -273,32 +269,27 @@ async fn release(redis: &Redis, lease: Option<&Lease>) {
     }
 }
 
-/// A single-SKU order or hold under `batched`: queued behind the process's batch leader,
-/// answered from the batch.
-pub(super) async fn place_batched<K: Kind>(
-    deps: OrderDeps<'_>,
+/// An order or hold under `batched`: queued behind the process's batch leader, answered
+/// from the batch.
+pub(super) async fn place_batched(
+    deps: Deps<'_>,
+    batcher: &Arc<Batcher>,
     keyed: &Keyed<'_>,
     request: &OrderRequest,
-) -> Result<Outcome<K>, OrderError> {
+) -> Result<Outcome, OrderError> {
     let job = batch::Job {
-        want: K::WANT,
+        want: keyed.want,
         scope: keyed.scope,
         key: keyed.key.clone(),
         fingerprint: keyed.fingerprint.clone(),
         request: request.clone(),
         answer_by: deps.answer_by,
     };
-    let placed = match deps.batcher.submit(job).await {
-        answer @ (BatchAnswer::Placed(_) | BatchAnswer::Held(_)) => K::from_batch(answer)
-            .map(|made| Outcome::Made {
-                made,
-                replayed: false,
-            })
-            .ok_or_else(|| {
-                OrderError::Database(sqlx::Error::Protocol(
-                    "the batch answered a job with another kind".into(),
-                ))
-            }),
+    let placed = match batcher.submit(job).await {
+        BatchAnswer::Made(made) => Ok(Outcome::Made {
+            made,
+            replayed: false,
+        }),
         BatchAnswer::Short(shortages) => Ok(Outcome::Insufficient {
             shortages,
             replayed: false,

@@ -19,11 +19,12 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
-use super::{OrderRequest, Shortage};
+use super::request::OrderRequest;
 use crate::catalog::Sku;
 use crate::idempotency::{self, Fingerprint, IdempotencyKey, Scope, StoredResponse};
 use crate::locking::Redis;
 use crate::locking::decisions::{Decided, IN_POSTGRES};
+use crate::orders::Shortage;
 
 /// How long an answer stays in Redis: long past its copy into PostgreSQL.
 pub const KEEP: Duration = Duration::from_secs(300);

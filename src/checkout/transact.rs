@@ -6,9 +6,9 @@
 use chrono::Utc;
 use sqlx::{Acquire as _, PgConnection};
 
-use super::decided::{Keyed, Stored};
-use super::kind::{Draft, Kind};
-use super::{OrderDeps, OrderError, OrderRequest};
+use super::kind::Draft;
+use super::placement::{Deps, Keyed, Made, OrderError, made_record};
+use super::request::OrderRequest;
 use crate::catalog::Sku;
 use crate::events;
 use crate::idempotency::{self, Begin, Found};
@@ -17,9 +17,9 @@ use crate::orders::db::{self as order_rows, OrderProduct};
 use crate::orders::limits;
 use crate::orders::{OrderLine, Shortage};
 
-pub(super) enum Tx<K> {
+pub(super) enum Tx {
     Done {
-        made: K,
+        made: Made,
         sold_out: Vec<Sku>,
     },
     Short(Vec<Shortage>),
@@ -33,13 +33,13 @@ pub(super) enum Tx<K> {
 
 /// The one transaction of an order or hold, and its one commit: the key's claim, the
 /// stock changes, the order or hold, the ledger rows, and the completed key.
-pub(super) async fn transact<K: Kind>(
-    deps: OrderDeps<'_>,
+pub(super) async fn transact(
+    deps: Deps<'_>,
     keyed: &Keyed<'_>,
     request: &OrderRequest,
     fence: Option<i64>,
     held: Option<&mut PgConnection>,
-) -> Result<Tx<K>, OrderError> {
+) -> Result<Tx, OrderError> {
     let id = crate::orders::new_id();
     let reference = id.to_string();
     let actor = keyed.scope.as_str();
@@ -73,15 +73,17 @@ pub(super) async fn transact<K: Kind>(
     // Lines are sorted by SKU: every order locks stock rows in the same order.
     for line in request.lines() {
         let q = line.quantity.get();
-        let take = K::take(
-            &mut tx,
-            deps.settings,
-            (&line.sku, q),
-            fence,
-            &reference,
-            actor,
-        )
-        .await?;
+        let take = keyed
+            .want
+            .take(
+                &mut tx,
+                deps.settings,
+                (&line.sku, q),
+                fence,
+                &reference,
+                actor,
+            )
+            .await?;
         match take {
             Take::Taken { left } => {
                 if left == 0 {
@@ -112,7 +114,11 @@ pub(super) async fn transact<K: Kind>(
         return Err(OrderError::OverLimit(refusal));
     }
     // A hold: the shopper's live holds of each product counted together, likewise.
-    if let Some(refusal) = K::over_cap(&mut tx, deps.settings, request, &products).await? {
+    let want = keyed.want;
+    if let Some(refusal) = want
+        .over_cap(&mut tx, deps.settings, request, &products)
+        .await?
+    {
         tx.rollback().await?;
         return Err(OrderError::OverLimit(refusal));
     }
@@ -144,13 +150,13 @@ pub(super) async fn transact<K: Kind>(
         now: chrono::DateTime::from_timestamp_micros(Utc::now().timestamp_micros())
             .expect("now is representable"),
     };
-    let Some(made) = K::insert(&mut tx, deps.settings, draft, keyed).await? else {
+    let Some(made) = want.insert(&mut tx, deps.settings, draft, keyed).await? else {
         // The key already has its order or hold, from before its record was purged.
         tx.rollback().await?;
         return Ok(Tx::Decided(Found::Absent));
     };
     events::db::record(&mut tx, made.event()).await?;
-    if !idempotency::complete(&mut tx, &claim, &Stored::made(&made)).await? {
+    if !idempotency::complete(&mut tx, &claim, &made_record(&made)).await? {
         // Our claim was taken over as stale; the other request decides.
         tx.rollback().await?;
         return Ok(Tx::Decided(Found::InFlight));

@@ -9,11 +9,12 @@ use chrono::Utc;
 use sqlx::PgPool;
 
 use super::db;
-use super::{BatchAnswer, Job, Want};
+use super::{BatchAnswer, Job};
 use crate::catalog::Sku;
-use crate::checkout::{Order, OrderError, OrderLine, Shortage};
+use crate::checkout::placement::{Made, OrderError, Want, made_record, short_record};
 use crate::holds::cap::{self, Ask, Caps, Held, held_by};
 use crate::holds::{Hold, HoldState};
+use crate::orders::{Order, OrderLine, Shortage};
 
 /// What the batch transaction did.
 pub(super) enum Applied {
@@ -297,8 +298,8 @@ async fn decide(
             .iter()
             .map(|l| l.unit_price_cents * i64::from(l.quantity))
             .sum();
-        each.push(match job.want {
-            Want::Order => BatchAnswer::Placed(Order {
+        each.push(BatchAnswer::Made(match job.want {
+            Want::Order => Made::Order(Order {
                 id: crate::orders::new_id(),
                 status: crate::orders::OrderStatus::Placed,
                 total_cents,
@@ -307,7 +308,7 @@ async fn decide(
                 customer_name,
                 created_at: now,
             }),
-            Want::Hold => BatchAnswer::Held(Hold {
+            Want::Hold => Made::Hold(Hold {
                 id: crate::orders::new_id(),
                 state: HoldState::Active,
                 expires_at,
@@ -317,7 +318,7 @@ async fn decide(
                 customer_name,
                 order_id: None,
             }),
-        });
+        }));
     }
 
     // 3. One statement writes it all; it still refuses to take stock below zero or past a
@@ -375,8 +376,8 @@ fn columns<'a>(
         d.held_units.push(held);
     }
     for (job, answer) in jobs.iter().zip(each) {
-        let (status, body) = match answer {
-            BatchAnswer::Placed(order) => {
+        let record = match answer {
+            BatchAnswer::Made(made @ Made::Order(order)) => {
                 d.order_ids.push(order.id);
                 d.names.push(order.customer_name.as_deref());
                 d.emails.push(order.email.as_deref());
@@ -393,11 +394,10 @@ fn columns<'a>(
                     d.quantities.push(line.quantity);
                     d.prices.push(line.unit_price_cents);
                 }
-                d.events
-                    .push(crate::events::Event::order_placed(order).payload);
-                (201, serde_json::to_value(order).expect("orders serialise"))
+                d.events.push(made.event().payload);
+                made_record(made)
             }
-            BatchAnswer::Held(hold) => {
+            BatchAnswer::Made(made @ Made::Hold(hold)) => {
                 let h = &mut d.holds;
                 h.ids.push(hold.id);
                 h.names.push(hold.customer_name.as_deref());
@@ -414,18 +414,17 @@ fn columns<'a>(
                     h.quantities.push(line.quantity);
                     h.prices.push(line.unit_price_cents);
                 }
-                h.events
-                    .push(crate::events::Event::hold_placed(hold).payload);
-                (201, serde_json::to_value(hold).expect("holds serialise"))
+                h.events.push(made.event().payload);
+                made_record(made)
             }
-            BatchAnswer::Short(shortages) => (409, serde_json::json!({ "shortages": shortages })),
+            BatchAnswer::Short(shortages) => short_record(shortages),
             _ => continue,
         };
         d.key_scopes.push(job.scope.as_str());
         d.keys.push(job.key.as_str());
         d.fingerprints.push(job.fingerprint.as_str());
-        d.statuses.push(status);
-        d.bodies.push(body);
+        d.statuses.push(record.status as i16);
+        d.bodies.push(record.body);
     }
     d
 }

@@ -15,7 +15,6 @@ use crate::http::json::{self, Json};
 use crate::http::limits;
 use crate::http::middleware::answer_by;
 use crate::http::{AppState, detached};
-use crate::idempotency::Scope;
 
 /// Places a checkout hold: the stock is reserved until it expires, is confirmed into an
 /// order, or is released. Same body, headers and idempotency as an order.
@@ -51,7 +50,7 @@ pub async fn post_holds(
     state: web::Data<AppState>,
     body: Json<serde_json::Value>,
 ) -> Result<HttpResponse, AppError> {
-    place(req, state, body, Scope::ApiHold).await
+    place(req, state, body, crate::checkout::Want::Hold).await
 }
 
 fn no_hold() -> AppError {

@@ -11,7 +11,6 @@ use crate::http::AppState;
 use crate::http::contract::{OwnLookupErrors, PlaceErrors};
 use crate::http::json::Json;
 use crate::http::limits;
-use crate::idempotency::Scope;
 use crate::orders;
 
 /// Places an order: every line or none, never more than is in stock. A retry with the same
@@ -42,7 +41,7 @@ pub async fn post_orders(
     state: web::Data<AppState>,
     body: Json<serde_json::Value>,
 ) -> Result<HttpResponse, AppError> {
-    place(req, state, body, Scope::Api).await
+    place(req, state, body, crate::checkout::Want::Order).await
 }
 
 /// The order, to the caller that placed it (others get 404: the id alone reveals nothing).

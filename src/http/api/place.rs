@@ -5,7 +5,7 @@
 use actix_web::http::{StatusCode, header};
 use actix_web::{HttpRequest, HttpResponse, web};
 
-use crate::checkout::{self, HoldOutcome, OrderOutcome, OrderRequest, Shopper};
+use crate::checkout::{self, Made, OrderRequest, Outcome, Shopper, Want};
 use crate::clients::Caller;
 use crate::drops::registry::RequireError;
 use crate::error::AppError;
@@ -68,13 +68,18 @@ pub(super) struct HoldLineBody {
     quantity: i64,
 }
 
-/// An order (`Scope::Api`) or a hold (`Scope::ApiHold`) from a JSON body.
+/// An order or a hold from a JSON body, under the API's keys of each (`Scope::Api`,
+/// `Scope::ApiHold`).
 pub(super) async fn place(
     req: HttpRequest,
     state: web::Data<AppState>,
     body: Json<serde_json::Value>,
-    scope: Scope,
+    want: Want,
 ) -> Result<HttpResponse, AppError> {
+    let scope = match want {
+        Want::Order => Scope::Api,
+        Want::Hold => Scope::ApiHold,
+    };
     let caller = limits::caller(&req, &state).await?;
     limit_placement(&req, &state, Some(&caller)).await?;
     let key = IdempotencyKey::scoped(&caller.owner(), &super::idempotency_key(&req)?);
@@ -117,50 +122,28 @@ pub(super) async fn place(
     }
     let answer_by = answer_by(&req, state.settings.request_budget);
     let state = state.into_inner();
-    let placement = detached(crate::checkout::work_limit(&state.settings), async move {
+    let outcome = detached(crate::checkout::work_limit(&state.settings), async move {
         let deps = state.order_deps(answer_by);
-        match scope {
-            Scope::ApiHold => checkout::place_hold(deps, scope, &key, &request)
-                .await
-                .map(Placement::Hold),
-            _ => checkout::place_order(deps, scope, &key, &request)
-                .await
-                .map(Placement::Order),
-        }
+        checkout::place(deps, want, scope, &key, &request).await
     })
     .await??;
-    Ok(placement_response(&req, placement))
-}
-
-/// What `place` decided, an order's outcome or a hold's.
-enum Placement {
-    Order(OrderOutcome),
-    Hold(HoldOutcome),
+    Ok(outcome_response(&req, outcome))
 }
 
 /// 201 with the order or hold and its `Location`, or 409 naming each short SKU.
-fn placement_response(req: &HttpRequest, placement: Placement) -> HttpResponse {
-    let (mut res, replayed) = match placement {
-        Placement::Order(OrderOutcome::Placed { order, replayed }) => (
+fn outcome_response(req: &HttpRequest, outcome: Outcome) -> HttpResponse {
+    let replayed = outcome.replayed();
+    let mut res = match outcome {
+        Outcome::Made { made, .. } => {
+            let location = match &made {
+                Made::Order(order) => format!("/api/v1/orders/{}", order.id),
+                Made::Hold(hold) => format!("/api/v1/holds/{}", hold.id),
+            };
             HttpResponse::Created()
-                .insert_header((header::LOCATION, format!("/api/v1/orders/{}", order.id)))
-                .json(order),
-            replayed,
-        ),
-        Placement::Hold(HoldOutcome::Held { hold, replayed }) => (
-            HttpResponse::Created()
-                .insert_header((header::LOCATION, format!("/api/v1/holds/{}", hold.id)))
-                .json(hold),
-            replayed,
-        ),
-        Placement::Order(OrderOutcome::Insufficient {
-            shortages,
-            replayed,
-        })
-        | Placement::Hold(HoldOutcome::Insufficient {
-            shortages,
-            replayed,
-        }) => (insufficient(req, &shortages), replayed),
+                .insert_header((header::LOCATION, location))
+                .json(made)
+        }
+        Outcome::Insufficient { shortages, .. } => insufficient(req, &shortages),
     };
     if replayed {
         res.headers_mut().insert(

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::cart::{Cart, cart_conflict, max_quantity};
-use crate::checkout::{self, HoldOutcome, OrderError, OrderRequest, Shopper};
+use crate::checkout::{self, OrderError, OrderRequest, Outcome, Shopper, Want};
 use crate::error::AppError;
 use crate::holds::{self, Hold, HoldError};
 use crate::http::csrf::{self, TokenForm};
@@ -92,7 +92,7 @@ pub async fn post_checkout(
         let mut pause = Duration::from_millis(20);
         loop {
             let deps = shared.order_deps(answer_by);
-            match checkout::place_hold(deps, Scope::Page, &key, &request).await {
+            match checkout::place(deps, Want::Hold, Scope::Page, &key, &request).await {
                 Err(OrderError::InFlight) if Instant::now() + pause < answer_by => {
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_millis(500));
@@ -110,8 +110,8 @@ pub async fn post_checkout(
         other => other?,
     };
     match placement {
-        HoldOutcome::Held { hold, .. } => Ok(see_other(&format!("/checkout/{}", hold.id))),
-        HoldOutcome::Insufficient { shortages, .. } => {
+        Outcome::Made { made, .. } => Ok(see_other(&format!("/checkout/{}", made.id()))),
+        Outcome::Insufficient { shortages, .. } => {
             let message = "Some products are no longer available in the quantity you chose.";
             cart_conflict(&req, &state, message.into(), shortages).await
         }
