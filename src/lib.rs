@@ -38,6 +38,7 @@ pub mod http;
 pub mod idempotency;
 /// Stock levels and the append-only ledger of every movement.
 pub mod inventory;
+pub mod lane;
 /// The module graph, checked (tests only).
 #[cfg(test)]
 mod layering;

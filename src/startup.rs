@@ -115,7 +115,7 @@ impl Application {
         let confirmer = Arc::new(crate::holds::Confirmer::new(
             db.clone(),
             leaders.pool.clone(),
-            settings.batch_max,
+            &settings,
         ));
         let drops = Arc::new(crate::drops::Registry::default());
         crate::drops::spawn_ticker(

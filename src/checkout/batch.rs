@@ -56,11 +56,11 @@ pub mod db;
 mod decide;
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use self::decide::{Applied, transact};
 use super::placement::{MAX_ATTEMPTS, Made, OrderError, Want, stale_after};
@@ -70,6 +70,7 @@ use crate::catalog::Sku;
 use crate::catalog::cache::CatalogCache;
 use crate::config::Settings;
 use crate::idempotency::{Fingerprint, IdempotencyKey, Scope};
+use crate::lane::{Lane, Queue};
 use crate::locking::{AcquireFree, Lease, Redis};
 use crate::metrics::Metrics;
 
@@ -132,12 +133,12 @@ pub enum BatchAnswer {
 
 /// The queue of this process, and what its leader needs.
 pub struct Batcher {
-    /// Open while a leader runs; the leader leaves (and closes it) when it runs dry.
-    queue: Mutex<Option<mpsc::UnboundedSender<Queued>>>,
+    /// Where jobs wait for the batch leader.
+    queue: Lane<Queued>,
     /// The same for orders of a SKU this process saw sold out, answered from Redis by a
     /// leader of their own ([`Batcher::lead_sold_out`]) that never waits for a lease or
     /// a commit.
-    sold_out_queue: Mutex<Option<mpsc::UnboundedSender<Queued>>>,
+    sold_out_queue: Lane<Queued>,
     /// The leaders' own connections (see `startup::Leaders`).
     db: PgPool,
     redis: Redis,
@@ -160,8 +161,8 @@ impl Batcher {
         catalog: Arc<CatalogCache>,
     ) -> Self {
         Self {
-            queue: Mutex::default(),
-            sold_out_queue: Mutex::default(),
+            queue: Lane::default(),
+            sold_out_queue: Lane::default(),
             db,
             redis,
             settings,
@@ -203,34 +204,26 @@ impl Batcher {
     }
 
     fn enqueue_to(self: &Arc<Self>, sold_out: bool, queued: Queued) {
-        let lane = if sold_out {
-            &self.sold_out_queue
-        } else {
-            &self.queue
-        };
-        let mut queue = lane.lock().expect("batch queue");
-        let sender = queue.get_or_insert_with(|| {
-            let (sender, jobs) = mpsc::unbounded_channel();
-            if sold_out {
+        if sold_out {
+            self.sold_out_queue.send(queued, |jobs| {
                 self.runtime.spawn(Arc::clone(self).lead_sold_out(jobs));
-            } else {
+            });
+        } else {
+            self.queue.send(queued, |jobs| {
                 self.runtime.spawn(Arc::clone(self).lead(jobs));
-            }
-            sender
-        });
-        // A leader leaves only under this lock, after seeing its queue empty.
-        let _ = sender.send(queued);
+            });
+        }
     }
 
     /// The sold-out leader: answers from Redis whatever queued while it answered the last
     /// lot (one read of PostgreSQL and one Redis call per SKU for all of them), sends what
     /// Redis cannot answer to the batch queue, and leaves when its queue runs dry.
-    async fn lead_sold_out(self: Arc<Self>, mut jobs: mpsc::UnboundedReceiver<Queued>) {
+    async fn lead_sold_out(self: Arc<Self>, mut jobs: Queue<Queued>) {
         loop {
             let mut lot = Vec::new();
-            take_ready(&mut jobs, &mut lot, self.settings.batch_max);
+            jobs.take_ready(&mut lot, self.settings.batch_max);
             if lot.is_empty() {
-                if leave_if_dry(&self.sold_out_queue, &jobs) {
+                if self.sold_out_queue.leave_if_dry(&jobs) {
                     return;
                 }
                 continue;
@@ -244,7 +237,7 @@ impl Batcher {
 
     /// The leader: applies batches while orders keep coming, then leaves. Orders whose
     /// SKU was leased elsewhere go first into the next batch.
-    async fn lead(self: Arc<Self>, mut jobs: mpsc::UnboundedReceiver<Queued>) {
+    async fn lead(self: Arc<Self>, mut jobs: Queue<Queued>) {
         let s = &self.settings;
         let mut waiting: VecDeque<Queued> = VecDeque::new();
         let mut backoff = Duration::from_millis(1);
@@ -260,12 +253,12 @@ impl Batcher {
                 }
             }
             let retried = batch.len();
-            take_ready(&mut jobs, &mut batch, s.batch_max);
+            jobs.take_ready(&mut batch, s.batch_max);
             if batch.is_empty() || retried == batch.len() {
                 self.release(to_release.take().as_ref()).await;
             }
             if batch.is_empty() {
-                if leave_if_dry(&self.queue, &jobs) {
+                if self.queue.leave_if_dry(&jobs) {
                     return;
                 }
                 continue;
@@ -508,30 +501,6 @@ fn answered_already(now: Vec<Queued>) -> Vec<Queued> {
         q.answer(BatchAnswer::Failed(OrderError::TimedOut));
     }
     live
-}
-
-/// Moves what is queued in `jobs` into `lot`, up to `max` in all, without waiting.
-fn take_ready(jobs: &mut mpsc::UnboundedReceiver<Queued>, lot: &mut Vec<Queued>, max: usize) {
-    while lot.len() < max {
-        match jobs.try_recv() {
-            Ok(q) => lot.push(q),
-            Err(_) => break,
-        }
-    }
-}
-
-/// Closes `lane` if nothing is queued in `jobs`, under the lane's lock (so no job is sent
-/// to a leader that is leaving: the next one starts a new leader). True: the leader leaves.
-fn leave_if_dry(
-    lane: &Mutex<Option<mpsc::UnboundedSender<Queued>>>,
-    jobs: &mpsc::UnboundedReceiver<Queued>,
-) -> bool {
-    let mut queue = lane.lock().expect("batch queue");
-    if jobs.is_empty() {
-        *queue = None;
-        return true;
-    }
-    false
 }
 
 /// Answers the jobs whose key has a sold-out answer kept in Redis (`marked`, from

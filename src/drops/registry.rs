@@ -13,8 +13,8 @@ use chrono::Utc;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::pass::{self, Refused};
 use super::Drop;
+use super::pass::{self, Refused};
 
 pub const REFRESH: Duration = Duration::from_millis(500);
 pub const STALE: Duration = Duration::from_secs(2);

@@ -19,16 +19,17 @@
 //! whose client was answered already (its budget ran out).
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use super::{Confirmed, HoldError};
 use crate::events::Event;
+use crate::lane::{Lane, Queue};
 use crate::orders::{Order, OrderStatus, limits};
 
 /// One confirmation waiting for its lot.
@@ -54,7 +55,7 @@ enum Lot {
 
 /// The confirmations of this process: a queue and, while it is not empty, its leader.
 pub struct Confirmer {
-    queue: Mutex<Option<mpsc::UnboundedSender<Pending>>>,
+    queue: Lane<Pending>,
     /// For confirmations on their own (in their requests).
     db: PgPool,
     /// For lots (in the leader: see `startup::Leaders`).
@@ -63,24 +64,29 @@ pub struct Confirmer {
     max: usize,
     /// Where the leader runs (see [`crate::checkout::Batcher`]).
     runtime: tokio::runtime::Handle,
+    /// Lots are for the `batched` strategy; under the others each confirmation runs on
+    /// its own.
+    in_lots: bool,
 }
 
 impl Confirmer {
-    /// A confirmer whose lots run on `leaders`' connections, on the runtime it is made on.
-    pub fn new(db: PgPool, leaders: PgPool, max: usize) -> Self {
+    /// A confirmer whose lots (under `batched`) run on `leaders`' connections, on the
+    /// runtime it is made on.
+    pub fn new(db: PgPool, leaders: PgPool, settings: &crate::config::Settings) -> Self {
         Self {
-            queue: Mutex::default(),
+            queue: Lane::default(),
             db,
             leaders,
-            max,
+            max: settings.batch_max,
             runtime: tokio::runtime::Handle::current(),
+            in_lots: settings.order_strategy == crate::config::OrderStrategy::Batched,
         }
     }
 
-    /// Turns hold `id` into an order as [`super::confirm`] does, sharing a transaction
-    /// with the confirmations queued meanwhile; with `owner`, only a hold placed under
-    /// that API caller's keys (else [`HoldError::NotFound`], whether or not it exists),
-    /// checked in the lot's own read.
+    /// Turns hold `id` into an order as [`super::confirm`] does, under `batched` sharing a
+    /// transaction with the confirmations queued meanwhile; with `owner`, only a hold
+    /// placed under that API caller's keys (else [`HoldError::NotFound`], whether or not
+    /// it exists), checked in the lot's own read.
     pub async fn confirm(
         self: &Arc<Self>,
         id: Uuid,
@@ -89,6 +95,9 @@ impl Confirmer {
         email: Option<&str>,
         answer_by: Instant,
     ) -> Result<Confirmed, HoldError> {
+        if !self.in_lots {
+            return self.alone(id, owner, name, email, answer_by).await;
+        }
         let (answer, rx) = oneshot::channel();
         self.enqueue(Pending {
             hold: id,
@@ -105,42 +114,40 @@ impl Confirmer {
             }),
             Ok(Lot::TooLate) => Err(HoldError::TimedOut),
             // Not for a lot, or a leader that failed: the confirmation runs on its own.
-            Ok(Lot::Alone) | Err(_) => {
-                if let Some(owner) = owner
-                    && !super::db::owned_by(&self.db, id, owner).await?
-                {
-                    return Err(HoldError::NotFound);
-                }
-                super::confirm(&self.db, id, name, email, answer_by).await
-            }
+            Ok(Lot::Alone) | Err(_) => self.alone(id, owner, name, email, answer_by).await,
         }
     }
 
+    /// A confirmation on its own, in its request.
+    async fn alone(
+        &self,
+        id: Uuid,
+        owner: Option<&str>,
+        name: Option<&str>,
+        email: Option<&str>,
+        answer_by: Instant,
+    ) -> Result<Confirmed, HoldError> {
+        if let Some(owner) = owner
+            && !super::db::owned_by(&self.db, id, owner).await?
+        {
+            return Err(HoldError::NotFound);
+        }
+        super::confirm(&self.db, id, name, email, answer_by).await
+    }
+
     fn enqueue(self: &Arc<Self>, pending: Pending) {
-        let mut queue = self.queue.lock().expect("confirm queue");
-        let sender = queue.get_or_insert_with(|| {
-            let (sender, lots) = mpsc::unbounded_channel();
+        self.queue.send(pending, |lots| {
             self.runtime.spawn(Arc::clone(self).lead(lots));
-            sender
         });
-        // The leader leaves only under this lock, after seeing its queue empty.
-        let _ = sender.send(pending);
     }
 
     /// Confirms lot after lot while confirmations keep coming, then leaves.
-    async fn lead(self: Arc<Self>, mut queued: mpsc::UnboundedReceiver<Pending>) {
+    async fn lead(self: Arc<Self>, mut queued: Queue<Pending>) {
         loop {
             let mut lot = Vec::new();
-            while lot.len() < self.max {
-                match queued.try_recv() {
-                    Ok(p) => lot.push(p),
-                    Err(_) => break,
-                }
-            }
+            queued.take_ready(&mut lot, self.max);
             if lot.is_empty() {
-                let mut queue = self.queue.lock().expect("confirm queue");
-                if queued.is_empty() {
-                    *queue = None;
+                if self.queue.leave_if_dry(&queued) {
                     return;
                 }
                 continue;

@@ -45,7 +45,7 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// The `batched` strategy's queue and its leader.
     pub batcher: Arc<crate::checkout::Batcher>,
-    /// The `batched` strategy's queue of hold confirmations and its leader.
+    /// Hold confirmations: in lots under `batched`, each on its own otherwise.
     pub confirmer: Arc<crate::holds::Confirmer>,
     /// What the storefront pages read, kept for a moment.
     pub catalog: Arc<crate::catalog::cache::CatalogCache>,
@@ -102,31 +102,6 @@ impl AppState {
     pub async fn stock_changed(&self, sku: &crate::catalog::Sku) {
         self.catalog.forget(sku);
         self.redis.clear_sold_out(sku).await;
-    }
-
-    /// Turns hold `id` into an order: with the lot of confirmations queued meanwhile under
-    /// `batched`, on its own otherwise. With `owner` (an API caller's hold key prefix),
-    /// only a hold that caller placed; any other is "not found".
-    pub async fn confirm_hold(
-        &self,
-        id: uuid::Uuid,
-        owner: Option<&str>,
-        name: Option<&str>,
-        email: Option<&str>,
-        answer_by: std::time::Instant,
-    ) -> Result<crate::holds::Confirmed, crate::holds::HoldError> {
-        if self.settings.order_strategy == crate::config::OrderStrategy::Batched {
-            return self
-                .confirmer
-                .confirm(id, owner, name, email, answer_by)
-                .await;
-        }
-        if let Some(owner) = owner
-            && !crate::holds::db::owned_by(&self.db, id, owner).await?
-        {
-            return Err(crate::holds::HoldError::NotFound);
-        }
-        crate::holds::confirm(&self.db, id, name, email, answer_by).await
     }
 
     /// What placing an order or hold needs, for a request to be answered by `answer_by`

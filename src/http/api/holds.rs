@@ -172,7 +172,10 @@ pub async fn post_hold_confirm(
     let answer_by = answer_by(&req, state.settings.request_budget);
     let shared = state.clone().into_inner();
     let confirmed = detached(crate::checkout::work_limit(&state.settings), async move {
-        (shared.confirm_hold(id, Some(&owner), details.name(), details.email(), answer_by)).await
+        (shared
+            .confirmer
+            .confirm(id, Some(&owner), details.name(), details.email(), answer_by))
+        .await
     })
     .await?;
     match confirmed {

@@ -241,7 +241,10 @@ pub async fn post_checkout_confirm(
     let answer_by = answer_by(&req, state.settings.request_budget);
     let shared = state.clone().into_inner();
     let confirmed = detached(crate::checkout::work_limit(&state.settings), async move {
-        (shared.confirm_hold(id, None, contact.name(), contact.email(), answer_by)).await
+        (shared
+            .confirmer
+            .confirm(id, None, contact.name(), contact.email(), answer_by))
+        .await
     })
     .await?;
     match confirmed {
