@@ -24,6 +24,8 @@ pub mod clients;
 pub mod cluster;
 /// Settings: defaults in code, then `STOCKADE_*` environment variables.
 pub mod config;
+#[cfg(test)]
+mod doc_paths;
 /// Drops: a product released at a set time through a waiting room.
 pub mod drops;
 /// The one application error and how it becomes a status code.

@@ -28,7 +28,6 @@ use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use super::{Confirmed, HoldError};
-use crate::events::Event;
 use crate::lane::{Lane, Queue};
 use crate::orders::{Order, OrderStatus, limits};
 
@@ -241,9 +240,6 @@ async fn apply(
     if made.is_empty() {
         tx.rollback().await?;
         return Ok(made);
-    }
-    for order in made.values() {
-        w.events.push(Event::order_placed(order).payload);
     }
     if !super::db::confirm_many(&mut tx, &w).await? {
         // A row no longer reserves the units (which locked, live holds rule out):

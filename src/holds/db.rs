@@ -9,7 +9,9 @@ use uuid::Uuid;
 
 use super::{Hold, HoldState};
 use crate::catalog::Sku;
+use crate::inventory::group::Moves;
 use crate::orders::OrderLine;
+use crate::orders::db::OrderRows;
 
 /// Inserts a hold and its lines; it expires `ttl` from now by the database's clock (the
 /// one the sweeper and confirmation use), which is returned.
@@ -383,21 +385,10 @@ pub(super) async fn lock_live(
 pub(super) struct Confirmations {
     /// Units per SKU, each SKU once, in SKU order.
     units: BTreeMap<String, i32>,
-    /// One entry per order (and its hold).
-    order_ids: Vec<Uuid>,
+    /// The orders, placed under scope `hold` and the hold's id.
+    orders: OrderRows,
+    /// Each order's hold, and its `hold.confirmed` payload.
     hold_ids: Vec<Uuid>,
-    names: Vec<Option<String>>,
-    emails: Vec<Option<String>>,
-    totals: Vec<i64>,
-    created: Vec<DateTime<Utc>>,
-    shoppers: Vec<String>,
-    /// One entry per order line.
-    line_orders: Vec<Uuid>,
-    line_skus: Vec<String>,
-    line_quantities: Vec<i32>,
-    line_prices: Vec<i64>,
-    /// `order.placed` payloads, and `hold.confirmed` ones.
-    pub(super) events: Vec<serde_json::Value>,
     confirmed_events: Vec<serde_json::Value>,
 }
 
@@ -406,102 +397,57 @@ impl Confirmations {
     pub(super) fn add(&mut self, hold: Uuid, order: &crate::orders::Order, shopper: &[String]) {
         for line in &order.lines {
             *self.units.entry(line.sku.to_string()).or_default() += line.quantity;
-            self.line_orders.push(order.id);
-            self.line_skus.push(line.sku.to_string());
-            self.line_quantities.push(line.quantity);
-            self.line_prices.push(line.unit_price_cents);
         }
-        self.order_ids.push(order.id);
+        let key = hold.to_string();
+        self.orders
+            .add(order, ("hold", &key), shopper, true, "shopper");
         self.hold_ids.push(hold);
-        self.names.push(order.customer_name.clone());
-        self.emails.push(order.email.clone());
-        self.totals.push(order.total_cents);
-        self.created.push(order.created_at);
-        self.shoppers.push(shopper.join("\n"));
         self.confirmed_events
             .push(crate::events::Event::hold_confirmed(hold, order.id).payload);
     }
 }
 
+/// A lot's one write: the stock and order parts every group-commit write shares
+/// ([`crate::inventory::group::stock_sql`], [`crate::orders::db::order_rows_sql`]), then
+/// its holds marked confirmed.
+const CONFIRM_SQL: &str = concat!(
+    crate::inventory::group::stock_sql!(),
+    crate::orders::db::order_rows_sql!(),
+    r#", confirmed as (
+           update holds h
+              set state = 'confirmed', order_id = u.id, updated_at = now()
+             from unnest($6::uuid[], $21::uuid[]) as u(id, hold)
+            where h.id = u.hold and (select go from go)
+       ), confirmed_events as (
+           insert into events (type, payload, routed_at)
+           select 'hold.confirmed', p,
+                  event_routed_at((select event_subscribed('hold.confirmed')), 'hold.confirmed', p)
+             from unnest($22::jsonb[]) as p
+            where (select go from go)
+       )
+       select go from go"#
+);
+
 /// Confirms a lot of locked, live holds by one statement: each SKU's stock sold from what
 /// the holds reserved, every order with its lines, ledger rows and `order.placed` event,
 /// every hold marked confirmed with its `hold.confirmed` event. False, having written
 /// nothing, when a stock row no longer has the units reserved.
-#[tracing::instrument(skip_all, fields(orders = w.order_ids.len()))]
+#[tracing::instrument(skip_all, fields(orders = w.hold_ids.len()))]
 pub(super) async fn confirm_many(conn: &mut PgConnection, w: &Confirmations) -> sqlx::Result<bool> {
-    let skus: Vec<&str> = w.units.keys().map(String::as_str).collect();
     let units: Vec<i32> = w.units.values().copied().collect();
-    sqlx::query_scalar!(
-        r#"with sold as (
-               update stock s
-                  set on_hand = s.on_hand - u.quantity,
-                      reserved = s.reserved - u.quantity,
-                      updated_at = now()
-                 from unnest($1::text[], $2::int[]) as u(sku, quantity)
-                where s.sku = u.sku and s.reserved >= u.quantity
-               returning s.sku
-           ), go as (
-               select count(*) = cardinality($1::text[]) as go from sold
-           ), placed as (
-               insert into orders
-                      (id, status, customer_name, email, total_cents, idempotency_scope,
-                       idempotency_key, created_at, shopper)
-               select id, 'placed', name, email, total, 'hold', hold::text, created,
-                      string_to_array(shopper, E'\n')
-                 from unnest($3::uuid[], $4::uuid[], $5::text[], $6::text[], $7::bigint[],
-                             $8::timestamptz[], $9::text[])
-                      as u(id, hold, name, email, total, created, shopper)
-                where (select go from go)
-           ), lines as (
-               insert into order_lines (order_id, sku, quantity, unit_price_cents)
-               select id, sku, quantity, price
-                 from unnest($10::uuid[], $11::text[], $12::int[], $13::bigint[])
-                      as u(id, sku, quantity, price)
-                where (select go from go)
-           ), ledger as (
-               insert into stock_movements (sku, delta, reserved_delta, reason, reference, actor)
-               select sku, -quantity, -quantity, 'order', id::text, 'shopper'
-                 from unnest($10::uuid[], $11::text[], $12::int[]) as u(id, sku, quantity)
-                where (select go from go)
-           ), confirmed as (
-               update holds h
-                  set state = 'confirmed', order_id = u.id, updated_at = now()
-                 from unnest($3::uuid[], $4::uuid[]) as u(id, hold)
-                where h.id = u.hold and (select go from go)
-           ), placed_events as (
-               insert into events (type, payload, routed_at)
-               -- Scalar subqueries: whether an endpoint subscribes is looked up once per
-               -- statement (see events::db::record_many).
-               select 'order.placed', p,
-                      event_routed_at((select event_subscribed('order.placed')), 'order.placed', p)
-                 from unnest($14::jsonb[]) as p
-                where (select go from go)
-           ), confirmed_events as (
-               insert into events (type, payload, routed_at)
-               select 'hold.confirmed', p,
-                      event_routed_at((select event_subscribed('hold.confirmed')), 'hold.confirmed', p)
-                 from unnest($15::jsonb[]) as p
-                where (select go from go)
-           )
-           select go as "go!" from go"#,
-        &skus as &[&str],
-        &units,
-        &w.order_ids,
-        &w.hold_ids,
-        &w.names as &[Option<String>],
-        &w.emails as &[Option<String>],
-        &w.totals,
-        &w.created,
-        &w.shoppers,
-        &w.line_orders,
-        &w.line_skus,
-        &w.line_quantities,
-        &w.line_prices,
-        &w.events,
-        &w.confirmed_events,
-    )
-    .fetch_one(conn)
-    .await
+    let moves = Moves {
+        skus: w.units.keys().map(String::as_str).collect(),
+        sold: units.clone(),
+        held: vec![0; units.len()],
+        released: units,
+        fence: None,
+    };
+    w.orders
+        .bind(moves.bind(sqlx::query_scalar(CONFIRM_SQL)))
+        .bind(&w.hold_ids)
+        .bind(&w.confirmed_events)
+        .fetch_one(conn)
+        .await
 }
 
 /// What a drop asks of a hold about to be confirmed: each SKU of hold `id` that a

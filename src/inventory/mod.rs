@@ -3,6 +3,7 @@
 //! sums to the stock row (invariant I1).
 
 pub mod db;
+pub mod group;
 pub mod ledger;
 pub mod reports;
 

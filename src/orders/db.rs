@@ -244,3 +244,126 @@ pub struct OrderFilter {
     pub sku: Option<String>,
     pub date: Option<chrono::NaiveDate>,
 }
+
+/// The parts of a group-commit write that place its orders, on parameters `$6`–`$20`
+/// ([`OrderRows`]), after [`crate::inventory::group::stock_sql`]'s `go`: every order,
+/// line, ledger row and `order.placed` event, or nothing.
+macro_rules! order_rows_sql {
+    () => {
+        r#", placed as (
+               insert into orders
+                      (id, status, customer_name, email, total_cents, idempotency_scope,
+                       idempotency_key, created_at, shopper)
+               select id, 'placed', name, email, total, scope, key, created,
+                      string_to_array(shopper, E'\n')
+                 from unnest($6::uuid[], $7::text[], $8::text[], $9::bigint[], $10::text[],
+                             $11::text[], $12::timestamptz[], $13::text[])
+                      as u(id, name, email, total, scope, key, created, shopper)
+                where (select go from go)
+           ), lines as (
+               insert into order_lines (order_id, sku, quantity, unit_price_cents)
+               select id, sku, quantity, price
+                 from unnest($14::uuid[], $15::text[], $16::int[], $17::bigint[])
+                      as u(id, sku, quantity, price)
+                where (select go from go)
+           ), ledger as (
+               insert into stock_movements (sku, delta, reserved_delta, reason, reference, actor)
+               select sku, -quantity, reserved_delta, 'order', id::text, actor
+                 from unnest($14::uuid[], $15::text[], $16::int[], $18::int[], $19::text[])
+                      as u(id, sku, quantity, reserved_delta, actor)
+                where (select go from go)
+           ), placed_events as (
+               insert into events (type, payload, routed_at)
+               -- A scalar subquery: whether an endpoint subscribes is looked up once per
+               -- statement, not once per event (see events::db::record_many).
+               select 'order.placed', p,
+                      event_routed_at((select event_subscribed('order.placed')), 'order.placed', p)
+                 from unnest($20::jsonb[]) as p
+                where (select go from go)
+           )"#
+    };
+}
+pub(crate) use order_rows_sql;
+
+/// The orders one group-commit write places, as the columns of their rows.
+#[derive(Debug, Default)]
+pub struct OrderRows {
+    /// One entry per order.
+    pub ids: Vec<Uuid>,
+    pub names: Vec<Option<String>>,
+    pub emails: Vec<Option<String>>,
+    pub totals: Vec<i64>,
+    /// The idempotency scope and key it was placed under (a confirmed hold's: `hold`, and
+    /// the hold's id).
+    pub scopes: Vec<String>,
+    pub keys: Vec<String>,
+    pub created: Vec<chrono::DateTime<chrono::Utc>>,
+    /// Each shopper's identities, joined by newlines (`unnest` flattens arrays of arrays).
+    pub shoppers: Vec<String>,
+    /// One entry per order line: its order, SKU, units, price; its ledger row's change of
+    /// `reserved` (0 sold from free stock, −q sold from a hold) and actor.
+    pub line_orders: Vec<Uuid>,
+    pub line_skus: Vec<String>,
+    pub line_quantities: Vec<i32>,
+    pub line_prices: Vec<i64>,
+    pub line_reserved: Vec<i32>,
+    pub line_actors: Vec<String>,
+    /// The `order.placed` payload of each order.
+    pub events: Vec<serde_json::Value>,
+}
+
+impl OrderRows {
+    /// Adds `order`, placed under `scope` and `key` for `shopper`'s identities; its units
+    /// sold from a hold (`from_reserved`) or from free stock; `actor` on its ledger rows.
+    pub fn add(
+        &mut self,
+        order: &Order,
+        (scope, key): (&str, &str),
+        shopper: &[String],
+        from_reserved: bool,
+        actor: &str,
+    ) {
+        self.ids.push(order.id);
+        self.names.push(order.customer_name.clone());
+        self.emails.push(order.email.clone());
+        self.totals.push(order.total_cents);
+        self.scopes.push(scope.to_string());
+        self.keys.push(key.to_string());
+        self.created.push(order.created_at);
+        self.shoppers.push(shopper.join("\n"));
+        for line in &order.lines {
+            self.line_orders.push(order.id);
+            self.line_skus.push(line.sku.to_string());
+            self.line_quantities.push(line.quantity);
+            self.line_prices.push(line.unit_price_cents);
+            self.line_reserved
+                .push(if from_reserved { -line.quantity } else { 0 });
+            self.line_actors.push(actor.to_string());
+        }
+        self.events
+            .push(crate::events::Event::order_placed(order).payload);
+    }
+
+    /// Binds `$6`–`$20`.
+    pub fn bind<'q>(
+        &'q self,
+        query: sqlx::query::QueryScalar<'q, sqlx::Postgres, bool, sqlx::postgres::PgArguments>,
+    ) -> sqlx::query::QueryScalar<'q, sqlx::Postgres, bool, sqlx::postgres::PgArguments> {
+        query
+            .bind(&self.ids)
+            .bind(&self.names)
+            .bind(&self.emails)
+            .bind(&self.totals)
+            .bind(&self.scopes)
+            .bind(&self.keys)
+            .bind(&self.created)
+            .bind(&self.shoppers)
+            .bind(&self.line_orders)
+            .bind(&self.line_skus)
+            .bind(&self.line_quantities)
+            .bind(&self.line_prices)
+            .bind(&self.line_reserved)
+            .bind(&self.line_actors)
+            .bind(&self.events)
+    }
+}

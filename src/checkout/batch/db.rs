@@ -12,6 +12,9 @@ use serde_json::Value;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use crate::inventory::group::Moves;
+use crate::orders::db::OrderRows;
+
 /// A stock row of the batch's SKUs with its product, as the read found it.
 #[derive(Debug, sqlx::FromRow)]
 pub struct Row {
@@ -92,31 +95,12 @@ async fn read_with(
 /// Everything one batch decided, as the columns of its rows.
 #[derive(Debug, Default)]
 pub struct Decided<'a> {
-    /// Units sold (`on_hand −= q`) and held (`reserved += q`) per SKU (each SKU once).
-    pub sold_skus: Vec<&'a str>,
-    pub sold_units: Vec<i32>,
-    pub held_units: Vec<i32>,
-    /// The fence of the batch's lease; `None` without one (the rows are then locked).
-    pub fence: Option<i64>,
-    /// One entry per placed order.
-    pub order_ids: Vec<Uuid>,
-    pub names: Vec<Option<&'a str>>,
-    pub emails: Vec<Option<&'a str>>,
-    pub totals: Vec<i64>,
-    pub order_scopes: Vec<&'a str>,
-    pub order_keys: Vec<&'a str>,
-    pub created: Vec<chrono::DateTime<chrono::Utc>>,
-    /// Each shopper's identities, joined by newlines (`unnest` flattens arrays of arrays).
-    pub shoppers: Vec<String>,
-    /// One entry per order line: its order, the order's scope (the ledger's actor).
-    pub line_orders: Vec<Uuid>,
-    pub line_scopes: Vec<&'a str>,
-    pub skus: Vec<&'a str>,
-    pub quantities: Vec<i32>,
-    pub prices: Vec<i64>,
-    /// The `order.placed` payload of each order.
-    pub events: Vec<Value>,
-    /// One entry per placed hold.
+    /// Units sold (`on_hand −= q`) and held (`reserved += q`) per SKU, under the batch's
+    /// fence.
+    pub moves: Moves<'a>,
+    /// The orders it placed.
+    pub orders: OrderRows,
+    /// The holds it placed.
     pub holds: PlacedHolds<'a>,
     /// One entry per decided key (placed or short), with its answer.
     pub key_scopes: Vec<&'a str>,
@@ -147,6 +131,52 @@ pub struct PlacedHolds<'a> {
     pub events: Vec<Value>,
 }
 
+/// The batch's one write: the stock and order parts every group-commit write shares
+/// ([`crate::inventory::group::stock_sql`], [`crate::orders::db::order_rows_sql`]), then
+/// its holds and its keys' answers.
+const WRITE_SQL: &str = concat!(
+    crate::inventory::group::stock_sql!(),
+    crate::orders::db::order_rows_sql!(),
+    r#", held as (
+           insert into holds
+                  (id, state, expires_at, email, customer_name, idempotency_scope,
+                   idempotency_key, shopper)
+           select id, 'active', expires, email, name, scope, key,
+                  string_to_array(shopper, E'\n')
+             from unnest($21::uuid[], $22::text[], $23::text[], $24::text[], $25::text[],
+                         $26::timestamptz[], $27::text[])
+                  as u(id, name, email, scope, key, expires, shopper)
+            where (select go from go)
+       ), held_lines as (
+           insert into hold_lines (hold_id, sku, quantity, unit_price_cents)
+           select id, sku, quantity, price
+             from unnest($28::uuid[], $29::text[], $30::int[], $31::bigint[])
+                  as u(id, sku, quantity, price)
+            where (select go from go)
+       ), held_ledger as (
+           insert into stock_movements (sku, delta, reserved_delta, reason, reference, actor)
+           select sku, 0, quantity, 'hold', id::text, scope
+             from unnest($28::uuid[], $29::text[], $30::int[], $32::text[])
+                  as u(id, sku, quantity, scope)
+            where (select go from go)
+       ), held_events as (
+           insert into events (type, payload, routed_at)
+           select 'hold.placed', p,
+                  event_routed_at((select event_subscribed('hold.placed')), 'hold.placed', p)
+             from unnest($33::jsonb[]) as p
+            where (select go from go)
+       ), answers as (
+           insert into idempotency_keys
+                  (scope, key, fingerprint, state, owner, response_status, response_body,
+                   completed_at)
+           select scope, key, fingerprint, 'completed', $39, status, body, now()
+             from unnest($34::text[], $35::text[], $36::text[], $37::int2[], $38::jsonb[])
+                  as u(scope, key, fingerprint, status, body)
+            where (select go from go)
+       )
+       select go from go"#
+);
+
 /// Writes what a batch decided by one statement: the stock of each sold SKU, every order,
 /// line, ledger row and `order.placed` event, every hold with its line, ledger row and
 /// `hold.placed` event, and every decided key with its answer.
@@ -154,126 +184,28 @@ pub struct PlacedHolds<'a> {
 /// has the units, or a newer lease wrote it). Fails with a unique violation, having
 /// written nothing, when a key or an order was recorded elsewhere since the read.
 pub async fn write(conn: &mut PgConnection, d: &Decided<'_>) -> sqlx::Result<bool> {
-    sqlx::query_scalar!(
-        r#"with sold as (
-               update stock s
-                  set on_hand = s.on_hand - u.sold,
-                      reserved = s.reserved + u.held,
-                      last_fence = greatest(s.last_fence, $3),
-                      updated_at = now()
-                 from unnest($1::text[], $2::int[], $22::int[]) as u(sku, sold, held)
-                where s.sku = u.sku
-                  and s.on_hand - s.reserved >= u.sold + u.held
-                  and ($3::bigint is null or s.last_fence < $3)
-               returning s.sku
-           ), go as (
-               select count(*) = cardinality($1::text[]) as go from sold
-           ), placed as (
-               insert into orders
-                      (id, status, customer_name, email, total_cents, idempotency_scope,
-                       idempotency_key, created_at, shopper)
-               select id, 'placed', name, email, total, scope, key, created,
-                      string_to_array(shopper, E'\n')
-                 from unnest($4::uuid[], $5::text[], $6::text[], $7::bigint[], $8::text[],
-                             $9::text[], $10::timestamptz[], $11::text[])
-                      as u(id, name, email, total, scope, key, created, shopper)
-                where (select go from go)
-           ), lines as (
-               insert into order_lines (order_id, sku, quantity, unit_price_cents)
-               select id, sku, quantity, price
-                 from unnest($34::uuid[], $12::text[], $13::int[], $14::bigint[])
-                      as u(id, sku, quantity, price)
-                where (select go from go)
-           ), ledger as (
-               insert into stock_movements (sku, delta, reserved_delta, reason, reference, actor)
-               select sku, -quantity, 0, 'order', id::text, scope
-                 from unnest($34::uuid[], $12::text[], $13::int[], $35::text[])
-                      as u(id, sku, quantity, scope)
-                where (select go from go)
-           ), placed_events as (
-               insert into events (type, payload, routed_at)
-               -- A scalar subquery: whether an endpoint subscribes is looked up once per
-               -- statement, not once per event (see events::db::record_many).
-               select 'order.placed', p,
-                      event_routed_at((select event_subscribed('order.placed')), 'order.placed', p)
-                 from unnest($15::jsonb[]) as p
-                where (select go from go)
-           ), held as (
-               insert into holds
-                      (id, state, expires_at, email, customer_name, idempotency_scope,
-                       idempotency_key, shopper)
-               select id, 'active', expires, email, name, scope, key,
-                      string_to_array(shopper, E'\n')
-                 from unnest($23::uuid[], $24::text[], $25::text[], $26::text[], $27::text[],
-                             $28::timestamptz[], $29::text[])
-                      as u(id, name, email, scope, key, expires, shopper)
-                where (select go from go)
-           ), held_lines as (
-               insert into hold_lines (hold_id, sku, quantity, unit_price_cents)
-               select id, sku, quantity, price
-                 from unnest($36::uuid[], $30::text[], $31::int[], $32::bigint[])
-                      as u(id, sku, quantity, price)
-                where (select go from go)
-           ), held_ledger as (
-               insert into stock_movements (sku, delta, reserved_delta, reason, reference, actor)
-               select sku, 0, quantity, 'hold', id::text, scope
-                 from unnest($36::uuid[], $30::text[], $31::int[], $37::text[])
-                      as u(id, sku, quantity, scope)
-                where (select go from go)
-           ), held_events as (
-               insert into events (type, payload, routed_at)
-               select 'hold.placed', p,
-                      event_routed_at((select event_subscribed('hold.placed')), 'hold.placed', p)
-                 from unnest($33::jsonb[]) as p
-                where (select go from go)
-           ), answers as (
-               insert into idempotency_keys
-                      (scope, key, fingerprint, state, owner, response_status, response_body,
-                       completed_at)
-               select scope, key, fingerprint, 'completed', $21, status, body, now()
-                 from unnest($16::text[], $17::text[], $18::text[], $19::int2[], $20::jsonb[])
-                      as u(scope, key, fingerprint, status, body)
-                where (select go from go)
-           )
-           select go as "go!" from go"#,
-        &d.sold_skus as &[&str],
-        &d.sold_units,
-        d.fence,
-        &d.order_ids,
-        &d.names as &[Option<&str>],
-        &d.emails as &[Option<&str>],
-        &d.totals,
-        &d.order_scopes as &[&str],
-        &d.order_keys as &[&str],
-        &d.created,
-        &d.shoppers,
-        &d.skus as &[&str],
-        &d.quantities,
-        &d.prices,
-        &d.events,
-        &d.key_scopes as &[&str],
-        &d.keys as &[&str],
-        &d.fingerprints as &[&str],
-        &d.statuses,
-        &d.bodies,
-        Uuid::new_v4(),
-        &d.held_units,
-        &d.holds.ids,
-        &d.holds.names as &[Option<&str>],
-        &d.holds.emails as &[Option<&str>],
-        &d.holds.scopes as &[&str],
-        &d.holds.keys as &[&str],
-        &d.holds.expires,
-        &d.holds.shoppers,
-        &d.holds.skus as &[&str],
-        &d.holds.quantities,
-        &d.holds.prices,
-        &d.holds.events,
-        &d.line_orders,
-        &d.line_scopes as &[&str],
-        &d.holds.line_holds,
-        &d.holds.line_scopes as &[&str],
-    )
-    .fetch_one(conn)
-    .await
+    let h = &d.holds;
+    let query = d.orders.bind(d.moves.bind(sqlx::query_scalar(WRITE_SQL)));
+    query
+        .bind(&h.ids)
+        .bind(&h.names)
+        .bind(&h.emails)
+        .bind(&h.scopes)
+        .bind(&h.keys)
+        .bind(&h.expires)
+        .bind(&h.shoppers)
+        .bind(&h.line_holds)
+        .bind(&h.skus)
+        .bind(&h.quantities)
+        .bind(&h.prices)
+        .bind(&h.line_scopes)
+        .bind(&h.events)
+        .bind(&d.key_scopes)
+        .bind(&d.keys)
+        .bind(&d.fingerprints)
+        .bind(&d.statuses)
+        .bind(&d.bodies)
+        .bind(Uuid::new_v4())
+        .fetch_one(conn)
+        .await
 }

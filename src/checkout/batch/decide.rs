@@ -336,7 +336,8 @@ async fn decide(
         }
     }
     let sold = decided
-        .sold_skus
+        .moves
+        .skus
         .iter()
         .filter_map(|sku| Sku::parse(sku).ok())
         .collect();
@@ -359,10 +360,8 @@ fn columns<'a>(
     stocked: &'a HashMap<String, Stocked>,
     fence: Option<i64>,
 ) -> db::Decided<'a> {
-    let mut d = db::Decided {
-        fence,
-        ..db::Decided::default()
-    };
+    let mut d = db::Decided::default();
+    d.moves.fence = fence;
     let mut moved: Vec<(&str, i32, i32)> = stocked
         .iter()
         .filter(|(_, s)| s.taken > 0 || s.held > 0)
@@ -371,30 +370,18 @@ fn columns<'a>(
     // SKU order, as every writer of stock rows locks them.
     moved.sort_unstable();
     for (sku, taken, held) in moved {
-        d.sold_skus.push(sku);
-        d.sold_units.push(taken);
-        d.held_units.push(held);
+        d.moves.skus.push(sku);
+        d.moves.sold.push(taken);
+        d.moves.held.push(held);
+        d.moves.released.push(0);
     }
     for (job, answer) in jobs.iter().zip(each) {
+        let (scope, key) = (job.scope.as_str(), job.key.as_str());
+        let shopper = job.request.shopper().identities();
         let record = match answer {
             BatchAnswer::Made(made @ Made::Order(order)) => {
-                d.order_ids.push(order.id);
-                d.names.push(order.customer_name.as_deref());
-                d.emails.push(order.email.as_deref());
-                d.totals.push(order.total_cents);
-                d.order_scopes.push(job.scope.as_str());
-                d.order_keys.push(job.key.as_str());
-                d.created.push(order.created_at);
-                d.shoppers
-                    .push(job.request.shopper().identities().join("\n"));
-                for line in &order.lines {
-                    d.line_orders.push(order.id);
-                    d.line_scopes.push(job.scope.as_str());
-                    d.skus.push(line.sku.as_str());
-                    d.quantities.push(line.quantity);
-                    d.prices.push(line.unit_price_cents);
-                }
-                d.events.push(made.event().payload);
+                // Sold from free stock; the ledger's actor is the key's scope.
+                d.orders.add(order, (scope, key), shopper, false, scope);
                 made_record(made)
             }
             BatchAnswer::Made(made @ Made::Hold(hold)) => {
@@ -402,14 +389,13 @@ fn columns<'a>(
                 h.ids.push(hold.id);
                 h.names.push(hold.customer_name.as_deref());
                 h.emails.push(hold.email.as_deref());
-                h.scopes.push(job.scope.as_str());
-                h.keys.push(job.key.as_str());
+                h.scopes.push(scope);
+                h.keys.push(key);
                 h.expires.push(hold.expires_at);
-                h.shoppers
-                    .push(job.request.shopper().identities().join("\n"));
+                h.shoppers.push(shopper.join("\n"));
                 for line in &hold.lines {
                     h.line_holds.push(hold.id);
-                    h.line_scopes.push(job.scope.as_str());
+                    h.line_scopes.push(scope);
                     h.skus.push(line.sku.as_str());
                     h.quantities.push(line.quantity);
                     h.prices.push(line.unit_price_cents);
@@ -420,8 +406,8 @@ fn columns<'a>(
             BatchAnswer::Short(shortages) => short_record(shortages),
             _ => continue,
         };
-        d.key_scopes.push(job.scope.as_str());
-        d.keys.push(job.key.as_str());
+        d.key_scopes.push(scope);
+        d.keys.push(key);
         d.fingerprints.push(job.fingerprint.as_str());
         d.statuses.push(record.status as i16);
         d.bodies.push(record.body);
