@@ -287,6 +287,12 @@ impl From<crate::checkout::InvalidOrder> for AppError {
     }
 }
 
+impl From<crate::inventory::change::Invalid> for AppError {
+    fn from(e: crate::inventory::change::Invalid) -> Self {
+        Self::Unprocessable(e.0)
+    }
+}
+
 impl From<crate::text::InvalidText> for AppError {
     fn from(e: crate::text::InvalidText) -> Self {
         Self::Unprocessable(sentence(&e.to_string()))

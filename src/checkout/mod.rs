@@ -61,34 +61,21 @@ pub mod sold_out;
 mod transact;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use sqlx::PgPool;
+use std::time::Duration;
 
 pub use batch::Batcher;
-pub use placement::{Made, OrderError, Outcome, Want, stale_after};
+pub use placement::{Deps, Made, OrderError, Outcome, Want, stale_after};
 pub use request::{InvalidOrder, MAX_LINES, OrderRequest, Quantity, RequestLine, Shopper};
 
-use crate::catalog::cache::CatalogCache;
 use crate::config::{OrderStrategy, Settings};
 use crate::idempotency::{IdempotencyKey, Scope};
-use crate::locking::Redis;
-use crate::metrics::Metrics;
 
-/// What placing an order or hold needs.
+/// What placing an order or hold needs: what every step reads and writes through, and
+/// the process's batch queue (the `batched` strategy's).
 #[derive(Clone, Copy)]
 pub struct OrderDeps<'a> {
-    pub db: &'a PgPool,
-    pub redis: &'a Redis,
-    pub settings: &'a Settings,
-    pub metrics: &'a Metrics,
+    pub steps: Deps<'a>,
     pub batcher: &'a Arc<Batcher>,
-    /// Forgotten for a SKU this process sells out, so its pages say so at once.
-    pub catalog: &'a CatalogCache,
-    /// When the request's client is answered whatever happens (its budget runs out): no
-    /// transaction starts for it after this. A commit sent before may still finish; its
-    /// key then replays the order.
-    pub answer_by: Instant,
 }
 
 /// Places `request` as what it wants (an order, or a hold with a cap per SKU) under `key`:
@@ -101,7 +88,8 @@ pub async fn place(
     key: &IdempotencyKey,
     request: &OrderRequest,
 ) -> Result<Outcome, OrderError> {
-    let cap = deps.settings.hold_max_per_sku;
+    let OrderDeps { steps, batcher } = deps;
+    let cap = steps.settings.hold_max_per_sku;
     if want == Want::Hold
         && let Some(line) = request.lines().iter().find(|l| l.quantity.get() > cap)
     {
@@ -111,19 +99,11 @@ pub async fn place(
             line.quantity.get()
         )));
     }
-    let keyed = placement::Keyed::new(deps.settings, want, scope, key, request);
-    let steps = placement::Deps {
-        db: deps.db,
-        redis: deps.redis,
-        settings: deps.settings,
-        metrics: deps.metrics,
-        catalog: deps.catalog,
-        answer_by: deps.answer_by,
-    };
+    let keyed = placement::Keyed::new(steps.settings, want, scope, key, request);
     // Under `batched` an order or hold goes straight to the process's queue: the batch's
     // transaction reads its key and its stock along with everyone else's.
-    let placed = if deps.settings.order_strategy == OrderStrategy::Batched {
-        place::place_batched(steps, deps.batcher, &keyed, request).await
+    let placed = if steps.settings.order_strategy == OrderStrategy::Batched {
+        place::place_batched(steps, batcher, &keyed, request).await
     } else {
         place::place(steps, &keyed, request).await
     };
@@ -134,7 +114,7 @@ pub async fn place(
             Ok(Outcome::Insufficient { .. }) => "insufficient",
             Err(e) => e.outcome(),
         };
-        deps.metrics.orders.with_label_values(&[outcome]).inc();
+        steps.metrics.orders.with_label_values(&[outcome]).inc();
     }
     placed
 }

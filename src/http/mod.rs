@@ -108,13 +108,15 @@ impl AppState {
     /// ([`middleware::answer_by`]).
     pub fn order_deps(&self, answer_by: std::time::Instant) -> OrderDeps<'_> {
         OrderDeps {
-            answer_by,
-            db: &self.db,
-            redis: &self.redis,
-            settings: &self.settings,
-            metrics: &self.metrics,
+            steps: crate::checkout::Deps {
+                answer_by,
+                db: &self.db,
+                redis: &self.redis,
+                settings: &self.settings,
+                metrics: &self.metrics,
+                catalog: &self.catalog,
+            },
             batcher: &self.batcher,
-            catalog: &self.catalog,
         }
     }
 }

@@ -22,15 +22,7 @@ pub async fn create_stock(
     )
     .execute(&mut *conn)
     .await?;
-    let entry = Entry {
-        delta: on_hand,
-        reserved_delta: 0,
-        reason: "initial",
-        reference: None,
-        note: None,
-        actor,
-    };
-    record_movement(conn, sku, entry).await
+    record_movement(conn, sku, Entry::of(on_hand, 0, "initial", actor)).await
 }
 
 /// The stock row of `sku`.
@@ -167,19 +159,11 @@ async fn claim_once(
     let Some(left) = left else {
         return why_not(conn, sku, quantity, fence).await;
     };
-    let (delta, reserved_delta, reason) = match claim {
-        Claim::Sell => (-quantity, 0, "order"),
-        Claim::Reserve => (0, quantity, "hold"),
+    let entry = match claim {
+        Claim::Sell => Entry::of(-quantity, 0, "order", actor),
+        Claim::Reserve => Entry::of(0, quantity, "hold", actor),
     };
-    let entry = Entry {
-        delta,
-        reserved_delta,
-        reason,
-        reference: Some(reference),
-        note: None,
-        actor,
-    };
-    record_movement(conn, sku, entry).await?;
+    record_movement(conn, sku, entry.for_ref(reference)).await?;
     Ok(Some(Take::Taken { left }))
 }
 
@@ -193,28 +177,8 @@ pub async fn sell_reserved(
     reference: &str,
     actor: &str,
 ) -> sqlx::Result<bool> {
-    let changed = sqlx::query!(
-        r#"update stock
-              set on_hand = on_hand - $2, reserved = reserved - $2, updated_at = now()
-            where sku = $1 and reserved >= $2"#,
-        sku.as_str(),
-        quantity,
-    )
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
-    if changed == 1 {
-        let entry = Entry {
-            delta: -quantity,
-            reserved_delta: -quantity,
-            reason: "order",
-            reference: Some(reference),
-            note: None,
-            actor,
-        };
-        record_movement(conn, sku, entry).await?;
-    }
-    Ok(changed == 1)
+    let entry = Entry::of(-quantity, -quantity, "order", actor);
+    release_reserved(conn, sku, entry.for_ref(reference)).await
 }
 
 /// Returns reserved units to sale (`reserved −= q`); `reason` is `release` or `expire`.
@@ -227,24 +191,30 @@ pub async fn unreserve(
     reference: &str,
     actor: &str,
 ) -> sqlx::Result<bool> {
+    let entry = Entry::of(0, -quantity, reason, actor);
+    release_reserved(conn, sku, entry.for_ref(reference)).await
+}
+
+/// Applies `entry` to units that are reserved (`entry.reserved_delta` is −q; its `delta`
+/// sells them, or 0 returns them to sale), with its ledger row. False, and nothing
+/// changed, when fewer than q are reserved.
+async fn release_reserved(
+    conn: &mut PgConnection,
+    sku: &Sku,
+    entry: Entry<'_>,
+) -> sqlx::Result<bool> {
     let changed = sqlx::query!(
-        r#"update stock set reserved = reserved - $2, updated_at = now()
-            where sku = $1 and reserved >= $2"#,
+        r#"update stock
+              set on_hand = on_hand + $2, reserved = reserved + $3, updated_at = now()
+            where sku = $1 and reserved >= -$3::int"#,
         sku.as_str(),
-        quantity,
+        entry.delta,
+        entry.reserved_delta,
     )
     .execute(&mut *conn)
     .await?
     .rows_affected();
     if changed == 1 {
-        let entry = Entry {
-            delta: 0,
-            reserved_delta: -quantity,
-            reason,
-            reference: Some(reference),
-            note: None,
-            actor,
-        };
         record_movement(conn, sku, entry).await?;
     }
     Ok(changed == 1)
@@ -359,14 +329,7 @@ pub async fn take_stock_naive(
     )
     .execute(&mut *conn)
     .await?;
-    let entry = Entry {
-        delta: -quantity,
-        reserved_delta: 0,
-        reason: "order",
-        reference: Some(reference),
-        note: None,
-        actor,
-    };
+    let entry = Entry::of(-quantity, 0, "order", actor).for_ref(reference);
     record_movement(conn, sku, entry).await?;
     Ok(Take::Taken {
         left: on_hand - quantity - reserved,
@@ -414,6 +377,36 @@ pub struct Entry<'a> {
     /// Why a person made the change.
     pub note: Option<&'a str>,
     pub actor: &'a str,
+}
+
+impl<'a> Entry<'a> {
+    /// A row of `reason` by `actor`: `delta` to on_hand, `reserved_delta` to reserved.
+    pub fn of(delta: i32, reserved_delta: i32, reason: &'a str, actor: &'a str) -> Self {
+        Self {
+            delta,
+            reserved_delta,
+            reason,
+            reference: None,
+            note: None,
+            actor,
+        }
+    }
+
+    /// For the order or hold `reference`.
+    pub fn for_ref(self, reference: &'a str) -> Self {
+        Self {
+            reference: Some(reference),
+            ..self
+        }
+    }
+
+    /// With a person's reason.
+    pub fn noting(self, note: &'a str) -> Self {
+        Self {
+            note: Some(note),
+            ..self
+        }
+    }
 }
 
 /// Appends one ledger row; every ledger write but the sweeper's bulk insert comes here.
@@ -505,14 +498,7 @@ pub async fn restock(
     .fetch_optional(&mut *conn)
     .await?;
     if let Some(on_hand) = on_hand {
-        let entry = Entry {
-            delta: units,
-            reserved_delta: 0,
-            reason: "restock",
-            reference: None,
-            note: Some(note),
-            actor,
-        };
+        let entry = Entry::of(units, 0, "restock", actor).noting(note);
         record_movement(conn, sku, entry).await?;
         let event = Event::stock_adjusted(sku.as_str(), "restock", units, on_hand, actor);
         crate::events::db::record(conn, event).await?;
@@ -543,14 +529,7 @@ pub async fn adjust(
     .rows_affected();
     if changed == 1 {
         if new != expected {
-            let entry = Entry {
-                delta: new - expected,
-                reserved_delta: 0,
-                reason: "adjust",
-                reference: None,
-                note: Some(note),
-                actor,
-            };
+            let entry = Entry::of(new - expected, 0, "adjust", actor).noting(note);
             record_movement(conn, sku, entry).await?;
             let event = Event::stock_adjusted(sku.as_str(), "adjust", new - expected, new, actor);
             crate::events::db::record(conn, event).await?;

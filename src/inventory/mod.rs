@@ -2,6 +2,7 @@
 //! module and writes a `stock_movements` row in the same transaction, so the ledger always
 //! sums to the stock row (invariant I1).
 
+pub mod change;
 pub mod db;
 pub mod group;
 pub mod ledger;

@@ -194,14 +194,9 @@ pub async fn cancel(
     }
     let reference = id.to_string();
     for (sku, quantity) in db::lines_to_restock(&mut tx, id).await? {
-        let entry = crate::inventory::db::Entry {
-            delta: quantity,
-            reserved_delta: 0,
-            reason: "cancel",
-            reference: Some(&reference),
-            note: Some(note),
-            actor,
-        };
+        let entry = crate::inventory::db::Entry::of(quantity, 0, "cancel", actor)
+            .for_ref(&reference)
+            .noting(note);
         crate::inventory::db::add_on_hand(&mut tx, &sku, entry).await?;
     }
     db::set_cancelled(&mut tx, id).await?;

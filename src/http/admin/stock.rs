@@ -17,9 +17,10 @@ use crate::catalog::manage::ProductRow;
 use crate::error::AppError;
 use crate::http::{AppState, Chrome, csrf, html};
 use crate::idempotency::StoredResponse;
-use crate::inventory::db::{self as stock, Adjusted};
+use crate::inventory::change::{self, Change, Refused};
 use crate::inventory::ledger::{self, Movement};
 use crate::inventory::reports;
+use crate::text::whole_number;
 
 #[derive(Deserialize)]
 pub struct StockForm {
@@ -35,43 +36,6 @@ pub struct StockForm {
     on_hand: String,
     #[serde(default)]
     reason: String,
-}
-
-pub(super) fn reason_of(raw: &str) -> Result<String, AppError> {
-    crate::text::single_line("The reason", raw)?;
-    let reason = raw.trim();
-    if reason.is_empty() {
-        return Err(AppError::Unprocessable(
-            "Please give a reason for the change (it goes into the ledger).".into(),
-        ));
-    }
-    if reason.chars().count() > 500 {
-        return Err(AppError::Unprocessable(
-            "A reason is at most 500 characters.".into(),
-        ));
-    }
-    Ok(reason.to_string())
-}
-
-/// A restock that would take a product past what its count can hold.
-pub(super) fn too_much(units: i32) -> AppError {
-    AppError::Unprocessable(format!(
-        "Adding {units} units would take this product past the most it can have on hand \
-         ({}); nothing was changed.",
-        stock::MAX_ON_HAND
-    ))
-}
-
-fn whole(raw: &str, what: &str, min: i32, max: i32) -> Result<i32, AppError> {
-    raw.trim()
-        .parse::<i32>()
-        .ok()
-        .filter(|n| (min..=max).contains(n))
-        .ok_or_else(|| {
-            AppError::Unprocessable(format!(
-                "{what} must be a whole number from {min} to {max}."
-            ))
-        })
 }
 
 /// The product's page again, saying why a stock form changed nothing: 422 for a value it
@@ -122,36 +86,8 @@ pub async fn post_restock(
     path: web::Path<String>,
     form: web::Form<StockForm>,
 ) -> Result<HttpResponse, AppError> {
-    csrf::check_admin(&admin, &form.csrf)?;
-    let key = form_key(&form.key)?;
-    let (sku, _) = load_product(&state, &path).await?;
-    let checked = whole(&form.units, "Units to add", 1, 10_000_000)
-        .and_then(|units| Ok((units, reason_of(&form.reason)?)));
-    let (units, reason) = match checked {
-        Ok(v) => v,
-        Err(e) => return invalid(&req, &admin, &state, &sku, e).await,
-    };
-    let fingerprint = ("restock", sku.as_str(), units, reason.clone());
-    let (restocked, actor) = (sku.clone(), admin.username.clone());
-    let answer = apply_form(
-        &state,
-        &admin,
-        &key,
-        &fingerprint,
-        async move |tx: &mut PgConnection| -> Result<StoredResponse, AppError> {
-            let on_hand = stock::restock(tx, &restocked, units, &reason, &actor)
-                .await?
-                .ok_or_else(|| too_much(units))?;
-            let outcome = FormOutcome {
-                page: format!("/admin/products/{restocked}"),
-                notice: format!("Added {units} units; {on_hand} on hand now."),
-            };
-            Ok(outcome.stored())
-        },
-    )
-    .await??;
-    state.stock_changed(&sku).await;
-    Ok(answer)
+    let checked = Change::restock(whole_number(&form.units), "Units to add");
+    apply(req, admin, state, path, form, checked).await
 }
 
 /// "Set the count to N": compare-and-set against the count the form was rendered with.
@@ -164,50 +100,66 @@ pub async fn post_adjust(
     path: web::Path<String>,
     form: web::Form<StockForm>,
 ) -> Result<HttpResponse, AppError> {
+    let checked = Change::adjust(
+        (whole_number(&form.expected), "The count the form showed"),
+        (whole_number(&form.on_hand), "The new count"),
+    );
+    apply(req, admin, state, path, form, checked).await
+}
+
+/// Applies a stock form's change once per form: the product's page with a notice, or
+/// again with the refusal (422 for a value, 409 when stock moved under the form).
+async fn apply(
+    req: HttpRequest,
+    admin: Admin,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    form: web::Form<StockForm>,
+    checked: Result<Change, change::Invalid>,
+) -> Result<HttpResponse, AppError> {
     csrf::check_admin(&admin, &form.csrf)?;
     let key = form_key(&form.key)?;
     let (sku, _) = load_product(&state, &path).await?;
-    let checked = (|| {
-        let expected = whole(&form.expected, "The count the form showed", 0, i32::MAX)?;
-        let new = whole(&form.on_hand, "The new count", 0, 10_000_000)?;
-        Ok::<_, AppError>((expected, new, reason_of(&form.reason)?))
-    })();
-    let (expected, new, reason) = match checked {
+    let checked = checked.and_then(|c| Ok((c, change::reason(&form.reason)?)));
+    let (change, reason) = match checked {
         Ok(v) => v,
-        Err(e) => return invalid(&req, &admin, &state, &sku, e).await,
+        Err(e) => return invalid(&req, &admin, &state, &sku, e.into()).await,
     };
-    let fingerprint = ("adjust", sku.as_str(), expected, new, reason.clone());
-    let (adjusted, actor) = (sku.clone(), admin.username.clone());
+    let fingerprint = change.fingerprint(&sku, &reason);
+    let (changed, actor) = (sku.clone(), admin.username.clone());
     let answer = apply_form(
         &state,
         &admin,
         &key,
         &fingerprint,
         async move |tx: &mut PgConnection| -> Result<StoredResponse, NotSet> {
-            let outcome = stock::adjust(tx, &adjusted, expected, new, &reason, &actor)
-                .await
-                .map_err(AppError::from)?;
-            match outcome {
-                Adjusted::Done => {
-                    let outcome = FormOutcome {
-                        page: format!("/admin/products/{adjusted}"),
-                        notice: format!("On hand set to {new}."),
-                    };
-                    Ok(outcome.stored())
-                }
-                Adjusted::Moved { on_hand } => Err(NotSet::Moved { on_hand }),
-                Adjusted::BelowReserved { reserved } => Err(NotSet::BelowReserved { reserved }),
-            }
+            let applied = change.apply(tx, &changed, &reason, &actor).await;
+            let on_hand = applied.map_err(AppError::from)?.map_err(NotSet::Refused)?;
+            let notice = match change {
+                Change::Restock { units } => format!("Added {units} units; {on_hand} on hand now."),
+                Change::Adjust { new, .. } => format!("On hand set to {new}."),
+            };
+            let page = format!("/admin/products/{changed}");
+            Ok(FormOutcome { page, notice }.stored())
         },
     )
     .await?;
-    let (notice, moved) = match answer {
+    let refusal = match answer {
         Ok(answer) => {
             state.stock_changed(&sku).await;
             return Ok(answer);
         }
         Err(NotSet::Failed(e)) => return Err(e),
-        Err(NotSet::Moved { on_hand }) => (
+        Err(NotSet::Refused(refusal)) => refusal,
+    };
+    let (status, notice, moved) = match (refusal, change) {
+        (Refused::TooMuch { .. }, _) => {
+            let status = StatusCode::UNPROCESSABLE_ENTITY;
+            (status, refusal.sentence(change), None)
+        }
+        // In the form's own words: the page shows the new count beside the field.
+        (Refused::Moved { on_hand }, Change::Adjust { expected, .. }) => (
+            StatusCode::CONFLICT,
             format!(
                 "Stock moved while you were counting: the form showed {expected} on hand, \
                  now there are {on_hand}. Nothing was changed; check the new figure and \
@@ -215,28 +167,15 @@ pub async fn post_adjust(
             ),
             Some(on_hand),
         ),
-        Err(NotSet::BelowReserved { reserved }) => (
-            format!("{reserved} units are held in checkouts; the count cannot go below that."),
-            None,
-        ),
+        _ => (StatusCode::CONFLICT, refusal.sentence(change), None),
     };
-    refused(
-        &req,
-        &admin,
-        &state,
-        &sku,
-        StatusCode::CONFLICT,
-        notice,
-        moved,
-    )
-    .await
+    refused(&req, &admin, &state, &sku, status, notice, moved).await
 }
 
-/// Why a count was not set: stock moved under the form (nothing changed, nothing stored
-/// under the key, so the same form may be sent again), or an error.
+/// Why a form's change was not made: refused (nothing changed, nothing stored under the
+/// key, so the same form may be sent again), or an error.
 enum NotSet {
-    Moved { on_hand: i32 },
-    BelowReserved { reserved: i32 },
+    Refused(Refused),
     Failed(AppError),
 }
 

@@ -15,7 +15,6 @@ use sqlx::PgConnection;
 use super::check_api_csrf;
 use super::dashboard::{Dashboard, dashboard};
 use super::once::{admin_key, apply_once};
-use super::stock::{reason_of, too_much};
 use super::webhooks::{
     DELIVERIES_SHOWN, DeliveriesQuery, check_new, delivery_id, endpoint_id, status_filter,
 };
@@ -35,7 +34,7 @@ use crate::http::contract::{
 };
 use crate::http::json::Json;
 use crate::idempotency::{Once, Scope, StoredResponse};
-use crate::inventory::db::{self as stock, Adjusted};
+use crate::inventory::change::{self, Change, Refused};
 
 /// The dashboard's numbers: stock, orders, holds, events.
 #[utoipa::path(
@@ -277,33 +276,9 @@ pub async fn post_api_restock(
     check_api_csrf(&req, &admin)?;
     let body: RestockBody = crate::http::json::fit(body.into_inner())?;
     let sku = existing_sku(&state, &path).await?;
-    // Bounds are checked here, before any SQL: a count the column cannot hold is a 422.
-    let units = i32::try_from(body.units)
-        .ok()
-        .filter(|n| (1..=10_000_000).contains(n))
-        .ok_or_else(|| AppError::Unprocessable("units must be from 1 to 10,000,000.".into()))?;
-    let reason = reason_of(&body.reason)?;
-    let fingerprint = ("restock", sku.as_str(), units, reason.clone());
-    let key = admin_key(&admin, &crate::http::api::idempotency_key(&req)?)?;
-    let actor = admin.username.clone();
-    let restocked = sku.clone();
-    let once = apply_once(
-        &state,
-        Scope::Admin,
-        key,
-        &fingerprint,
-        Duration::ZERO,
-        async move |tx: &mut PgConnection| -> Result<StoredResponse, AppError> {
-            let sku = restocked;
-            let on_hand = stock::restock(tx, &sku, units, &reason, &actor)
-                .await?
-                .ok_or_else(|| too_much(units))?;
-            Ok(StockLevel { sku, on_hand }.stored())
-        },
-    )
-    .await??;
-    state.stock_changed(&sku).await;
-    api_answer(once)
+    let change = Change::restock(Some(body.units), "units")?;
+    let reason = change::reason(&body.reason)?;
+    apply_change(&req, &admin, &state, sku, change, reason).await
 }
 
 /// Sets a product's on-hand count (a ledger row for the difference), once per
@@ -333,50 +308,54 @@ pub async fn post_api_adjust(
     check_api_csrf(&req, &admin)?;
     let body: AdjustBody = crate::http::json::fit(body.into_inner())?;
     let sku = existing_sku(&state, &path).await?;
-    let new = i32::try_from(body.on_hand)
-        .ok()
-        .filter(|n| (0..=10_000_000).contains(n))
-        .ok_or_else(|| AppError::Unprocessable("on_hand must be from 0 to 10,000,000.".into()))?;
-    let expected = i32::try_from(body.expected_on_hand)
-        .ok()
-        .filter(|n| *n >= 0)
-        .ok_or_else(|| {
-            AppError::Unprocessable(format!(
-                "expected_on_hand must be from 0 to {}.",
-                stock::MAX_ON_HAND
-            ))
-        })?;
-    let reason = reason_of(&body.reason)?;
-    let fingerprint = ("adjust", sku.as_str(), expected, new, reason.clone());
-    let key = admin_key(&admin, &crate::http::api::idempotency_key(&req)?)?;
+    let change = Change::adjust(
+        (Some(body.expected_on_hand), "expected_on_hand"),
+        (Some(body.on_hand), "on_hand"),
+    )?;
+    let reason = change::reason(&body.reason)?;
+    apply_change(&req, &admin, &state, sku, change, reason).await
+}
+
+/// Applies a stock change once per `Idempotency-Key`: the stock after it, or the refusal
+/// (422 past what a count can hold, 409 when stock moved or holds keep the units).
+async fn apply_change(
+    req: &HttpRequest,
+    admin: &Admin,
+    state: &AppState,
+    sku: Sku,
+    change: Change,
+    reason: String,
+) -> Result<HttpResponse, AppError> {
+    let fingerprint = change.fingerprint(&sku, &reason);
+    let key = admin_key(admin, &crate::http::api::idempotency_key(req)?)?;
     let actor = admin.username.clone();
-    let adjusted = sku.clone();
+    let changed = sku.clone();
     let once = apply_once(
-        &state,
+        state,
         Scope::Admin,
         key,
         &fingerprint,
         Duration::ZERO,
         async move |tx: &mut PgConnection| -> Result<StoredResponse, AppError> {
-            let sku = adjusted;
-            match stock::adjust(tx, &sku, expected, new, &reason, &actor).await? {
-                Adjusted::Done => Ok(StockLevel { sku, on_hand: new }.stored()),
-                Adjusted::Moved { on_hand } => Err(AppError::Conflict {
-                    message: format!(
-                        "Stock moved: expected {expected} on hand, but there are {on_hand}; \
-                         nothing was changed."
-                    ),
+            let sku = changed;
+            let refusal = match change.apply(tx, &sku, &reason, &actor).await? {
+                Ok(on_hand) => return Ok(StockLevel { sku, on_hand }.stored()),
+                Err(refusal) => refusal,
+            };
+            let message = refusal.sentence(change);
+            Err(match refusal {
+                Refused::TooMuch { .. } => AppError::Unprocessable(message),
+                Refused::Moved { on_hand } => AppError::Conflict {
+                    message,
                     retry_after: None,
                     details: Some(serde_json::json!({"on_hand": on_hand})),
-                }),
-                Adjusted::BelowReserved { reserved } => Err(AppError::Conflict {
-                    message: format!(
-                        "{reserved} units are held in checkouts; on_hand cannot go below that."
-                    ),
+                },
+                Refused::BelowReserved { reserved } => AppError::Conflict {
+                    message,
                     retry_after: None,
                     details: Some(serde_json::json!({"reserved": reserved})),
-                }),
-            }
+                },
+            })
         },
     )
     .await??;
@@ -570,7 +549,7 @@ mod tests {
         let samples: Vec<&str> = samples.iter().map(String::as_str).collect();
         agrees(
             &plain_line(1, 500),
-            |s| super::reason_of(s).is_ok(),
+            |s| crate::inventory::change::reason(s).is_ok(),
             &samples,
         );
         agrees(
