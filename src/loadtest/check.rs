@@ -15,7 +15,8 @@ use crate::config::Settings;
 #[derive(Debug, Clone, Serialize)]
 pub struct Verdict {
     pub id: &'static str,
-    pub name: &'static str,
+    /// What holds, as [`statement`] says it; with the part a partial check reads.
+    pub name: String,
     pub pass: bool,
     /// Offending rows, one line each (at most [`MAX_ROWS`] shown).
     pub rows: Vec<String>,
@@ -26,9 +27,40 @@ pub struct Verdict {
 /// Most offending rows kept per invariant.
 pub const MAX_ROWS: usize = 20;
 
-pub(crate) fn verdict(id: &'static str, name: &'static str, mut rows: Vec<String>) -> Verdict {
+/// What invariant `id` says, stated once for the full check and the quick one.
+pub fn statement(id: &str) -> &'static str {
+    match id {
+        "I1" => "ledger conservation: initial + restocks − adjustments = on_hand + sold",
+        "I2" => "no negative stock, no unit sold twice (oversell)",
+        "I3" => "one order and one answer per idempotency key",
+        "I4" => "every acknowledged order exists",
+        "I5" => "no order for a request the client was told failed",
+        "I6" => {
+            "quiet state: no leases, idle transactions, expired active holds or stale in-flight keys"
+        }
+        "I7" => {
+            "every order has exactly one order.placed event (within the event retention), and every such event an order"
+        }
+        "I8" => {
+            "every hold and order of a drop's product, placed while the drop bound it, was placed by a shopper it admitted"
+        }
+        _ => "an invariant not listed",
+    }
+}
+
+/// The verdict on invariant `id`, from the rows that break it.
+pub(crate) fn verdict(id: &'static str, rows: Vec<String>) -> Verdict {
+    verdict_on(id, None, rows)
+}
+
+/// The verdict on the `part` of invariant `id` a partial check reads (`check --quick`).
+pub(crate) fn verdict_on(id: &'static str, part: Option<&str>, mut rows: Vec<String>) -> Verdict {
     let violations = rows.len();
     rows.truncate(MAX_ROWS);
+    let name = match part {
+        Some(part) => format!("{} ({part})", statement(id)),
+        None => statement(id).to_string(),
+    };
     Verdict {
         id,
         name,
@@ -155,19 +187,11 @@ pub async fn check(
 
     // I1: conservation — the ledger sums to the stock row; sales match order lines.
     let rows = conservation_rows(&balances);
-    verdicts.push(verdict(
-        "I1",
-        "ledger conservation: initial + restocks − adjustments = on_hand + sold",
-        rows,
-    ));
+    verdicts.push(verdict("I1", rows));
 
     // I2: never below zero, never more sold than existed.
     let rows = level_rows(&balances);
-    verdicts.push(verdict(
-        "I2",
-        "no negative stock, no unit sold twice (oversell)",
-        rows,
-    ));
+    verdicts.push(verdict("I2", rows));
 
     // I3: at most one order per idempotency key, and one answer: the client was never told
     // two different things about one request.
@@ -188,11 +212,7 @@ pub async fn check(
     if let Some(log) = log {
         rows.extend(contradictions(log));
     }
-    verdicts.push(verdict(
-        "I3",
-        "one order and one answer per idempotency key",
-        rows,
-    ));
+    verdicts.push(verdict("I3", rows));
 
     if let Some(log) = log {
         // I4: every acknowledged order exists.
@@ -212,7 +232,7 @@ pub async fn check(
             .difference(&found)
             .map(|id| format!("order {id} was acknowledged with 201 but does not exist"))
             .collect();
-        verdicts.push(verdict("I4", "every acknowledged order exists", rows));
+        verdicts.push(verdict("I4", rows));
 
         // I5: a key the client was definitely refused on (and never told "created") has no
         // order; keys that only ever saw no answer may go either way. (Only the first body
@@ -245,11 +265,7 @@ pub async fn check(
             )
         })
         .collect();
-        verdicts.push(verdict(
-            "I5",
-            "no order for a request the client was told failed",
-            rows,
-        ));
+        verdicts.push(verdict("I5", rows));
     }
 
     // I6: quiet state — no leases left, no idle transactions, no expired holds still active,
@@ -271,11 +287,7 @@ pub async fn check(
         .await?,
     );
     rows.extend(leases);
-    verdicts.push(verdict(
-        "I6",
-        "quiet state: no leases, idle transactions, expired active holds or stale in-flight keys",
-        rows,
-    ));
+    verdicts.push(verdict("I6", rows));
 
     // I7: the outbox — every order announced exactly once, and no announcement of an
     // order that does not exist (one written by a transaction that rolled back). Not asked
@@ -308,20 +320,12 @@ pub async fn check(
     )
     .fetch_all(&mut *tx)
     .await?;
-    verdicts.push(verdict(
-        "I7",
-        "every order has exactly one order.placed event (within the event retention), and every such event an order",
-        rows,
-    ));
+    verdicts.push(verdict("I7", rows));
     let has_drops = sqlx::query_scalar!(r#"select to_regclass('drops') is not null as "has!""#)
         .fetch_one(&mut *tx)
         .await?;
     if has_drops {
-        verdicts.push(verdict(
-            "I8",
-            "every hold and order of a drop's product, placed while the drop bound it, was placed by a shopper it admitted",
-            without_pass(&mut tx).await?,
-        ));
+        verdicts.push(verdict("I8", without_pass(&mut tx).await?));
     }
     tx.rollback().await?;
     Ok(verdicts)

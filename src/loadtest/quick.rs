@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::{Acquire, PgPool};
 
-use super::check::{SkuBalance, Verdict, conservation_rows, level_rows, stuck_work, verdict};
+use super::check::{SkuBalance, Verdict, conservation_rows, level_rows, stuck_work, verdict_on};
 
 /// How far before its last run a quick check looks at orders: an order is dated by the
 /// app when it is decided, a moment before it commits, so one committed just after a run
@@ -172,18 +172,14 @@ async fn checked(
         .fetch_all(&mut *tx)
         .await?,
     );
-    verdicts.push(verdict(
+    verdicts.push(verdict_on(
         "I1",
-        "ledger conservation (the stock rows, and each sale since the last checkpoint)",
+        Some("the stock rows, and each sale since the last checkpoint"),
         rows,
     ));
 
     let rows = level_rows(&balances);
-    verdicts.push(verdict(
-        "I2",
-        "no negative stock, no unit sold twice (oversell)",
-        rows,
-    ));
+    verdicts.push(verdict_on("I2", None, rows));
 
     let from = cursor.orders_from;
     let rows = sqlx::query_scalar!(
@@ -197,17 +193,13 @@ async fn checked(
     )
     .fetch_all(&mut *tx)
     .await?;
-    verdicts.push(verdict(
-        "I3",
-        "one order per idempotency key (recent orders)",
-        rows,
-    ));
+    verdicts.push(verdict_on("I3", Some("recent orders"), rows));
 
     let minute = Duration::from_secs(60);
     let rows = stuck_work(&mut tx, minute, stale_after + minute).await?;
-    verdicts.push(verdict(
+    verdicts.push(verdict_on(
         "I6",
-        "live: no hold active past its expiry, no request in flight past the stale window",
+        Some("live: the holds and in-flight keys only"),
         rows,
     ));
 
@@ -228,11 +220,7 @@ async fn checked(
     )
     .fetch_all(&mut *tx)
     .await?;
-    verdicts.push(verdict(
-        "I7",
-        "each recent order has exactly one order.placed event, and each such event an order",
-        rows,
-    ));
+    verdicts.push(verdict_on("I7", Some("recent orders"), rows));
 
     let recent_orders: i64 = sqlx::query_scalar!(
         r#"select count(*) as "n!" from orders where created_at >= $1"#,
