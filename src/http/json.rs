@@ -56,6 +56,36 @@ impl<T: DeserializeOwned + 'static> FromRequest for Json<T> {
     }
 }
 
+/// A request body that checks itself on the way in, in its own words (see [`Body`]).
+pub trait FromBody: Sized {
+    /// The body as `Self`, or what does not fit, as the API answers it (422).
+    fn from_body(value: Value) -> Result<Self, AppError>;
+}
+
+/// A JSON body read by the rule above, then checked by `T` itself: for a body whose
+/// refusals say more than serde's (the shape it wants, or which member may not be sent).
+#[derive(Debug)]
+pub struct Body<T>(pub T);
+
+impl<T: FromBody + 'static> FromRequest for Body<T> {
+    type Error = AppError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self, AppError>>>>;
+
+    fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
+        let body = JsonBody::<Strict>::new(req, payload, None, true).limit(JSON_LIMIT);
+        Box::pin(async move {
+            let Strict(value) = body.await.map_err(payload_error)?;
+            T::from_body(value).map(Body)
+        })
+    }
+}
+
+/// `value` as `T`, or 422 saying the body must be `shape`, with serde's reason in words.
+pub fn shaped<T: DeserializeOwned>(value: Value, shape: &str) -> Result<T, AppError> {
+    serde_json::from_value(value)
+        .map_err(|e| AppError::Unprocessable(format!("The body must be {shape}: {}.", plain(&e))))
+}
+
 /// An optional body (`POST /api/v1/holds/{id}/confirm`): `None` when it is empty or only
 /// whitespace; otherwise it must be JSON by the same rule as [`Json`].
 pub fn optional<T: DeserializeOwned>(
@@ -77,8 +107,7 @@ pub fn optional<T: DeserializeOwned>(
 }
 
 /// `value` as `T`: an object whose fields fit, else 422. (Every body the API takes is an
-/// object; serde alone would also take an array of a struct's field values.) Handlers that
-/// check a CSRF token first take `Json<Value>` and call this after the check.
+/// object; serde alone would also take an array of a struct's field values.)
 pub fn fit<T: DeserializeOwned>(value: Value) -> Result<T, AppError> {
     if !value.is_object() {
         return Err(AppError::Unprocessable(

@@ -17,6 +17,7 @@ pub mod middleware;
 mod multipart;
 pub mod openapi;
 pub mod params;
+pub mod paths;
 pub mod shop;
 
 use std::sync::Arc;

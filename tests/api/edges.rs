@@ -203,7 +203,7 @@ async fn messages_quote_what_was_asked_for_without_rust_debug_text() {
     let (status, page) = app.get_text("/products/xx%20yy").await;
     assert_eq!(status, 404);
     assert!(
-        page.contains("We have no product with SKU &#34;xx yy&#34;."),
+        page.contains("No product with SKU &#34;xx yy&#34;."),
         "{page}"
     );
 

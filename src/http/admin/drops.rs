@@ -32,7 +32,7 @@ pub(super) fn drop_error(e: DropError) -> AppError {
 
 /// What the new-drop form and the admin API's body say, as text and numbers.
 #[derive(Debug, Deserialize)]
-pub(super) struct DropForm {
+pub struct DropForm {
     pub(super) sku: String,
     /// RFC 3339, or `+SECONDS` from now.
     pub(super) opens_at: String,

@@ -384,6 +384,24 @@ fn page_chrome(req: &HttpRequest, admin: &Admin) -> Chrome {
     chrome
 }
 
+/// An admin API write: the session's admin, whose request carries the session's CSRF
+/// token (`X-CSRF-Token`). Taken before the body, it refuses a forged request (403) before
+/// anything of its body is read: such a request learns nothing, not even how its body is
+/// wrong.
+pub struct AdminWrite(pub Admin);
+
+impl FromRequest for AdminWrite {
+    type Error = AppError;
+    type Future = std::future::Ready<Result<Self, AppError>>;
+
+    fn from_request(req: &HttpRequest, payload: &mut actix_web::dev::Payload) -> Self::Future {
+        let checked = Admin::from_request(req, payload)
+            .into_inner()
+            .and_then(|admin| check_api_csrf(req, &admin).map(|()| AdminWrite(admin)));
+        std::future::ready(checked)
+    }
+}
+
 /// The admin API's CSRF token, sent as a header by browser clients of the API.
 fn check_api_csrf(req: &HttpRequest, admin: &Admin) -> Result<(), AppError> {
     let token = req

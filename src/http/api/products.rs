@@ -9,6 +9,7 @@ use crate::error::AppError;
 use crate::http::AppState;
 use crate::http::contract::inputs::{CategoryFilter, PageNumber, SearchWords, SkuInput, SortOrder};
 use crate::http::contract::{LookupErrors, SearchErrors};
+use crate::http::paths::{SkuPath, no_product};
 
 /// A product as the API shows it.
 #[derive(Serialize, utoipa::ToSchema)]
@@ -123,15 +124,9 @@ pub async fn get_products(
 )]
 pub async fn get_product(
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    SkuPath(sku): SkuPath,
 ) -> Result<HttpResponse, AppError> {
-    let not_found = || {
-        AppError::not_found(format!(
-            "No product with SKU {}.",
-            crate::text::quoted(&path)
-        ))
-    };
-    let sku = Sku::parse(&path).map_err(|_| not_found())?;
+    let not_found = || no_product(sku.as_str());
     let product = state
         .read(async |db| Ok(state.catalog.product(db, &sku).await?))
         .await?

@@ -7,6 +7,7 @@ use askama_web::WebTemplate;
 
 use crate::catalog::{ProductView, Sku, images};
 use crate::error::AppError;
+use crate::http::paths::{SkuPath, no_product};
 use crate::http::{AppState, Chrome};
 
 #[derive(Template, WebTemplate)]
@@ -27,19 +28,13 @@ impl ProductPage {
     }
 }
 
-#[tracing::instrument(skip_all, fields(sku = %path))]
+#[tracing::instrument(skip_all, fields(sku = %sku.as_str()))]
 pub async fn get_product(
     req: HttpRequest,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    SkuPath(sku): SkuPath,
 ) -> Result<ProductPage, AppError> {
-    let not_found = || {
-        AppError::not_found(format!(
-            "We have no product with SKU {}.",
-            crate::text::quoted(&path)
-        ))
-    };
-    let sku = Sku::parse(&path).map_err(|_| not_found())?;
+    let not_found = || no_product(sku.as_str());
     let product = state
         .read(async |db| Ok(state.catalog.product(db, &sku).await?))
         .await?

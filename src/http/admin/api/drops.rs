@@ -1,10 +1,10 @@
 //! The admin API's drops: list, schedule, read one live, and pause, resume or end one.
 
 use actix_web::http::header;
-use actix_web::{HttpRequest, HttpResponse, web};
+use actix_web::{HttpResponse, web};
 use uuid::Uuid;
 
-use super::super::check_api_csrf;
+use super::super::AdminWrite;
 use super::super::drops::{DropForm, apply_change, drop_error};
 use crate::admin::Admin;
 use crate::drops::db::Change;
@@ -12,7 +12,7 @@ use crate::drops::live::{Live, live};
 use crate::error::AppError;
 use crate::http::AppState;
 use crate::http::contract::{AdminActionErrors, AdminCreateErrors, AdminReadErrors};
-use crate::http::json::Json;
+use crate::http::json::{Body, FromBody};
 
 /// A drop to schedule.
 #[derive(utoipa::ToSchema)]
@@ -83,6 +83,13 @@ pub async fn get_api_drops(
     Ok(no_store(HttpResponse::Ok(), &all))
 }
 
+impl FromBody for DropForm {
+    fn from_body(value: serde_json::Value) -> Result<Self, crate::error::AppError> {
+        let shape = r#"{"sku": …, "opens_at": "<RFC 3339 or +SECONDS>", "queueing": "fifo" or "lottery", "admit_per_minute": N, …}"#;
+        crate::http::json::shaped(value, shape)
+    }
+}
+
 /// Schedules a drop. Its product needs a pass from the queue for every hold and order
 /// from a few seconds after this answer until the drop ends.
 #[utoipa::path(
@@ -99,19 +106,10 @@ pub async fn get_api_drops(
     )
 )]
 pub async fn post_api_drops(
-    req: HttpRequest,
-    admin: Admin,
+    AdminWrite(admin): AdminWrite,
     state: web::Data<AppState>,
-    body: Json<serde_json::Value>,
+    Body(form): Body<DropForm>,
 ) -> Result<HttpResponse, AppError> {
-    check_api_csrf(&req, &admin)?;
-    let form: DropForm = serde_json::from_value(body.into_inner()).map_err(|e| {
-        AppError::Unprocessable(format!(
-            "The body must be {{\"sku\": …, \"opens_at\": \"<RFC 3339 or +SECONDS>\", \
-             \"queueing\": \"fifo\" or \"lottery\", \"admit_per_minute\": N, …}}: {}.",
-            crate::http::json::plain(&e)
-        ))
-    })?;
     let new = form.parse()?;
     let drop = crate::drops::db::create(&state.db, &new)
         .await
@@ -174,12 +172,10 @@ pub async fn get_api_drop(
     )
 )]
 pub async fn post_api_drop_change(
-    req: HttpRequest,
-    admin: Admin,
+    AdminWrite(admin): AdminWrite,
     state: web::Data<AppState>,
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, AppError> {
-    check_api_csrf(&req, &admin)?;
     let (id, action) = path.into_inner();
     let change = Change::parse(&action)
         .ok_or_else(|| AppError::not_found("A drop can be paused, resumed or ended."))?;

@@ -12,7 +12,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 
-use super::check_api_csrf;
+use super::AdminWrite;
 use super::dashboard::{Dashboard, dashboard};
 use super::once::{admin_key, apply_once};
 use super::webhooks::{
@@ -32,7 +32,8 @@ use crate::http::contract::{
     AdminActionErrors, AdminCreateErrors, AdminEditErrors, AdminListErrors, AdminReadErrors,
     AdminStockErrors,
 };
-use crate::http::json::Json;
+use crate::http::json::{Body, FromBody, Json};
+use crate::http::paths::{SkuPath, no_product};
 use crate::idempotency::{Once, Scope, StoredResponse};
 use crate::inventory::change::{self, Change, Refused};
 
@@ -75,6 +76,64 @@ pub struct AdjustBody {
     on_hand: i64,
     #[schema(value_type = Reason)]
     reason: String,
+}
+
+/// What `PATCH /api/v1/admin/products/{sku}` changes: each member sent is set (`null`
+/// clears it), each left out is kept. Both are checked before either is written.
+pub struct ProductPatch {
+    limit: Option<Option<i32>>,
+    category: Option<Option<String>>,
+}
+
+impl FromBody for ProductPatch {
+    fn from_body(body: serde_json::Value) -> Result<Self, AppError> {
+        let fields = body
+            .as_object()
+            .ok_or_else(|| AppError::Unprocessable("The body must be a JSON object.".into()))?;
+        const FIELDS: [&str; 2] = ["purchase_limit", "category"];
+        if let Some(other) = fields.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+            return Err(AppError::Unprocessable(format!(
+                "{other:?} cannot be changed here; only \"purchase_limit\" and \"category\" can."
+            )));
+        }
+        if fields.is_empty() {
+            return Err(AppError::Unprocessable(
+                "Send {\"purchase_limit\": n} (or null for no limit) and/or {\"category\": \"…\"} \
+                 (or null for none)."
+                    .into(),
+            ));
+        }
+        let limit = match fields.get("purchase_limit") {
+            None => None,
+            Some(serde_json::Value::Null) => Some(None),
+            Some(value) => Some(Some(
+                value
+                    .as_i64()
+                    .filter(|n| (1..=1_000_000).contains(n))
+                    .map(|n| n as i32)
+                    .ok_or_else(|| {
+                        AppError::Unprocessable(
+                            "purchase_limit is a whole number from 1 to 1,000,000, or null.".into(),
+                        )
+                    })?,
+            )),
+        };
+        let category = match fields.get("category") {
+            None => None,
+            Some(serde_json::Value::Null) => Some(None),
+            Some(serde_json::Value::String(c)) => {
+                Some(Some(catalog::browse::parse_category(c).map_err(|e| {
+                    AppError::Unprocessable(crate::error::sentence(&e.0))
+                })?))
+            }
+            Some(_) => {
+                return Err(AppError::Unprocessable(
+                    "category is a text of 1 to 40 characters, or null.".into(),
+                ));
+            }
+        };
+        Ok(Self { limit, category })
+    }
 }
 
 /// A product's settings, as `PATCH /api/v1/admin/products/{sku}` leaves them.
@@ -172,60 +231,12 @@ fn api_answer(once: Once) -> Result<HttpResponse, AppError> {
     )
 )]
 pub async fn patch_api_product(
-    req: HttpRequest,
-    admin: Admin,
+    _admin: AdminWrite,
     state: web::Data<AppState>,
-    path: web::Path<String>,
-    body: Json<serde_json::Value>,
+    SkuPath(sku): SkuPath,
+    Body(patch): Body<ProductPatch>,
 ) -> Result<HttpResponse, AppError> {
-    check_api_csrf(&req, &admin)?;
-    let sku = sku_in_path(&path)?;
-    let fields = body
-        .as_object()
-        .ok_or_else(|| AppError::Unprocessable("The body must be a JSON object.".into()))?;
-    const FIELDS: [&str; 2] = ["purchase_limit", "category"];
-    if let Some(other) = fields.keys().find(|k| !FIELDS.contains(&k.as_str())) {
-        return Err(AppError::Unprocessable(format!(
-            "{other:?} cannot be changed here; only \"purchase_limit\" and \"category\" can."
-        )));
-    }
-    if fields.is_empty() {
-        return Err(AppError::Unprocessable(
-            "Send {\"purchase_limit\": n} (or null for no limit) and/or {\"category\": \"…\"} \
-             (or null for none)."
-                .into(),
-        ));
-    }
-    // Both are checked before either is written.
-    let limit = match fields.get("purchase_limit") {
-        None => None,
-        Some(serde_json::Value::Null) => Some(None),
-        Some(value) => Some(Some(
-            value
-                .as_i64()
-                .filter(|n| (1..=1_000_000).contains(n))
-                .map(|n| n as i32)
-                .ok_or_else(|| {
-                    AppError::Unprocessable(
-                        "purchase_limit is a whole number from 1 to 1,000,000, or null.".into(),
-                    )
-                })?,
-        )),
-    };
-    let category = match fields.get("category") {
-        None => None,
-        Some(serde_json::Value::Null) => Some(None),
-        Some(serde_json::Value::String(c)) => {
-            Some(Some(catalog::browse::parse_category(c).map_err(|e| {
-                AppError::Unprocessable(crate::error::sentence(&e.0))
-            })?))
-        }
-        Some(_) => {
-            return Err(AppError::Unprocessable(
-                "category is a text of 1 to 40 characters, or null.".into(),
-            ));
-        }
-    };
+    let ProductPatch { limit, category } = patch;
     let not_found = || AppError::not_found(format!("No product with SKU {sku}."));
     let mut tx = state.db.begin().await?;
     if let Some(limit) = limit
@@ -268,14 +279,12 @@ pub async fn patch_api_product(
 )]
 pub async fn post_api_restock(
     req: HttpRequest,
-    admin: Admin,
+    AdminWrite(admin): AdminWrite,
     state: web::Data<AppState>,
-    path: web::Path<String>,
-    body: Json<serde_json::Value>,
+    SkuPath(sku): SkuPath,
+    Json(body): Json<RestockBody>,
 ) -> Result<HttpResponse, AppError> {
-    check_api_csrf(&req, &admin)?;
-    let body: RestockBody = crate::http::json::fit(body.into_inner())?;
-    let sku = existing_sku(&state, &path).await?;
+    let sku = existing(&state, sku).await?;
     let change = Change::restock(Some(body.units), "units")?;
     let reason = change::reason(&body.reason)?;
     apply_change(&req, &admin, &state, sku, change, reason).await
@@ -300,14 +309,12 @@ pub async fn post_api_restock(
 )]
 pub async fn post_api_adjust(
     req: HttpRequest,
-    admin: Admin,
+    AdminWrite(admin): AdminWrite,
     state: web::Data<AppState>,
-    path: web::Path<String>,
-    body: Json<serde_json::Value>,
+    SkuPath(sku): SkuPath,
+    Json(body): Json<AdjustBody>,
 ) -> Result<HttpResponse, AppError> {
-    check_api_csrf(&req, &admin)?;
-    let body: AdjustBody = crate::http::json::fit(body.into_inner())?;
-    let sku = existing_sku(&state, &path).await?;
+    let sku = existing(&state, sku).await?;
     let change = Change::adjust(
         (Some(body.expected_on_hand), "expected_on_hand"),
         (Some(body.on_hand), "on_hand"),
@@ -395,6 +402,13 @@ pub struct NewEndpointBody {
     description: String,
 }
 
+impl FromBody for NewEndpointBody {
+    fn from_body(value: serde_json::Value) -> Result<Self, AppError> {
+        let shape = r#"{"url": "https://…", "event_types": ["order.placed", …]}"#;
+        crate::http::json::shaped(value, shape)
+    }
+}
+
 /// 201 with the endpoint and its `secret` (the only time it is shown).
 #[utoipa::path(
     post,
@@ -409,19 +423,10 @@ pub struct NewEndpointBody {
     )
 )]
 pub async fn post_api_webhooks(
-    req: HttpRequest,
-    admin: Admin,
+    AdminWrite(admin): AdminWrite,
     state: web::Data<AppState>,
-    body: Json<serde_json::Value>,
+    Body(body): Body<NewEndpointBody>,
 ) -> Result<HttpResponse, AppError> {
-    // The token first: a forged request learns nothing, not even how its body is wrong.
-    check_api_csrf(&req, &admin)?;
-    let body: NewEndpointBody = serde_json::from_value(body.into_inner()).map_err(|e| {
-        AppError::Unprocessable(format!(
-            "The body must be {{\"url\": \"https://…\", \"event_types\": [\"order.placed\", …]}}: {}.",
-            crate::http::json::plain(&e)
-        ))
-    })?;
     let new = check_new(&state, &body.url, &body.event_types, &body.description)
         .await
         .map_err(AppError::Unprocessable)?;
@@ -447,12 +452,10 @@ pub async fn post_api_webhooks(
     )
 )]
 pub async fn delete_api_webhook(
-    req: HttpRequest,
-    admin: Admin,
+    _admin: AdminWrite,
     state: web::Data<AppState>,
     path: web::Path<String>,
 ) -> Result<HttpResponse, AppError> {
-    check_api_csrf(&req, &admin)?;
     let id = endpoint_id(&path)?;
     if !db::delete_endpoint(&state.db, id).await? {
         return Err(AppError::not_found("No such webhook endpoint."));
@@ -497,12 +500,10 @@ pub async fn get_api_deliveries(
     )
 )]
 pub async fn post_api_resend_delivery(
-    req: HttpRequest,
-    admin: Admin,
+    _admin: AdminWrite,
     state: web::Data<AppState>,
     path: web::Path<String>,
 ) -> Result<HttpResponse, AppError> {
-    check_api_csrf(&req, &admin)?;
     let id = delivery_id(&path)?;
     if !db::resend(&state.db, id).await? {
         return Err(AppError::not_found("No such delivery."));
@@ -513,22 +514,11 @@ pub async fn post_api_resend_delivery(
     }))
 }
 
-/// The SKU an address names; 404 when it cannot be one.
-fn sku_in_path(path: &str) -> Result<Sku, AppError> {
-    Sku::parse(path).map_err(|_| {
-        AppError::not_found(format!(
-            "No product with SKU {}.",
-            crate::text::quoted(path)
-        ))
-    })
-}
-
-/// The SKU an address names, of a product that exists; 404 otherwise.
-async fn existing_sku(state: &AppState, path: &str) -> Result<Sku, AppError> {
-    let sku = sku_in_path(path)?;
+/// `sku`, of a product that exists; 404 otherwise.
+async fn existing(state: &AppState, sku: Sku) -> Result<Sku, AppError> {
     catalog::db::find_product(&state.db, &sku)
         .await?
-        .ok_or_else(|| AppError::not_found(format!("No product with SKU {sku}.")))?;
+        .ok_or_else(|| no_product(sku.as_str()))?;
     Ok(sku)
 }
 
