@@ -48,12 +48,18 @@ impl<T: DeserializeOwned + 'static> FromRequest for Json<T> {
     type Future = Pin<Box<dyn Future<Output = Result<Self, AppError>>>>;
 
     fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
-        let body = JsonBody::<Strict>::new(req, payload, None, true).limit(JSON_LIMIT);
-        Box::pin(async move {
-            let Strict(value) = body.await.map_err(payload_error)?;
-            fit(value).map(Json)
-        })
+        let value = strict_body(req, payload);
+        Box::pin(async move { fit(value.await?).map(Json) })
     }
+}
+
+/// The body as one unambiguous JSON document, by the rule above (415, 413, 400).
+fn strict_body(
+    req: &HttpRequest,
+    payload: &mut Payload,
+) -> impl Future<Output = Result<Value, AppError>> + 'static {
+    let body = JsonBody::<Strict>::new(req, payload, None, true).limit(JSON_LIMIT);
+    async move { body.await.map(|Strict(value)| value).map_err(payload_error) }
 }
 
 /// A request body that checks itself on the way in, in its own words (see [`Body`]).
@@ -72,11 +78,8 @@ impl<T: FromBody + 'static> FromRequest for Body<T> {
     type Future = Pin<Box<dyn Future<Output = Result<Self, AppError>>>>;
 
     fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
-        let body = JsonBody::<Strict>::new(req, payload, None, true).limit(JSON_LIMIT);
-        Box::pin(async move {
-            let Strict(value) = body.await.map_err(payload_error)?;
-            T::from_body(value).map(Body)
-        })
+        let value = strict_body(req, payload);
+        Box::pin(async move { T::from_body(value.await?).map(Body) })
     }
 }
 

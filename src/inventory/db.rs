@@ -136,26 +136,11 @@ async fn claim_once(
     reference: &str,
     actor: &str,
 ) -> sqlx::Result<Option<Take>> {
-    let left = match claim {
-        Claim::Sell => sell_units(conn, sku, quantity, fence).await?,
-        Claim::Reserve => {
-            sqlx::query_scalar!(
-                r#"update stock
-                      set reserved = reserved + $2,
-                          last_fence = greatest(last_fence, $3),
-                          updated_at = now()
-                    where sku = $1
-                      and on_hand - reserved >= $2
-                      and ($3::bigint is null or last_fence < $3)
-                returning on_hand - reserved as "left!""#,
-                sku.as_str(),
-                quantity,
-                fence,
-            )
-            .fetch_optional(&mut *conn)
-            .await?
-        }
+    let (sold, held) = match claim {
+        Claim::Sell => (quantity, 0),
+        Claim::Reserve => (0, quantity),
     };
+    let left = claim_free_units(conn, sku, (sold, held), fence).await?;
     let Some(left) = left else {
         return why_not(conn, sku, quantity, fence).await;
     };
@@ -336,29 +321,30 @@ pub async fn take_stock_naive(
     })
 }
 
-/// Sells `quantity` units of `sku` with the one conditional statement every sale goes
-/// through: nothing changes unless enough is available and, with a `fence`, no newer
-/// lease has written the row. Returns the units left, or `None` when refused. Writes no
-/// ledger row: single orders write theirs in [`take_stock`]. (A batch sells by the same
-/// conditional update inside its one write, `checkout/batch/db.rs`.)
-#[tracing::instrument(skip_all)]
-pub async fn sell_units(
+/// Sells `sold` and reserves `held` units of `sku` (one of them is 0) by the one
+/// conditional statement every single-row claim goes through: nothing changes unless
+/// enough is free and, with a `fence`, no newer lease has written the row. The units left,
+/// or `None` when refused. Writes no ledger row: [`claim_units`] does. (The group-commit
+/// writes state the same guard for many rows: [`super::group`].)
+async fn claim_free_units(
     conn: &mut PgConnection,
     sku: &Sku,
-    quantity: i32,
+    (sold, held): (i32, i32),
     fence: Option<i64>,
 ) -> sqlx::Result<Option<i32>> {
     sqlx::query_scalar!(
         r#"update stock
               set on_hand = on_hand - $2,
-                  last_fence = greatest(last_fence, $3),
+                  reserved = reserved + $3,
+                  last_fence = greatest(last_fence, $4),
                   updated_at = now()
             where sku = $1
-              and on_hand - reserved >= $2
-              and ($3::bigint is null or last_fence < $3)
+              and on_hand - reserved >= $2::int + $3::int
+              and ($4::bigint is null or last_fence < $4)
         returning on_hand - reserved as "left!""#,
         sku.as_str(),
-        quantity,
+        sold,
+        held,
         fence,
     )
     .fetch_optional(conn)
