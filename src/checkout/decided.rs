@@ -1,34 +1,44 @@
-//! Answering from what a key decided: what a request answers when another request decided
-//! its key (a twin, or a retry that went ahead while it stalled), a replay with the order
-//! or hold as it is now, a sold-out answer kept in Redis, and "not enough stock" stored
-//! under the key by one statement.
+//! Answering from what a key decided, the one way out of placing ([`settle`]): what a
+//! request answers when another request decided its key (a twin, or a retry that went
+//! ahead while it stalled), a replay with the order or hold as it is now, and "not enough
+//! stock" stored under the key by one statement.
 
 use sqlx::Postgres;
 use sqlx::pool::PoolConnection;
 
 use super::placement::{Deps, Keyed, OrderError, Outcome, read_record, short_record};
-use super::sold_out::Answer;
 use crate::idempotency::{self, Found, StoredResponse};
 use crate::orders::Shortage;
 
-/// A sold-out answer kept in Redis, as an outcome; `None` when there is none.
-pub(super) fn from_redis(deps: Deps<'_>, answer: Answer) -> Result<Option<Outcome>, OrderError> {
-    match answer {
-        Answer::SoldOut {
-            shortages,
-            replayed,
-        } => {
-            if replayed {
-                deps.metrics.idempotent_replays.inc();
-            }
-            Ok(Some(Outcome::Insufficient {
-                shortages,
-                replayed,
-            }))
+/// Where placing a request ended: what it decided, or what decides it. Every path of
+/// placing ends in one of these, and [`settle`] answers it.
+pub(super) enum Reached {
+    /// Decided: made now, or answered already (from Redis, or by the batch's write).
+    Outcome(Outcome),
+    /// Another request decided the key: what its record says.
+    Elsewhere(Found),
+    /// Not enough stock, to be stored under the key; with the request's connection, if
+    /// it has one.
+    Short(Vec<Shortage>, Option<PoolConnection<Postgres>>),
+}
+
+/// The one way out of placing: `reached` as the request's answer (a record read, or
+/// "not enough stock" stored), then, for a failure that may hide a decision, what the
+/// key says was done ([`answer_or_settled`]).
+pub(super) async fn settle(
+    deps: Deps<'_>,
+    keyed: &Keyed<'_>,
+    reached: Result<Reached, OrderError>,
+) -> Result<Outcome, OrderError> {
+    let placed = match reached {
+        Ok(Reached::Outcome(outcome)) => Ok(outcome),
+        Ok(Reached::Elsewhere(found)) => decided_elsewhere(deps, keyed, found).await,
+        Ok(Reached::Short(shortages, conn)) => {
+            store_insufficient(deps, keyed, shortages, conn).await
         }
-        Answer::KeyReused => Err(OrderError::KeyReused),
-        Answer::Elsewhere => Ok(None),
-    }
+        Err(e) => Err(e),
+    };
+    answer_or_settled(deps, keyed, placed).await
 }
 
 /// `placed`, unless it failed in a way that may hide a decision: the transaction may have
@@ -36,7 +46,7 @@ pub(super) fn from_redis(deps: Deps<'_>, answer: Answer) -> Result<Option<Outcom
 /// it), or a retry elsewhere placed it while this request stalled; then what was done.
 /// No connection from the pool within its wait hides nothing (no statement was sent), and
 /// reading the key would queue for the pool a second time: it is answered (503) at once.
-pub(super) async fn answer_or_settled(
+async fn answer_or_settled(
     deps: Deps<'_>,
     keyed: &Keyed<'_>,
     placed: Result<Outcome, OrderError>,
@@ -60,7 +70,7 @@ pub(super) async fn answer_or_settled(
 /// The answer for a request that found its key decided by another request — a retry
 /// that went ahead while this one stalled, or a concurrent twin: what that request
 /// decided, or 409 while it is still deciding. Never "key reused" for the same request.
-pub(super) async fn decided_elsewhere(
+async fn decided_elsewhere(
     deps: Deps<'_>,
     keyed: &Keyed<'_>,
     found: Found,
@@ -91,7 +101,7 @@ pub(super) async fn decided_elsewhere(
 
 /// The outcome a stored response recorded, with the order or hold as it is now (it may
 /// have been confirmed, cancelled or expired since).
-pub(super) async fn replay(
+async fn replay(
     deps: Deps<'_>,
     keyed: &Keyed<'_>,
     stored: StoredResponse,
@@ -114,7 +124,7 @@ pub(super) async fn replay(
 /// connection if it has one, goes back to the pool before that answer is read: a replay
 /// takes a connection of its own, and holding one while waiting for another lets a burst
 /// of twins drain the pool.
-pub(super) async fn store_insufficient(
+async fn store_insufficient(
     deps: Deps<'_>,
     keyed: &Keyed<'_>,
     shortages: Vec<Shortage>,

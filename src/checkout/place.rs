@@ -10,7 +10,7 @@ use sqlx::Postgres;
 use sqlx::pool::PoolConnection;
 
 use super::batch::{self, BatchAnswer, Batcher};
-use super::decided::{answer_or_settled, decided_elsewhere, from_redis, store_insufficient};
+use super::decided::{Reached, settle};
 use super::placement::{Deps, Keyed, MAX_ATTEMPTS, OrderError, Outcome};
 use super::request::OrderRequest;
 use super::sold_out;
@@ -23,20 +23,30 @@ use crate::locking::{Acquire, Lease, Redis};
 use crate::orders::Shortage;
 use crate::orders::db::{self as order_rows, OrderProduct};
 
-/// Steps 1–6 for a request (a single-SKU order under `batched` goes to the
-/// batch instead: [`place_batched`]).
+/// Steps 1–6 for a request, under the strategies that place one request at a time (under
+/// `batched` it goes to the batch instead: [`place_batched`]).
 pub(super) async fn place(
     deps: Deps<'_>,
     keyed: &Keyed<'_>,
     request: &OrderRequest,
 ) -> Result<Outcome, OrderError> {
+    let reached = reach(deps, keyed, request).await;
+    settle(deps, keyed, reached).await
+}
+
+/// Steps 1–6, up to where the request's answer is decided.
+async fn reach(
+    deps: Deps<'_>,
+    keyed: &Keyed<'_>,
+    request: &OrderRequest,
+) -> Result<Reached, OrderError> {
     // A SKU this process saw sold out: answered from Redis if it still is, no write.
     // (`batched` does this for a whole batch at once.)
     if deps.settings.order_strategy == OrderStrategy::RedisLock
         && deps.redis.believes_sold_out(&request.skus())
-        && let Some(answer) = sold_out_answer(deps, keyed, request).await?
+        && let Some(reached) = sold_out_answer(deps, keyed, request).await?
     {
-        return Ok(answer);
+        return Ok(reached);
     }
 
     // A decided key is answered from its record, before any lease or transaction. One
@@ -50,7 +60,7 @@ pub(super) async fn place(
         found => {
             // Back to the pool first: a replay reads with a connection of its own.
             drop(conn);
-            return decided_elsewhere(deps, keyed, found).await;
+            return Ok(Reached::Elsewhere(found));
         }
     }
     let skus = request.skus();
@@ -64,8 +74,7 @@ pub(super) async fn place(
         drop(conn);
         return Err(OrderError::UnknownSkus(unknown));
     }
-    let placed = place_keyed(deps, keyed, request, &products, conn).await;
-    answer_or_settled(deps, keyed, placed).await
+    place_keyed(deps, keyed, request, &products, conn).await
 }
 
 /// The answer for a request whose SKU this process saw sold out: from the key's record
@@ -75,14 +84,14 @@ async fn sold_out_answer(
     deps: Deps<'_>,
     keyed: &Keyed<'_>,
     request: &OrderRequest,
-) -> Result<Option<Outcome>, OrderError> {
+) -> Result<Option<Reached>, OrderError> {
     match keyed.lookup(deps.db).await? {
         Found::Absent => {}
-        found => return decided_elsewhere(deps, keyed, found).await.map(Some),
+        found => return Ok(Some(Reached::Elsewhere(found))),
     }
     let k = keyed;
     let answer = sold_out::answer(deps.redis, k.scope, k.key, &k.fingerprint, request).await;
-    from_redis(deps, answer)
+    Ok(answer.outcome(deps.metrics)?.map(Reached::Outcome))
 }
 
 fn shortages_of(request: &OrderRequest, available: &[(String, i32)]) -> Vec<Shortage> {
@@ -112,7 +121,7 @@ async fn place_keyed(
     request: &OrderRequest,
     products: &[OrderProduct],
     conn: PoolConnection<Postgres>,
-) -> Result<Outcome, OrderError> {
+) -> Result<Reached, OrderError> {
     let s = deps.settings;
     let mut held = Some(conn);
     // A plain read is a true answer at the moment it was read: when stock is already
@@ -124,7 +133,7 @@ async fn place_keyed(
     let shortages = shortages_of(request, &seen);
     if !shortages.is_empty() {
         hint_sold_out(deps, &shortages).await;
-        return store_insufficient(deps, keyed, shortages, held.take()).await;
+        return Ok(Reached::Short(shortages, held.take()));
     }
 
     if s.order_strategy == OrderStrategy::RedisLock {
@@ -142,8 +151,8 @@ async fn place_keyed(
             .await;
         if let Some(Some(stored)) = marked.and_then(|m| m.into_iter().next()) {
             let answer = sold_out::replay(&stored, &k.fingerprint);
-            if let Some(outcome) = from_redis(deps, answer)? {
-                return Ok(outcome);
+            if let Some(outcome) = answer.outcome(deps.metrics)? {
+                return Ok(Reached::Outcome(outcome));
             }
         }
     }
@@ -175,7 +184,7 @@ async fn place_keyed(
                         let now = stock::availability(deps.db, &skus).await?;
                         let shortages = shortages_of(request, &now);
                         if !shortages.is_empty() {
-                            return store_insufficient(deps, keyed, shortages, None).await;
+                            return Ok(Reached::Short(shortages, None));
                         }
                         deps.redis.clear_sold_out(&sku).await;
                         attempts += 1;
@@ -220,19 +229,19 @@ async fn place_keyed(
                     deps.catalog.forget(sku);
                     deps.redis.hint_sold_out(sku).await;
                 }
-                return Ok(Outcome::Made {
+                return Ok(Reached::Outcome(Outcome::Made {
                     made,
                     replayed: false,
-                });
+                }));
             }
             Ok(Ok(Tx::Decided(found))) => {
                 // Back to the pool first: a replay reads with a connection of its own.
                 drop(held);
-                return decided_elsewhere(deps, keyed, found).await;
+                return Ok(Reached::Elsewhere(found));
             }
             Ok(Ok(Tx::Short(shortages))) => {
                 hint_sold_out(deps, &shortages).await;
-                return store_insufficient(deps, keyed, shortages, held.take()).await;
+                return Ok(Reached::Short(shortages, held.take()));
             }
             Ok(Ok(Tx::StaleFence { last_fence })) => {
                 // A newer lease wrote the row: ours had expired, or Redis forgot the
@@ -285,22 +294,26 @@ pub(super) async fn place_batched(
         request: request.clone(),
         answer_by: deps.answer_by,
     };
-    let placed = match batcher.submit(job).await {
-        BatchAnswer::Made(made) => Ok(Outcome::Made {
+    let reached = match batcher.submit(job).await {
+        BatchAnswer::Made(made) => Ok(Reached::Outcome(Outcome::Made {
             made,
             replayed: false,
-        }),
-        BatchAnswer::Short(shortages) => Ok(Outcome::Insufficient {
+        })),
+        // Stored under the key by the batch's write.
+        BatchAnswer::Short(shortages) => Ok(Reached::Outcome(Outcome::Insufficient {
             shortages,
             replayed: false,
-        }),
+        })),
         // Never "decide elsewhere": such jobs stay in their batch.
-        BatchAnswer::FromRedis(answer) => from_redis(deps, answer)?.ok_or(OrderError::InFlight),
-        BatchAnswer::DecidedElsewhere => match keyed.lookup(deps.db).await {
-            Ok(found) => decided_elsewhere(deps, keyed, found).await,
-            Err(e) => Err(e.into()),
-        },
+        BatchAnswer::FromRedis(answer) => answer
+            .outcome(deps.metrics)
+            .and_then(|outcome| outcome.map(Reached::Outcome).ok_or(OrderError::InFlight)),
+        BatchAnswer::DecidedElsewhere => keyed
+            .lookup(deps.db)
+            .await
+            .map(Reached::Elsewhere)
+            .map_err(OrderError::from),
         BatchAnswer::Failed(error) => Err(error),
     };
-    answer_or_settled(deps, keyed, placed).await
+    settle(deps, keyed, reached).await
 }

@@ -19,11 +19,13 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
+use super::placement::{OrderError, Outcome};
 use super::request::OrderRequest;
 use crate::catalog::Sku;
 use crate::idempotency::{self, Fingerprint, IdempotencyKey, Scope, StoredResponse};
 use crate::locking::Redis;
 use crate::locking::decisions::{Decided, IN_POSTGRES};
+use crate::metrics::Metrics;
 use crate::orders::Shortage;
 
 /// How long an answer stays in Redis: long past its copy into PostgreSQL.
@@ -55,6 +57,29 @@ pub enum Answer {
     /// Decide in PostgreSQL: the SKU is no longer hinted, the key is being decided
     /// there, or Redis did not answer.
     Elsewhere,
+}
+
+impl Answer {
+    /// The answer as an outcome (a replayed one counted in `metrics`); `None` when Redis
+    /// has none: decide in PostgreSQL.
+    pub(super) fn outcome(self, metrics: &Metrics) -> Result<Option<Outcome>, OrderError> {
+        match self {
+            Self::SoldOut {
+                shortages,
+                replayed,
+            } => {
+                if replayed {
+                    metrics.idempotent_replays.inc();
+                }
+                Ok(Some(Outcome::Insufficient {
+                    shortages,
+                    replayed,
+                }))
+            }
+            Self::KeyReused => Err(OrderError::KeyReused),
+            Self::Elsewhere => Ok(None),
+        }
+    }
 }
 
 /// One request to answer: its key, what its record must match, and the units of the
