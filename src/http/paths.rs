@@ -34,3 +34,23 @@ impl std::ops::Deref for SkuPath {
         &self.0
     }
 }
+
+/// What an `{id}` segment names, and the 404 for one that is not such an id (`raw`, as
+/// sent): each kind of page words it its own way.
+pub trait Names {
+    fn missing(raw: &str) -> AppError;
+}
+
+/// The `{id}` segment of the address, as the id of an `N`.
+pub struct IdPath<N>(pub uuid::Uuid, pub std::marker::PhantomData<N>);
+
+impl<N: Names> FromRequest for IdPath<N> {
+    type Error = AppError;
+    type Future = Ready<Result<Self, AppError>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let raw = req.match_info().get("id").unwrap_or_default();
+        let id = uuid::Uuid::try_parse(raw).map_err(|_| N::missing(raw));
+        ready(id.map(|id| IdPath(id, std::marker::PhantomData)))
+    }
+}

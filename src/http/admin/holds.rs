@@ -3,13 +3,13 @@
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
-use uuid::Uuid;
 
 use super::once::{DoneQuery, FormOutcome, apply_form_apart, done_notice, form_key, new_form_key};
 use super::orders::ActionForm;
 use super::page_chrome;
 use crate::admin::Admin;
 use crate::error::AppError;
+use crate::http::paths::{IdPath, Names};
 use crate::http::{AppState, Chrome, csrf, html};
 use crate::idempotency::StoredResponse;
 
@@ -42,12 +42,11 @@ pub async fn get_holds(
 pub async fn post_release_hold(
     admin: Admin,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    IdPath(id, _): IdPath<HoldAddress>,
     form: web::Form<ActionForm>,
 ) -> Result<HttpResponse, AppError> {
     csrf::check_admin(&admin, &form.csrf)?;
     let key = form_key(&form.key)?;
-    let id = Uuid::parse_str(&path).map_err(|_| AppError::not_found("No such hold."))?;
     let shared = state.clone().into_inner();
     let actor = admin.username.clone();
     apply_form_apart(
@@ -74,4 +73,13 @@ pub async fn post_release_hold(
         },
     )
     .await?
+}
+
+/// A hold's address in the admin: `/admin/holds/{id}/…`.
+pub struct HoldAddress;
+
+impl Names for HoldAddress {
+    fn missing(_: &str) -> AppError {
+        AppError::not_found("No such hold.")
+    }
 }

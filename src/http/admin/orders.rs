@@ -12,6 +12,7 @@ use super::{PAGE, Page, page_chrome};
 use crate::admin::Admin;
 use crate::catalog::Sku;
 use crate::error::AppError;
+use crate::http::paths::{IdPath, Names};
 use crate::http::{AppState, Chrome, csrf, html};
 use crate::idempotency::StoredResponse;
 use crate::orders::db::{OrderFilter, OrderSummary};
@@ -109,13 +110,19 @@ struct OrderPage {
     cancel_key: String,
 }
 
-async fn load_order(state: &AppState, raw: &str) -> Result<Order, AppError> {
-    let not_found =
-        || AppError::not_found(format!("No order with id {}.", crate::text::quoted(raw)));
-    let id = Uuid::parse_str(raw).map_err(|_| not_found())?;
+async fn load_order(state: &AppState, id: Uuid) -> Result<Order, AppError> {
     orders::db::find_order(&state.db, id)
         .await?
-        .ok_or_else(not_found)
+        .ok_or_else(|| OrderAddress::missing(&id.to_string()))
+}
+
+/// An order's address in the admin: `/admin/orders/{id}…`.
+pub struct OrderAddress;
+
+impl Names for OrderAddress {
+    fn missing(raw: &str) -> AppError {
+        AppError::not_found(format!("No order with id {}.", crate::text::quoted(raw)))
+    }
 }
 
 /// An order, with its cancel form; after cancelling, `?done=<key>` shows what it did.
@@ -123,10 +130,10 @@ pub async fn get_order(
     req: HttpRequest,
     admin: Admin,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    IdPath(id, _): IdPath<OrderAddress>,
     query: web::Query<DoneQuery>,
 ) -> Result<HttpResponse, AppError> {
-    let order = load_order(&state, &path).await?;
+    let order = load_order(&state, id).await?;
     let page = format!("/admin/orders/{}", order.id);
     let page = OrderPage {
         chrome: page_chrome(&req, &admin),
@@ -151,12 +158,12 @@ pub struct ActionForm {
 pub async fn post_cancel(
     admin: Admin,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    IdPath(id, _): IdPath<OrderAddress>,
     form: web::Form<ActionForm>,
 ) -> Result<HttpResponse, AppError> {
     csrf::check_admin(&admin, &form.csrf)?;
     let key = form_key(&form.key)?;
-    let order = load_order(&state, &path).await?;
+    let order = load_order(&state, id).await?;
     let shared = state.clone().into_inner();
     let actor = admin.username.clone();
     apply_form_apart(

@@ -16,6 +16,7 @@ use crate::error::AppError;
 use crate::holds::{self, Hold, HoldError};
 use crate::http::csrf::{self, TokenForm};
 use crate::http::middleware::answer_by;
+use crate::http::paths::{IdPath, Names};
 use crate::http::{AppState, Chrome, detached, html, see_other};
 use crate::idempotency::{IdempotencyKey, Scope};
 use crate::orders::Shortage;
@@ -142,8 +143,13 @@ impl CheckoutPage {
     }
 }
 
-fn parse_hold_id(raw: &str) -> Result<Uuid, AppError> {
-    Uuid::parse_str(raw).map_err(|_| AppError::not_found("We have no checkout with this number."))
+/// A checkout's address: `/checkout/{id}`, the id of its hold.
+pub struct Checkout;
+
+impl Names for Checkout {
+    fn missing(_: &str) -> AppError {
+        AppError::not_found("We have no checkout with this number.")
+    }
 }
 
 async fn find_hold(state: &AppState, id: Uuid) -> Result<Hold, AppError> {
@@ -155,9 +161,9 @@ async fn find_hold(state: &AppState, id: Uuid) -> Result<Hold, AppError> {
 pub async fn get_checkout_hold(
     req: HttpRequest,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    IdPath(id, _): IdPath<Checkout>,
 ) -> Result<HttpResponse, AppError> {
-    let hold = find_hold(&state, parse_hold_id(&path)?).await?;
+    let hold = find_hold(&state, id).await?;
     if let Some(order_id) = hold.order_id {
         return Ok(see_other(&format!("/orders/{order_id}")));
     }
@@ -188,11 +194,10 @@ pub struct ConfirmForm {
 pub async fn post_checkout_confirm(
     req: HttpRequest,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    IdPath(id, _): IdPath<Checkout>,
     form: web::Form<ConfirmForm>,
 ) -> Result<HttpResponse, AppError> {
     csrf::check_storefront(&req, &form.csrf)?;
-    let id = parse_hold_id(&path)?;
     let again = |status, error: &str, shortages| {
         let problem = Problem::Checkout(error.to_string(), shortages);
         checkout_again(&req, &state, id, &form, status, problem)
@@ -305,11 +310,10 @@ async fn checkout_again(
 pub async fn post_checkout_cancel(
     req: HttpRequest,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    IdPath(id, _): IdPath<Checkout>,
     form: web::Form<TokenForm>,
 ) -> Result<HttpResponse, AppError> {
     csrf::check_storefront(&req, &form.csrf)?;
-    let id = parse_hold_id(&path)?;
     let shared = state.into_inner();
     let released = detached(crate::checkout::work_limit(&shared.settings), async move {
         holds::release(&shared.db, Some(&shared.redis), id, "shopper").await

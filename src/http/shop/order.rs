@@ -3,9 +3,9 @@
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
-use uuid::Uuid;
 
 use crate::error::AppError;
+use crate::http::paths::{IdPath, Names};
 use crate::http::{AppState, Chrome, html};
 use crate::orders::{self, Order};
 
@@ -21,10 +21,9 @@ struct OrderPage {
 pub async fn get_order(
     req: HttpRequest,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    IdPath(id, _): IdPath<OrderAddress>,
 ) -> Result<HttpResponse, AppError> {
-    let not_found = || AppError::not_found("We have no order with this number.");
-    let id = Uuid::parse_str(&path).map_err(|_| not_found())?;
+    let not_found = || OrderAddress::missing("");
     let order = orders::db::find_order(&state.db, id)
         .await?
         .ok_or_else(not_found)?;
@@ -36,4 +35,13 @@ pub async fn get_order(
             receipt: state.settings.smtp_url.is_some(),
         },
     )
+}
+
+/// An order's page: `/orders/{id}`.
+pub struct OrderAddress;
+
+impl Names for OrderAddress {
+    fn missing(_: &str) -> AppError {
+        AppError::not_found("We have no order with this number.")
+    }
 }
