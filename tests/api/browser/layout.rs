@@ -106,10 +106,16 @@ async fn every_page_fits_a_phone_and_a_desktop() {
     );
 }
 
-/// The demo catalogue, an admin, an order of two products and a hold of two.
+/// The demo catalogue, an admin, an order of two products and a hold of two, and a webhook
+/// endpoint with a delivery of the order: every admin list has a row for axe to read.
 async fn shop_with_an_order_and_a_hold(app: &TestApp) -> (String, String) {
     app.seed_demo().await;
     app.create_admin().await;
+    let types = [stockade::events::EventType::parse("order.placed").unwrap()];
+    let url = "https://hooks.example.com/stockade/orders";
+    stockade::events::db::insert_endpoint(&app.db, url, &types, "fulfilment", "whsec_layout")
+        .await
+        .unwrap();
     let order: serde_json::Value = app
         .post_order("fit-order", &[("CB-BRAID-2M", 1), ("MS-DRIFT-WL", 2)])
         .await
@@ -119,6 +125,7 @@ async fn shop_with_an_order_and_a_hold(app: &TestApp) -> (String, String) {
     let hold: serde_json::Value = app
         .place_hold("fit-hold", &[("LT-ARC-LAMP", 1), ("CF-BEANS-ETH", 3)])
         .await;
+    app.wait_for_a_row("select count(*) from deliveries").await;
     (
         order["id"].as_str().unwrap().to_string(),
         hold["id"].as_str().unwrap().to_string(),
