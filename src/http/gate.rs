@@ -12,6 +12,7 @@ use crate::drops::ticket::{self, LookError, TicketView};
 use crate::drops::{Drop, registry::RequireError};
 use crate::error::AppError;
 use crate::http::AppState;
+use crate::http::paths::Names;
 
 /// The header an admitted API client sends its pass in.
 pub const PASS_HEADER: &str = "drop-pass";
@@ -52,17 +53,32 @@ pub fn identity(req: &HttpRequest, caller: &Caller) -> Result<(String, String), 
     }
 }
 
+/// A drop's address, `/drops/{id}/…` or `/api/v1/drops/{id}/…`.
+pub struct DropAddress;
+
+impl Names for DropAddress {
+    type Id = uuid::Uuid;
+
+    fn missing(_: &str) -> AppError {
+        AppError::not_found("There is no drop at this address.")
+    }
+}
+
+/// The drop whose id is `raw`, or 404 (for a handler that reads the caller first).
+pub async fn find(state: &AppState, raw: &str) -> Result<Drop, AppError> {
+    let id = Uuid::try_parse(raw).map_err(|_| DropAddress::missing(raw))?;
+    find_id(state, id).await
+}
+
 /// The drop `id`, or 404: a live one as this process knows it (no database read per
 /// poll), an ended one from the database.
-pub async fn find(state: &AppState, id: &str) -> Result<Drop, AppError> {
-    let missing = || AppError::not_found("There is no drop at this address.");
-    let id = Uuid::try_parse(id).map_err(|_| missing())?;
+pub async fn find_id(state: &AppState, id: Uuid) -> Result<Drop, AppError> {
     if let Some(live) = state.drops.by_id(&state.db, id).await? {
         return Ok((*live).clone());
     }
     crate::drops::db::get(&state.db, id)
         .await?
-        .ok_or_else(missing)
+        .ok_or_else(|| DropAddress::missing(""))
 }
 
 /// A hold or order of `skus` may go ahead for `identity` (`Err`: a caller whose identity is

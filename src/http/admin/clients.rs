@@ -13,6 +13,7 @@ use crate::admin::Admin;
 use crate::clients::{self, ClientError, ClientRow, Limit};
 use crate::error::AppError;
 use crate::http::csrf::TokenForm;
+use crate::http::paths::{IdPath, Names};
 use crate::http::{AppState, Chrome, csrf, html, see_other};
 
 #[derive(Template)]
@@ -136,13 +137,12 @@ pub async fn post_api_clients(
 pub async fn post_revoke_api_client(
     admin: Admin,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    address: IdPath<ClientAddress>,
     form: web::Form<TokenForm>,
 ) -> Result<HttpResponse, AppError> {
     csrf::check_admin(&admin, &form.csrf)?;
-    let no_such =
-        || AppError::not_found("There is no API client with this id; nothing was revoked.");
-    let id: i64 = path.parse().map_err(|_| no_such())?;
+    let id = address.id()?;
+    let no_such = || ClientAddress::missing("");
     // Revoking twice (a double click) shows the same result; revoking a client that never
     // existed is a 404, not a page saying it is revoked.
     if !clients::revoke(&state.db, id).await?
@@ -153,4 +153,15 @@ pub async fn post_revoke_api_client(
     state.api_keys.clear();
     tracing::info!(admin = %admin.username, client = id, "API client revoked");
     Ok(see_other(&format!("/admin/api-clients?revoked={id}")))
+}
+
+/// An API client's address in the admin: `/admin/api-clients/{id}/revoke`.
+pub struct ClientAddress;
+
+impl Names for ClientAddress {
+    type Id = i64;
+
+    fn missing(_: &str) -> AppError {
+        AppError::not_found("There is no API client with this id; nothing was revoked.")
+    }
 }

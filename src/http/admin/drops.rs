@@ -16,6 +16,7 @@ use crate::drops::db::{Change, DropError};
 use crate::drops::live::Live;
 use crate::drops::{self, NewDrop, Queueing};
 use crate::error::AppError;
+use crate::http::paths::{IdPath, Names};
 use crate::http::{AppState, Chrome, csrf, html};
 use crate::idempotency::StoredResponse;
 
@@ -247,7 +248,18 @@ impl DropPage {
 }
 
 fn drop_id(raw: &str) -> Result<Uuid, AppError> {
-    Uuid::try_parse(raw).map_err(|_| AppError::not_found("There is no such drop."))
+    Uuid::try_parse(raw).map_err(|_| AdminDrop::missing(raw))
+}
+
+/// A drop's address in the admin: `/admin/drops/{id}`, `/api/v1/admin/drops/{id}`.
+pub struct AdminDrop;
+
+impl Names for AdminDrop {
+    type Id = uuid::Uuid;
+
+    fn missing(_: &str) -> AppError {
+        AppError::not_found("There is no such drop.")
+    }
 }
 
 /// A drop's live view (it refreshes itself while the drop runs).
@@ -255,10 +267,10 @@ pub async fn get_drop(
     req: HttpRequest,
     admin: Admin,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    address: IdPath<AdminDrop>,
     query: web::Query<DoneQuery>,
 ) -> Result<HttpResponse, AppError> {
-    let id = drop_id(&path)?;
+    let id = address.id()?;
     let drop = drops::db::get(&state.db, id)
         .await?
         .ok_or_else(|| AppError::not_found("There is no such drop."))?;

@@ -42,11 +42,12 @@ pub async fn get_holds(
 pub async fn post_release_hold(
     admin: Admin,
     state: web::Data<AppState>,
-    IdPath(id, _): IdPath<HoldAddress>,
+    address: IdPath<HoldAddress>,
     form: web::Form<ActionForm>,
 ) -> Result<HttpResponse, AppError> {
     csrf::check_admin(&admin, &form.csrf)?;
     let key = form_key(&form.key)?;
+    let id = address.id()?;
     let shared = state.clone().into_inner();
     let actor = admin.username.clone();
     apply_form_apart(
@@ -79,6 +80,8 @@ pub async fn post_release_hold(
 pub struct HoldAddress;
 
 impl Names for HoldAddress {
+    type Id = uuid::Uuid;
+
     fn missing(_: &str) -> AppError {
         AppError::not_found("No such hold.")
     }

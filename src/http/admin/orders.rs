@@ -120,6 +120,8 @@ async fn load_order(state: &AppState, id: Uuid) -> Result<Order, AppError> {
 pub struct OrderAddress;
 
 impl Names for OrderAddress {
+    type Id = uuid::Uuid;
+
     fn missing(raw: &str) -> AppError {
         AppError::not_found(format!("No order with id {}.", crate::text::quoted(raw)))
     }
@@ -130,9 +132,10 @@ pub async fn get_order(
     req: HttpRequest,
     admin: Admin,
     state: web::Data<AppState>,
-    IdPath(id, _): IdPath<OrderAddress>,
+    address: IdPath<OrderAddress>,
     query: web::Query<DoneQuery>,
 ) -> Result<HttpResponse, AppError> {
+    let id = address.id()?;
     let order = load_order(&state, id).await?;
     let page = format!("/admin/orders/{}", order.id);
     let page = OrderPage {
@@ -158,11 +161,12 @@ pub struct ActionForm {
 pub async fn post_cancel(
     admin: Admin,
     state: web::Data<AppState>,
-    IdPath(id, _): IdPath<OrderAddress>,
+    address: IdPath<OrderAddress>,
     form: web::Form<ActionForm>,
 ) -> Result<HttpResponse, AppError> {
     csrf::check_admin(&admin, &form.csrf)?;
     let key = form_key(&form.key)?;
+    let id = address.id()?;
     let order = load_order(&state, id).await?;
     let shared = state.clone().into_inner();
     let actor = admin.username.clone();

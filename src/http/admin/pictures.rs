@@ -10,6 +10,7 @@ use super::{check_api_csrf, page_chrome};
 use crate::admin::Admin;
 use crate::catalog::images;
 use crate::error::AppError;
+use crate::http::paths::SkuPath;
 use crate::http::{AppState, csrf, html, see_other};
 
 /// A product's thumbnail, on sale or not (`/admin/products/{sku}/thumb`). Like every
@@ -28,15 +29,16 @@ pub async fn get_product_thumb(
 
 /// Uploads a product's picture (a multipart form: `csrf`, then `image`). A refused file
 /// leaves the product as it was and says why on its page.
-#[tracing::instrument(skip_all, fields(sku = %path))]
+#[tracing::instrument(skip_all, fields(sku = req.match_info().get("sku").unwrap_or_default()))]
 pub async fn post_product_image(
     req: HttpRequest,
     admin: Admin,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    address: SkuPath,
     payload: web::Payload,
 ) -> Result<HttpResponse, AppError> {
-    let (sku, product) = load_product(&state, &path).await?;
+    let sku = address.sku()?;
+    let (sku, product) = load_product(&state, sku).await?;
     // The file, plus room for the form's other field and part headers.
     let cap = images::MAX_UPLOAD_BYTES + 64 * 1024;
     const TOO_LARGE: &str =

@@ -13,6 +13,7 @@ use crate::catalog::manage::ProductRow;
 use crate::catalog::manage::{self, ProductFields};
 use crate::catalog::{self, Sku};
 use crate::error::AppError;
+use crate::http::paths::{SkuPath, no_product};
 use crate::http::{AppState, Chrome, csrf, html, see_other};
 use crate::inventory::db as stock;
 
@@ -102,12 +103,11 @@ impl ProductPage {
 /// is the stored one); 404 for a malformed or unknown SKU.
 pub(super) async fn load_product(
     state: &AppState,
-    raw: &str,
+    sku: Sku,
 ) -> Result<(Sku, ProductRow), AppError> {
-    let not_found =
-        || AppError::not_found(format!("No product with SKU {}.", crate::text::quoted(raw)));
-    let sku = Sku::parse(raw).map_err(|_| not_found())?;
-    let product = manage::find(&state.db, &sku).await?.ok_or_else(not_found)?;
+    let product = manage::find(&state.db, &sku)
+        .await?
+        .ok_or_else(|| no_product(sku.as_str()))?;
     Ok((sku, product))
 }
 
@@ -272,10 +272,11 @@ pub async fn get_product(
     req: HttpRequest,
     admin: Admin,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    address: SkuPath,
     query: web::Query<DoneQuery>,
 ) -> Result<HttpResponse, AppError> {
-    let (sku, product) = load_product(&state, &path).await?;
+    let sku = address.sku()?;
+    let (sku, product) = load_product(&state, sku).await?;
     let page = format!("/admin/products/{sku}");
     let notice = done_notice(&state, &admin, &page, query.done.as_deref()).await?;
     let mut page = ProductPage::new(page_chrome(&req, &admin), product);
@@ -289,11 +290,12 @@ pub async fn post_product(
     req: HttpRequest,
     admin: Admin,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    address: SkuPath,
     form: web::Form<ProductForm>,
 ) -> Result<HttpResponse, AppError> {
     csrf::check_admin(&admin, &form.csrf)?;
-    let (sku, mut product) = load_product(&state, &path).await?;
+    let sku = address.sku()?;
+    let (sku, mut product) = load_product(&state, sku).await?;
     match check_product(&form) {
         Err(message) => {
             product.name = form.name.clone();

@@ -15,6 +15,7 @@ use crate::admin::Admin;
 use crate::catalog::Sku;
 use crate::catalog::manage::ProductRow;
 use crate::error::AppError;
+use crate::http::paths::SkuPath;
 use crate::http::{AppState, Chrome, csrf, html};
 use crate::idempotency::StoredResponse;
 use crate::inventory::change::{self, Change, Refused};
@@ -49,7 +50,7 @@ async fn refused(
     message: String,
     moved: Option<i32>,
 ) -> Result<HttpResponse, AppError> {
-    let (_, product) = load_product(state, sku.as_str()).await?;
+    let (_, product) = load_product(state, sku.clone()).await?;
     let page = ProductPage {
         moved,
         ..ProductPage::new(page_chrome(req, admin), product).saying(message, true)
@@ -83,11 +84,11 @@ pub async fn post_restock(
     req: HttpRequest,
     admin: Admin,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    address: SkuPath,
     form: web::Form<StockForm>,
 ) -> Result<HttpResponse, AppError> {
     let checked = Change::restock(whole_number(&form.units), "Units to add");
-    apply(req, admin, state, path, form, checked).await
+    apply(req, admin, state, address, form, checked).await
 }
 
 /// "Set the count to N": compare-and-set against the count the form was rendered with.
@@ -97,14 +98,14 @@ pub async fn post_adjust(
     req: HttpRequest,
     admin: Admin,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    address: SkuPath,
     form: web::Form<StockForm>,
 ) -> Result<HttpResponse, AppError> {
     let checked = Change::adjust(
         (whole_number(&form.expected), "The count the form showed"),
         (whole_number(&form.on_hand), "The new count"),
     );
-    apply(req, admin, state, path, form, checked).await
+    apply(req, admin, state, address, form, checked).await
 }
 
 /// Applies a stock form's change once per form: the product's page with a notice, or
@@ -113,13 +114,13 @@ async fn apply(
     req: HttpRequest,
     admin: Admin,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    address: SkuPath,
     form: web::Form<StockForm>,
     checked: Result<Change, change::Invalid>,
 ) -> Result<HttpResponse, AppError> {
     csrf::check_admin(&admin, &form.csrf)?;
     let key = form_key(&form.key)?;
-    let (sku, _) = load_product(&state, &path).await?;
+    let (sku, _) = load_product(&state, address.sku()?).await?;
     let checked = checked.and_then(|c| Ok((c, change::reason(&form.reason)?)));
     let (change, reason) = match checked {
         Ok(v) => v,
@@ -210,10 +211,11 @@ pub async fn get_ledger(
     req: HttpRequest,
     admin: Admin,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    address: SkuPath,
     query: web::Query<LedgerQuery>,
 ) -> Result<HttpResponse, AppError> {
-    let (sku, product) = load_product(&state, &path).await?;
+    let sku = address.sku()?;
+    let (sku, product) = load_product(&state, sku).await?;
     // Ledger rows are short: twice as many a page.
     let page = Page::of(query.page, PAGE * 2);
     let movements = ledger::page(&state.db, &sku, page.size, page.offset()).await?;

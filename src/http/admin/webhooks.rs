@@ -22,6 +22,7 @@ use crate::events::db::{self, Delivery, Endpoint, Stats};
 use crate::events::mail::{self, Written};
 use crate::events::{EventType, sign, target};
 use crate::http::csrf::TokenForm;
+use crate::http::paths::{IdPath, Names};
 use crate::http::{AppState, Chrome, csrf, html, see_other};
 use crate::idempotency::StoredResponse;
 
@@ -303,18 +304,25 @@ pub async fn post_webhooks(
     .await?
 }
 
-pub(super) fn endpoint_id(raw: &str) -> Result<Uuid, AppError> {
-    Uuid::parse_str(raw).map_err(|_| AppError::not_found("No such webhook endpoint."))
+/// A webhook endpoint's address: `…/webhooks/{id}…`.
+pub struct EndpointAddress;
+
+impl Names for EndpointAddress {
+    type Id = Uuid;
+
+    fn missing(_: &str) -> AppError {
+        AppError::not_found("No such webhook endpoint.")
+    }
 }
 
 pub async fn post_delete_webhook(
     admin: Admin,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    address: IdPath<EndpointAddress>,
     form: web::Form<TokenForm>,
 ) -> Result<HttpResponse, AppError> {
     csrf::check_admin(&admin, &form.csrf)?;
-    let id = endpoint_id(&path)?;
+    let id = address.id()?;
     // Deleting twice (a double click) shows the same result.
     db::delete_endpoint(&state.db, id).await?;
     tracing::info!(admin = %admin.username, endpoint = %id, "webhook endpoint deleted");
@@ -365,19 +373,25 @@ pub async fn get_deliveries(
     html(StatusCode::OK, &page)
 }
 
-pub(super) fn delivery_id(raw: &str) -> Result<i64, AppError> {
-    raw.parse()
-        .map_err(|_| AppError::not_found("No such delivery."))
+/// A delivery's address: `…/deliveries/{id}/resend`.
+pub struct DeliveryAddress;
+
+impl Names for DeliveryAddress {
+    type Id = i64;
+
+    fn missing(_: &str) -> AppError {
+        AppError::not_found("No such delivery.")
+    }
 }
 
 pub async fn post_resend_delivery(
     admin: Admin,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    address: IdPath<DeliveryAddress>,
     form: web::Form<TokenForm>,
 ) -> Result<HttpResponse, AppError> {
     csrf::check_admin(&admin, &form.csrf)?;
-    let id = delivery_id(&path)?;
+    let id = address.id()?;
     if !db::resend(&state.db, id).await? {
         return Err(AppError::not_found("No such delivery."));
     }

@@ -10,7 +10,8 @@ use crate::drops::queue::Joiner;
 use crate::drops::ticket::TicketView;
 use crate::error::AppError;
 use crate::http::contract::{LookupErrors, QueueErrors, ShopperHeader};
-use crate::http::gate::{find, identity, join, look};
+use crate::http::gate::{DropAddress, find, find_id, identity, join, look};
+use crate::http::paths::IdPath;
 use crate::http::{AppState, limits};
 
 fn ticket_response(mut res: actix_web::HttpResponseBuilder, view: &TicketView) -> HttpResponse {
@@ -129,9 +130,10 @@ pub struct PublicDrop {
 )]
 pub async fn get_drop(
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    address: IdPath<DropAddress>,
 ) -> Result<HttpResponse, AppError> {
-    let drop = find(&state, &path).await?;
+    let id = address.id()?;
+    let drop = find_id(&state, id).await?;
     Ok(HttpResponse::Ok().json(PublicDrop {
         id: drop.id,
         sku: drop.sku.clone(),

@@ -124,8 +124,9 @@ pub async fn get_products(
 )]
 pub async fn get_product(
     state: web::Data<AppState>,
-    SkuPath(sku): SkuPath,
+    address: SkuPath,
 ) -> Result<HttpResponse, AppError> {
+    let sku = address.sku()?;
     let not_found = || no_product(sku.as_str());
     let product = state
         .read(async |db| Ok(state.catalog.product(db, &sku).await?))

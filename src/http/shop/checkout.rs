@@ -147,6 +147,8 @@ impl CheckoutPage {
 pub struct Checkout;
 
 impl Names for Checkout {
+    type Id = uuid::Uuid;
+
     fn missing(_: &str) -> AppError {
         AppError::not_found("We have no checkout with this number.")
     }
@@ -161,8 +163,9 @@ async fn find_hold(state: &AppState, id: Uuid) -> Result<Hold, AppError> {
 pub async fn get_checkout_hold(
     req: HttpRequest,
     state: web::Data<AppState>,
-    IdPath(id, _): IdPath<Checkout>,
+    address: IdPath<Checkout>,
 ) -> Result<HttpResponse, AppError> {
+    let id = address.id()?;
     let hold = find_hold(&state, id).await?;
     if let Some(order_id) = hold.order_id {
         return Ok(see_other(&format!("/orders/{order_id}")));
@@ -194,10 +197,11 @@ pub struct ConfirmForm {
 pub async fn post_checkout_confirm(
     req: HttpRequest,
     state: web::Data<AppState>,
-    IdPath(id, _): IdPath<Checkout>,
+    address: IdPath<Checkout>,
     form: web::Form<ConfirmForm>,
 ) -> Result<HttpResponse, AppError> {
     csrf::check_storefront(&req, &form.csrf)?;
+    let id = address.id()?;
     let again = |status, error: &str, shortages| {
         let problem = Problem::Checkout(error.to_string(), shortages);
         checkout_again(&req, &state, id, &form, status, problem)
@@ -310,10 +314,11 @@ async fn checkout_again(
 pub async fn post_checkout_cancel(
     req: HttpRequest,
     state: web::Data<AppState>,
-    IdPath(id, _): IdPath<Checkout>,
+    address: IdPath<Checkout>,
     form: web::Form<TokenForm>,
 ) -> Result<HttpResponse, AppError> {
     csrf::check_storefront(&req, &form.csrf)?;
+    let id = address.id()?;
     let shared = state.into_inner();
     let released = detached(crate::checkout::work_limit(&shared.settings), async move {
         holds::release(&shared.db, Some(&shared.redis), id, "shopper").await

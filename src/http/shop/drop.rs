@@ -16,6 +16,7 @@ use crate::drops::{Drop, pass};
 use crate::error::AppError;
 use crate::http::csrf::{self, TokenForm};
 use crate::http::gate as api;
+use crate::http::paths::IdPath;
 use crate::http::{AppState, Chrome, html, named_cookie, see_other};
 
 fn ticket_cookie(id: Uuid) -> String {
@@ -162,9 +163,10 @@ async fn product_name(state: &AppState, drop: &Drop) -> String {
 pub async fn get_queue(
     req: HttpRequest,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    address: IdPath<api::DropAddress>,
 ) -> Result<HttpResponse, AppError> {
-    let drop = api::find(&state, &path).await?;
+    let id = address.id()?;
+    let drop = api::find_id(&state, id).await?;
     let identity = super::browser(&req);
     let mut page = QueuePage {
         chrome: Chrome::new(&req),
@@ -205,11 +207,12 @@ pub async fn get_queue(
 pub async fn post_queue(
     req: HttpRequest,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    address: IdPath<api::DropAddress>,
     form: web::Form<TokenForm>,
 ) -> Result<HttpResponse, AppError> {
     csrf::check_storefront(&req, &form.csrf)?;
-    let drop = api::find(&state, &path).await?;
+    let id = address.id()?;
+    let drop = api::find_id(&state, id).await?;
     let identity = super::browser(&req);
     let address = crate::http::client_addr(&req, &state.settings).to_string();
     let joiner = Joiner {

@@ -21,8 +21,9 @@ struct OrderPage {
 pub async fn get_order(
     req: HttpRequest,
     state: web::Data<AppState>,
-    IdPath(id, _): IdPath<OrderAddress>,
+    address: IdPath<OrderAddress>,
 ) -> Result<HttpResponse, AppError> {
+    let id = address.id()?;
     let not_found = || OrderAddress::missing("");
     let order = orders::db::find_order(&state.db, id)
         .await?
@@ -41,6 +42,8 @@ pub async fn get_order(
 pub struct OrderAddress;
 
 impl Names for OrderAddress {
+    type Id = uuid::Uuid;
+
     fn missing(_: &str) -> AppError {
         AppError::not_found("We have no order with this number.")
     }

@@ -28,12 +28,13 @@ impl ProductPage {
     }
 }
 
-#[tracing::instrument(skip_all, fields(sku = %sku.as_str()))]
+#[tracing::instrument(skip_all, fields(sku = req.match_info().get("sku").unwrap_or_default()))]
 pub async fn get_product(
     req: HttpRequest,
     state: web::Data<AppState>,
-    SkuPath(sku): SkuPath,
+    address: SkuPath,
 ) -> Result<ProductPage, AppError> {
+    let sku = address.sku()?;
     let not_found = || no_product(sku.as_str());
     let product = state
         .read(async |db| Ok(state.catalog.product(db, &sku).await?))

@@ -5,7 +5,7 @@ use actix_web::{HttpResponse, web};
 use uuid::Uuid;
 
 use super::super::AdminWrite;
-use super::super::drops::{DropForm, apply_change, drop_error};
+use super::super::drops::{AdminDrop, DropForm, apply_change, drop_error};
 use crate::admin::Admin;
 use crate::drops::db::Change;
 use crate::drops::live::{Live, live};
@@ -13,6 +13,7 @@ use crate::error::AppError;
 use crate::http::AppState;
 use crate::http::contract::{AdminActionErrors, AdminCreateErrors, AdminReadErrors};
 use crate::http::json::{Body, FromBody};
+use crate::http::paths::{IdPath, Names};
 
 /// A drop to schedule.
 #[derive(utoipa::ToSchema)]
@@ -45,15 +46,15 @@ pub struct NewDropBody {
     session_seconds: Option<i64>,
 }
 
-fn no_drop() -> AppError {
-    AppError::not_found("There is no such drop.")
+async fn find(state: &AppState, raw: &str) -> Result<crate::drops::Drop, AppError> {
+    let id = Uuid::try_parse(raw).map_err(|_| AdminDrop::missing(raw))?;
+    find_id(state, id).await
 }
 
-async fn find(state: &AppState, raw: &str) -> Result<crate::drops::Drop, AppError> {
-    let id = Uuid::try_parse(raw).map_err(|_| no_drop())?;
+async fn find_id(state: &AppState, id: Uuid) -> Result<crate::drops::Drop, AppError> {
     crate::drops::db::get(&state.db, id)
         .await?
-        .ok_or_else(no_drop)
+        .ok_or_else(|| AdminDrop::missing(""))
 }
 
 fn no_store(mut res: actix_web::HttpResponseBuilder, body: &impl serde::Serialize) -> HttpResponse {
@@ -142,9 +143,10 @@ pub async fn post_api_drops(
 pub async fn get_api_drop(
     _admin: Admin,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    address: IdPath<AdminDrop>,
 ) -> Result<HttpResponse, AppError> {
-    let drop = find(&state, &path).await?;
+    let id = address.id()?;
+    let drop = find_id(&state, id).await?;
     Ok(no_store(
         HttpResponse::Ok(),
         &live(&state.db, &state.redis, &drop).await?,

@@ -16,7 +16,7 @@ use super::AdminWrite;
 use super::dashboard::{Dashboard, dashboard};
 use super::once::{admin_key, apply_once};
 use super::webhooks::{
-    DELIVERIES_SHOWN, DeliveriesQuery, check_new, delivery_id, endpoint_id, status_filter,
+    DELIVERIES_SHOWN, DeliveriesQuery, DeliveryAddress, EndpointAddress, check_new, status_filter,
 };
 use crate::admin::Admin;
 use crate::catalog::{self, Sku, manage};
@@ -33,7 +33,7 @@ use crate::http::contract::{
     AdminStockErrors,
 };
 use crate::http::json::{Body, FromBody, Json};
-use crate::http::paths::{SkuPath, no_product};
+use crate::http::paths::{IdPath, SkuPath, no_product};
 use crate::idempotency::{Once, Scope, StoredResponse};
 use crate::inventory::change::{self, Change, Refused};
 
@@ -233,9 +233,10 @@ fn api_answer(once: Once) -> Result<HttpResponse, AppError> {
 pub async fn patch_api_product(
     _admin: AdminWrite,
     state: web::Data<AppState>,
-    SkuPath(sku): SkuPath,
+    address: SkuPath,
     Body(patch): Body<ProductPatch>,
 ) -> Result<HttpResponse, AppError> {
+    let sku = address.sku()?;
     let ProductPatch { limit, category } = patch;
     let not_found = || AppError::not_found(format!("No product with SKU {sku}."));
     let mut tx = state.db.begin().await?;
@@ -281,9 +282,10 @@ pub async fn post_api_restock(
     req: HttpRequest,
     AdminWrite(admin): AdminWrite,
     state: web::Data<AppState>,
-    SkuPath(sku): SkuPath,
+    address: SkuPath,
     Json(body): Json<RestockBody>,
 ) -> Result<HttpResponse, AppError> {
+    let sku = address.sku()?;
     let sku = existing(&state, sku).await?;
     let change = Change::restock(Some(body.units), "units")?;
     let reason = change::reason(&body.reason)?;
@@ -311,9 +313,10 @@ pub async fn post_api_adjust(
     req: HttpRequest,
     AdminWrite(admin): AdminWrite,
     state: web::Data<AppState>,
-    SkuPath(sku): SkuPath,
+    address: SkuPath,
     Json(body): Json<AdjustBody>,
 ) -> Result<HttpResponse, AppError> {
+    let sku = address.sku()?;
     let sku = existing(&state, sku).await?;
     let change = Change::adjust(
         (Some(body.expected_on_hand), "expected_on_hand"),
@@ -454,9 +457,9 @@ pub async fn post_api_webhooks(
 pub async fn delete_api_webhook(
     _admin: AdminWrite,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    address: IdPath<EndpointAddress>,
 ) -> Result<HttpResponse, AppError> {
-    let id = endpoint_id(&path)?;
+    let id = address.id()?;
     if !db::delete_endpoint(&state.db, id).await? {
         return Err(AppError::not_found("No such webhook endpoint."));
     }
@@ -502,9 +505,9 @@ pub async fn get_api_deliveries(
 pub async fn post_api_resend_delivery(
     _admin: AdminWrite,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    address: IdPath<DeliveryAddress>,
 ) -> Result<HttpResponse, AppError> {
-    let id = delivery_id(&path)?;
+    let id = address.id()?;
     if !db::resend(&state.db, id).await? {
         return Err(AppError::not_found("No such delivery."));
     }
