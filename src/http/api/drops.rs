@@ -47,7 +47,7 @@ fn ticket_response(mut res: actix_web::HttpResponseBuilder, view: &TicketView) -
 pub async fn post_queue(
     req: HttpRequest,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    address: IdPath<DropAddress>,
 ) -> Result<HttpResponse, AppError> {
     let caller = limits::caller(&req, &state).await?;
     if caller == Caller::Anonymous {
@@ -58,7 +58,7 @@ pub async fn post_queue(
             invalid: false,
         });
     }
-    let drop = find(&state, &path).await?;
+    let drop = find_id(&state, address.id()?).await?;
     let (identity, key_owner) = identity(&req, &caller)?;
     let address = crate::http::client_addr(&req, &state.settings).to_string();
     let joiner = Joiner {

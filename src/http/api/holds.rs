@@ -14,6 +14,7 @@ use crate::http::contract::{ConfirmErrors, OwnLookupErrors, PlaceErrors, Release
 use crate::http::json::{self, Json};
 use crate::http::limits;
 use crate::http::middleware::answer_by;
+use crate::http::paths::{IdPath, Names};
 use crate::http::{AppState, detached};
 
 /// Places a checkout hold: the stock is reserved until it expires, is confirmed into an
@@ -53,15 +54,30 @@ pub async fn post_holds(
     place(req, state, body, crate::checkout::Want::Hold).await
 }
 
+/// A hold's address in the API: `/api/v1/holds/{id}…`, taken after the caller is known.
+pub struct HoldAddress;
+
+impl Names for HoldAddress {
+    type Id = Uuid;
+
+    fn missing(_: &str) -> AppError {
+        no_hold()
+    }
+}
+
 fn no_hold() -> AppError {
     // The id is not repeated: the caller has it, and a message is no place for its text.
     AppError::not_found("No such reservation: no hold with this id was placed by this caller.")
 }
 
 /// The id of a hold the caller placed; 404 for any other (whether or not it exists).
-async fn own_hold(req: &HttpRequest, state: &AppState, path: &str) -> Result<Uuid, AppError> {
+async fn own_hold(
+    req: &HttpRequest,
+    state: &AppState,
+    address: IdPath<HoldAddress>,
+) -> Result<Uuid, AppError> {
     let caller = limits::caller(req, state).await?;
-    let id = Uuid::parse_str(path).map_err(|_| no_hold())?;
+    let id = address.id()?;
     if !clients::owns_hold(&state.db, &caller, id).await? {
         return Err(no_hold());
     }
@@ -83,9 +99,9 @@ async fn own_hold(req: &HttpRequest, state: &AppState, path: &str) -> Result<Uui
 pub async fn get_hold(
     req: HttpRequest,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    address: IdPath<HoldAddress>,
 ) -> Result<HttpResponse, AppError> {
-    let id = own_hold(&req, &state, &path).await?;
+    let id = own_hold(&req, &state, address).await?;
     let hold = holds::db::find_hold(&state.db, id)
         .await?
         .ok_or_else(no_hold)?;
@@ -135,13 +151,13 @@ pub struct ConfirmBody {
 pub async fn post_hold_confirm(
     req: HttpRequest,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    address: IdPath<HoldAddress>,
     body: web::Bytes,
 ) -> Result<HttpResponse, AppError> {
     // Whose the hold is, is asked with the confirmation (under `batched`, in its lot's
     // read), not by a read of its own.
     let caller = limits::caller(&req, &state).await?;
-    let id = Uuid::parse_str(&path).map_err(|_| no_hold())?;
+    let id = address.id()?;
     let owner = caller.hold_owner();
     // The body is optional; when present it is JSON by the rule every body follows.
     let body: ConfirmBody = json::optional(&req, &body)?.unwrap_or_default();
@@ -212,9 +228,9 @@ pub async fn post_hold_confirm(
 pub async fn delete_hold(
     req: HttpRequest,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    address: IdPath<HoldAddress>,
 ) -> Result<HttpResponse, AppError> {
-    let id = own_hold(&req, &state, &path).await?;
+    let id = own_hold(&req, &state, address).await?;
     let state = state.into_inner();
     detached(crate::checkout::work_limit(&state.settings), async move {
         holds::release(&state.db, Some(&state.redis), id, "api").await

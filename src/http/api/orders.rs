@@ -11,6 +11,7 @@ use crate::http::AppState;
 use crate::http::contract::{OwnLookupErrors, PlaceErrors};
 use crate::http::json::Json;
 use crate::http::limits;
+use crate::http::paths::{IdPath, Names};
 use crate::orders;
 
 /// Places an order: every line or none, never more than is in stock. A retry with the same
@@ -59,12 +60,11 @@ pub async fn post_orders(
 pub async fn get_order(
     req: HttpRequest,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    address: IdPath<OrderAddress>,
 ) -> Result<HttpResponse, AppError> {
     let caller = limits::caller(&req, &state).await?;
-    // The id is not repeated: the caller has it, and a message is no place for its text.
-    let not_found = || AppError::not_found("No order with this id was placed by this caller.");
-    let id = Uuid::parse_str(&path).map_err(|_| not_found())?;
+    let not_found = || OrderAddress::missing("");
+    let id = address.id()?;
     if !clients::owns_order(&state.db, &caller, id).await? {
         return Err(not_found());
     }
@@ -72,4 +72,16 @@ pub async fn get_order(
         .await?
         .ok_or_else(not_found)?;
     Ok(HttpResponse::Ok().json(order))
+}
+
+/// An order's address in the API: `/api/v1/orders/{id}`, taken after the caller is known.
+pub struct OrderAddress;
+
+impl Names for OrderAddress {
+    type Id = Uuid;
+
+    // The id is not repeated: the caller has it, and a message is no place for its text.
+    fn missing(_: &str) -> AppError {
+        AppError::not_found("No order with this id was placed by this caller.")
+    }
 }
