@@ -26,6 +26,26 @@ pub async fn record(conn: &mut PgConnection, event: Event) -> sqlx::Result<()> {
     Ok(())
 }
 
+/// The part of a group-commit write that records `$event` events, one per payload in
+/// parameter `$param` (a `jsonb[]`), as the part named `$part`; written only if the
+/// statement's `go` is true. Whether an endpoint subscribes is looked up once per statement
+/// (a scalar subquery), not once per event, as [`record_many`] does.
+#[rustfmt::skip]
+macro_rules! events_sql {
+    ($part:literal, $event:literal, $param:literal) => {
+        concat!(
+            ", ", $part, " as (
+               insert into events (type, payload, routed_at)
+               select '", $event, "', p,
+                      event_routed_at((select event_subscribed('", $event, "')), '", $event, "', p)
+                 from unnest(", $param, "::jsonb[]) as p
+                where (select go from go)
+           )"
+        )
+    };
+}
+pub(crate) use events_sql;
+
 /// Writes events of one type by one statement (a batch's orders, a sweep's holds), on the
 /// transaction of the changes they report. Whether an endpoint subscribes is a scalar
 /// subquery, so PostgreSQL looks it up once per statement; written as a subquery in

@@ -413,19 +413,15 @@ impl Confirmations {
 const CONFIRM_SQL: &str = concat!(
     crate::inventory::group::stock_sql!(),
     crate::orders::db::order_rows_sql!(),
+    crate::events::db::events_sql!("placed_events", "order.placed", "$20"),
     r#", confirmed as (
            update holds h
               set state = 'confirmed', order_id = u.id, updated_at = now()
              from unnest($6::uuid[], $21::uuid[]) as u(id, hold)
             where h.id = u.hold and (select go from go)
-       ), confirmed_events as (
-           insert into events (type, payload, routed_at)
-           select 'hold.confirmed', p,
-                  event_routed_at((select event_subscribed('hold.confirmed')), 'hold.confirmed', p)
-             from unnest($22::jsonb[]) as p
-            where (select go from go)
-       )
-       select go from go"#
+       )"#,
+    crate::events::db::events_sql!("confirmed_events", "hold.confirmed", "$22"),
+    " select go from go"
 );
 
 /// Confirms a lot of locked, live holds by one statement: each SKU's stock sold from what

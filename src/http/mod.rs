@@ -73,6 +73,17 @@ impl AppState {
     /// again on the primary. A busy replica's timeout stays a 503: its reads are not moved
     /// onto the primary, which orders need. Stock decisions, orders, holds, idempotency
     /// records and admin writes use [`AppState::db`].
+    /// The product on sale with `sku`, read where reads that may lag go ([`Self::read`]);
+    /// 404 when there is none.
+    pub async fn read_product(
+        &self,
+        sku: &crate::catalog::Sku,
+    ) -> Result<crate::catalog::ProductView, AppError> {
+        self.read(async |db| Ok(self.catalog.product(db, sku).await?))
+            .await?
+            .ok_or_else(|| paths::no_product(sku.as_str()))
+    }
+
     pub async fn read<T>(
         &self,
         read: impl AsyncFn(&PgPool) -> Result<T, AppError>,

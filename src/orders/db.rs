@@ -245,9 +245,10 @@ pub struct OrderFilter {
     pub date: Option<chrono::NaiveDate>,
 }
 
-/// The parts of a group-commit write that place its orders, on parameters `$6`–`$20`
-/// ([`OrderRows`]), after [`crate::inventory::group::stock_sql`]'s `go`: every order,
-/// line, ledger row and `order.placed` event, or nothing.
+/// The parts of a group-commit write that place its orders, on parameters `$6`–`$19`
+/// ([`OrderRows`]), after [`crate::inventory::group::stock_sql`]'s `go`: every order, line
+/// and ledger row, or nothing. Their `order.placed` events (`$20`) follow, as
+/// `events_sql!("placed_events", "order.placed", "$20")`.
 macro_rules! order_rows_sql {
     () => {
         r#", placed as (
@@ -271,14 +272,6 @@ macro_rules! order_rows_sql {
                select sku, -quantity, reserved_delta, 'order', id::text, actor
                  from unnest($14::uuid[], $15::text[], $16::int[], $18::int[], $19::text[])
                       as u(id, sku, quantity, reserved_delta, actor)
-                where (select go from go)
-           ), placed_events as (
-               insert into events (type, payload, routed_at)
-               -- A scalar subquery: whether an endpoint subscribes is looked up once per
-               -- statement, not once per event (see events::db::record_many).
-               select 'order.placed', p,
-                      event_routed_at((select event_subscribed('order.placed')), 'order.placed', p)
-                 from unnest($20::jsonb[]) as p
                 where (select go from go)
            )"#
     };

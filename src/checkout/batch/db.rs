@@ -137,6 +137,7 @@ pub struct PlacedHolds<'a> {
 const WRITE_SQL: &str = concat!(
     crate::inventory::group::stock_sql!(),
     crate::orders::db::order_rows_sql!(),
+    crate::events::db::events_sql!("placed_events", "order.placed", "$20"),
     r#", held as (
            insert into holds
                   (id, state, expires_at, email, customer_name, idempotency_scope,
@@ -159,13 +160,9 @@ const WRITE_SQL: &str = concat!(
              from unnest($28::uuid[], $29::text[], $30::int[], $32::text[])
                   as u(id, sku, quantity, scope)
             where (select go from go)
-       ), held_events as (
-           insert into events (type, payload, routed_at)
-           select 'hold.placed', p,
-                  event_routed_at((select event_subscribed('hold.placed')), 'hold.placed', p)
-             from unnest($33::jsonb[]) as p
-            where (select go from go)
-       ), answers as (
+       )"#,
+    crate::events::db::events_sql!("held_events", "hold.placed", "$33"),
+    r#", answers as (
            insert into idempotency_keys
                   (scope, key, fingerprint, state, owner, response_status, response_body,
                    completed_at)

@@ -9,7 +9,7 @@ use crate::error::AppError;
 use crate::http::AppState;
 use crate::http::contract::inputs::{CategoryFilter, PageNumber, SearchWords, SkuInput, SortOrder};
 use crate::http::contract::{LookupErrors, SearchErrors};
-use crate::http::paths::{SkuPath, no_product};
+use crate::http::paths::SkuPath;
 
 /// A product as the API shows it.
 #[derive(Serialize, utoipa::ToSchema)]
@@ -126,11 +126,6 @@ pub async fn get_product(
     state: web::Data<AppState>,
     address: SkuPath,
 ) -> Result<HttpResponse, AppError> {
-    let sku = address.sku()?;
-    let not_found = || no_product(sku.as_str());
-    let product = state
-        .read(async |db| Ok(state.catalog.product(db, &sku).await?))
-        .await?
-        .ok_or_else(not_found)?;
+    let product = state.read_product(&address.sku()?).await?;
     Ok(HttpResponse::Ok().json(ProductJson::from(product)))
 }

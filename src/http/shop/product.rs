@@ -7,7 +7,7 @@ use askama_web::WebTemplate;
 
 use crate::catalog::{ProductView, Sku, images};
 use crate::error::AppError;
-use crate::http::paths::{SkuPath, no_product};
+use crate::http::paths::SkuPath;
 use crate::http::{AppState, Chrome};
 
 #[derive(Template, WebTemplate)]
@@ -35,11 +35,7 @@ pub async fn get_product(
     address: SkuPath,
 ) -> Result<ProductPage, AppError> {
     let sku = address.sku()?;
-    let not_found = || no_product(sku.as_str());
-    let product = state
-        .read(async |db| Ok(state.catalog.product(db, &sku).await?))
-        .await?
-        .ok_or_else(not_found)?;
+    let product = state.read_product(&sku).await?;
     Ok(ProductPage {
         drop: super::drop::drop_box(&req, &state, sku.as_str()).await?,
         chrome: Chrome::new(&req),
@@ -55,14 +51,8 @@ pub async fn get_product_image(
     state: web::Data<AppState>,
     path: web::Path<String>,
 ) -> Result<HttpResponse, AppError> {
-    picture(
-        &req,
-        &state,
-        &path,
-        images::Size::Full,
-        images::Shown::OnSale,
-    )
-    .await
+    let shown = images::Shown::OnSale;
+    picture(&req, &state, &path, images::Size::Full, shown).await
 }
 
 /// A product's thumbnail (`/products/{sku}/thumb`), for the catalogue.
@@ -72,14 +62,8 @@ pub async fn get_product_thumb(
     state: web::Data<AppState>,
     path: web::Path<String>,
 ) -> Result<HttpResponse, AppError> {
-    picture(
-        &req,
-        &state,
-        &path,
-        images::Size::Thumb,
-        images::Shown::OnSale,
-    )
-    .await
+    let shown = images::Shown::OnSale;
+    picture(&req, &state, &path, images::Size::Thumb, shown).await
 }
 
 /// The stored bytes with their ETag; 304 when the client already has them. Pages link
