@@ -79,7 +79,8 @@ pub async fn take_stock(
     reference: &str,
     actor: &str,
 ) -> sqlx::Result<Take> {
-    claim_units(conn, Claim::Sell, sku, quantity, fence, reference, actor).await
+    let entry = Entry::of(-quantity, 0, "order", actor).for_ref(reference);
+    claim_units(conn, sku, entry, fence).await
 }
 
 /// Reserves `quantity` units of `sku` for a hold: `reserved += quantity` under the same
@@ -93,34 +94,25 @@ pub async fn reserve_stock(
     reference: &str,
     actor: &str,
 ) -> sqlx::Result<Take> {
-    claim_units(conn, Claim::Reserve, sku, quantity, fence, reference, actor).await
-}
-
-/// What a claim on available units does to the stock row.
-#[derive(Debug, Clone, Copy)]
-enum Claim {
-    /// `on_hand −= q` (an order).
-    Sell,
-    /// `reserved += q` (a hold).
-    Reserve,
+    let entry = Entry::of(0, quantity, "hold", actor).for_ref(reference);
+    claim_units(conn, sku, entry, fence).await
 }
 
 /// How often a conditional update is retried when stock moved under it.
 const RETRIES: usize = 3;
 
+/// Applies `entry` to free units (its `delta` sells them, its `reserved_delta` reserves
+/// them) by [`claim_free_units`], with its ledger row; retried while stock moves under it.
 async fn claim_units(
     conn: &mut PgConnection,
-    claim: Claim,
     sku: &Sku,
-    quantity: i32,
+    entry: Entry<'_>,
     fence: Option<i64>,
-    reference: &str,
-    actor: &str,
 ) -> sqlx::Result<Take> {
     for _ in 0..RETRIES {
         // None: stock came back between the update and the look at why it failed (read
         // committed takes a new snapshot per statement), so the update may succeed now.
-        if let Some(done) = claim_once(conn, claim, sku, quantity, fence, reference, actor).await? {
+        if let Some(done) = claim_once(conn, sku, entry, fence).await? {
             return Ok(done);
         }
     }
@@ -129,26 +121,15 @@ async fn claim_units(
 
 async fn claim_once(
     conn: &mut PgConnection,
-    claim: Claim,
     sku: &Sku,
-    quantity: i32,
+    entry: Entry<'_>,
     fence: Option<i64>,
-    reference: &str,
-    actor: &str,
 ) -> sqlx::Result<Option<Take>> {
-    let (sold, held) = match claim {
-        Claim::Sell => (quantity, 0),
-        Claim::Reserve => (0, quantity),
+    let (sold, held) = (-entry.delta, entry.reserved_delta);
+    let Some(left) = claim_free_units(conn, sku, (sold, held), fence).await? else {
+        return why_not(conn, sku, sold + held, fence).await;
     };
-    let left = claim_free_units(conn, sku, (sold, held), fence).await?;
-    let Some(left) = left else {
-        return why_not(conn, sku, quantity, fence).await;
-    };
-    let entry = match claim {
-        Claim::Sell => Entry::of(-quantity, 0, "order", actor),
-        Claim::Reserve => Entry::of(0, quantity, "hold", actor),
-    };
-    record_movement(conn, sku, entry.for_ref(reference)).await?;
+    record_movement(conn, sku, entry).await?;
     Ok(Some(Take::Taken { left }))
 }
 
