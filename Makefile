@@ -5,11 +5,13 @@ SHELL := /bin/bash
 APT := DEBIAN_FRONTEND=noninteractive apt-get
 # The API fuzzer the contract test runs, pinned, in a virtualenv of the project's own.
 SCHEMATHESIS_VERSION := 4.32.5
+# The fake Stripe server that local mode and the payment tests run (a process, never linked).
+LOCALSTRIPE_VERSION := 1.15.10
 VENV := .venv
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: run test test-stress deps-stress bench cluster build deps-run deps-test deps-bench deps-cluster deps-schemathesis \
-	deps-axe deps-lighthouse lighthouse lint clean sqlx-cli sqlx-prepare
+	deps-axe deps-localstripe deps-lighthouse lighthouse lint clean sqlx-cli sqlx-prepare
 
 ## run: install PostgreSQL and Redis if missing, build, start the shop in local mode
 run: deps-run
@@ -71,12 +73,15 @@ clean:
 # Installs what is missing with one apt-get run (Debian/Ubuntu); elsewhere names it.
 # $(1): "run" (servers), "bench" (servers, pgbench), "cluster" (servers, HAProxy, PgBouncer,
 # Redis Sentinel, Patroni, etcd, pgBackRest) or "test" (all of these, browser, docker-compose,
-# python3-venv for schemathesis, npm for axe-core). pgbench comes with the server on Debian
+# npm for axe-core; "run" and "test" python3-venv for localstripe and schemathesis). pgbench comes with the server on Debian
 # 12; newer releases ship it in postgresql-client.
 define install_missing
 	@missing=""; \
 	( command -v initdb || ls /usr/lib/postgresql/*/bin/initdb ) >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	if [ "$(1)" = run ] || [ "$(1)" = test ]; then \
+	  python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing="$$missing python3-venv"; \
+	fi; \
 	if [ "$(1)" != run ]; then \
 	  ( command -v pgbench || ls /usr/lib/postgresql/*/bin/pgbench ) >/dev/null 2>&1 || missing="$$missing postgresql-client"; \
 	fi; \
@@ -91,7 +96,6 @@ define install_missing
 	if [ "$(1)" = test ]; then \
 	  ( command -v chromium && command -v chromedriver ) >/dev/null 2>&1 || missing="$$missing chromium chromium-driver"; \
 	  command -v docker-compose >/dev/null 2>&1 || missing="$$missing docker-compose"; \
-	  python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing="$$missing python3-venv"; \
 	  command -v npm >/dev/null 2>&1 || missing="$$missing npm"; \
 	fi; \
 	if [ -n "$$missing" ]; then \
@@ -111,10 +115,11 @@ endef
 
 deps-run:
 	$(call install_missing,run)
+	@$(MAKE) --no-print-directory deps-localstripe
 
 deps-test:
 	$(call install_missing,test)
-	@$(MAKE) --no-print-directory deps-schemathesis deps-axe
+	@$(MAKE) --no-print-directory deps-schemathesis deps-localstripe deps-axe
 
 # axe-core for the browser tests' accessibility checks, as tools/axe/package-lock.json pins
 # it (npm ci), unless that lock is already installed.
@@ -129,6 +134,15 @@ deps-schemathesis:
 	  echo "Installing schemathesis $(SCHEMATHESIS_VERSION) into $(VENV)/ (pip; a minute on a fresh machine)"; \
 	  python3 -m venv $(VENV) && \
 	  $(VENV)/bin/pip install -q --disable-pip-version-check "schemathesis==$(SCHEMATHESIS_VERSION)"; \
+	}
+
+# localstripe $(LOCALSTRIPE_VERSION) in $(VENV)/ (from PyPI), unless that version is there:
+# the Stripe-compatible server that local mode pays with and the payment tests start.
+deps-localstripe:
+	@$(VENV)/bin/pip show localstripe 2>/dev/null | grep -qxF "Version: $(LOCALSTRIPE_VERSION)" || { \
+	  echo "Installing localstripe $(LOCALSTRIPE_VERSION) into $(VENV)/ (pip; a minute on a fresh machine)"; \
+	  python3 -m venv $(VENV) && \
+	  $(VENV)/bin/pip install -q --disable-pip-version-check "localstripe==$(LOCALSTRIPE_VERSION)"; \
 	}
 
 # Lighthouse as tools/lighthouse/package-lock.json pins it (12.2.3: 13 needs Node 22), and

@@ -133,6 +133,10 @@ struct CreateKeyArgs {
     /// No rate limit at all (for load tools and trusted back-ends).
     #[arg(long)]
     unlimited: bool,
+    /// May place orders without a payment step when the shop takes payments
+    /// (STOCKADE_PAYMENTS=stripe): for load tools, and back-ends invoiced elsewhere.
+    #[arg(long)]
+    unpaid_orders: bool,
 }
 
 #[derive(Debug, Args)]
@@ -298,8 +302,36 @@ async fn serve(mut settings: Settings, args: ServeArgs) -> anyhow::Result<()> {
         None
     };
 
+    // Payments in local mode without a provider set up: localstripe, with test cards.
+    let stripe = if local.is_some()
+        && settings.payments == crate::config::PaymentsMode::Stripe
+        && settings.stripe_secret_key.is_none()
+    {
+        let dir = settings.data_dir.join("localstripe");
+        let stripe = tokio::task::spawn_blocking(move || {
+            crate::local::LocalStripe::start(&dir, None, false)
+        })
+        .await??;
+        settings.stripe_api_base = stripe.url();
+        settings.stripe_secret_key = Some("sk_test_local".to_string().into());
+        settings.stripe_publishable_key = Some("pk_test_local".into());
+        let secret = format!("whsec_{}", uuid::Uuid::new_v4().simple());
+        settings.stripe_webhook_secret = Some(secret.into());
+        Some(stripe)
+    } else {
+        None
+    };
+
     let backups = args.backups.filter(|_| local.is_some());
-    let result = run_server(settings, local.is_some(), backups, shutdown).await;
+    let result = run_server(
+        settings,
+        local.is_some(),
+        backups,
+        stripe.as_ref(),
+        shutdown,
+    )
+    .await;
+    drop(stripe);
     if let Some(local) = local {
         tracing::info!("stopping PostgreSQL and Redis");
         tokio::task::spawn_blocking(move || local.stop()).await?;
@@ -311,9 +343,11 @@ async fn run_server(
     settings: Settings,
     local_mode: bool,
     backups: Option<PathBuf>,
+    stripe: Option<&crate::local::LocalStripe>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let listen = settings.listen;
+    let webhook_secret = settings.stripe_webhook_secret.clone();
     let metrics_ip = settings.metrics_listen.map(|a| a.ip());
     let (database_url, redis_url) = (settings.database_url.clone(), settings.redis_url.clone());
     let app = Application::build(settings).await?;
@@ -364,6 +398,18 @@ async fn run_server(
             "  Redis:       {}",
             redis_url.as_deref().unwrap_or_default()
         );
+    }
+    if let (Some(stripe), Some(secret)) = (stripe, webhook_secret) {
+        stripe
+            .register_webhook(&format!("{base}/webhooks/stripe"), &secret)
+            .await?;
+        println!(
+            "  Payments:    localstripe at {} (test cards, any future date and CVC):",
+            stripe.url()
+        );
+        for (number, what) in crate::local::TEST_CARDS {
+            println!("                 {number}  {what}");
+        }
     }
     if let Some(dir) = backups {
         println!(
@@ -497,11 +543,19 @@ async fn api_key_command(settings: Settings, command: ApiKeyCommand) -> anyhow::
                 (false, None) => Limit::Default,
             };
             let (client, key) = clients::create(&db, &args.name, limit).await?;
+            if args.unpaid_orders {
+                clients::allow_unpaid_orders(&db, client.id).await?;
+            }
             println!(
-                "created API client {} (id {}, rate limit {})",
+                "created API client {} (id {}, rate limit {}{})",
                 client.name,
                 client.id,
-                client.limit()
+                client.limit(),
+                if args.unpaid_orders {
+                    ", orders without payment"
+                } else {
+                    ""
+                }
             );
             println!("Its key is shown only now; send it as `Authorization: Bearer <key>`:");
             println!("{key}");

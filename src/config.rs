@@ -302,6 +302,42 @@ environment {
     /// Let webhooks go to loopback and private addresses (tests, and receivers on the
     /// shop's own network). Off: refused (SSRF).
     webhook_allow_private: bool, "STOCKADE_WEBHOOK_ALLOW_PRIVATE" = "false", boolean;
+    /// Take payment at checkout: `off` (orders are placed without it) or `stripe`.
+    payments: PaymentsMode, "STOCKADE_PAYMENTS" = "off", choice;
+    /// The provider's secret API key (`sk_…`); local mode makes one up for its fake Stripe.
+    stripe_secret_key: Option<Secret>, "STOCKADE_STRIPE_SECRET_KEY" = unset,
+        |var, v| api_key(var, v, "sk_").map(Some);
+    /// The publishable key the checkout page gives Stripe.js (`pk_…`).
+    stripe_publishable_key: Option<String>, "STOCKADE_STRIPE_PUBLISHABLE_KEY" = unset,
+        |var, v| api_key(var, v, "pk_").map(|k| Some(k.to_string()));
+    /// The secret Stripe signs webhooks to `/webhooks/stripe` with (`whsec_…`).
+    stripe_webhook_secret: Option<Secret>, "STOCKADE_STRIPE_WEBHOOK_SECRET" = unset,
+        |var, v| api_key(var, v, "whsec_").map(Some);
+    /// Where the provider's API is (and Stripe.js, at `/js.stripe.com/v3/` of it when it is
+    /// not Stripe's own): a Stripe-compatible server such as localstripe.
+    stripe_api_base: String, "STOCKADE_STRIPE_API_BASE" = "https://api.stripe.com", |var, v| {
+        if !(v.starts_with("http://") || v.starts_with("https://")) {
+            return Err(malformed(var, v, "expected http://… or https://…"));
+        }
+        Ok(v.trim().trim_end_matches('/').to_string())
+    };
+    /// How long one call to the provider may take before it counts as unanswered.
+    stripe_timeout: Duration, "STOCKADE_STRIPE_TIMEOUT_MS" = "10000",
+        |var, v| bounded(var, v, 100, 120_000).map(Duration::from_millis);
+    /// The shop's one currency (ISO 4217, lower case), shown with every price.
+    currency: String, "STOCKADE_CURRENCY" = "usd", |var, v| {
+        let v = v.trim().to_ascii_lowercase();
+        if v.len() != 3 || !v.bytes().all(|b| b.is_ascii_lowercase()) {
+            return Err(malformed(var, &v, "expected a three-letter ISO 4217 code, e.g. usd"));
+        }
+        Ok(v)
+    };
+    /// Starting to pay extends the hold once, to at least this long from then.
+    payment_extension: Duration, "STOCKADE_PAYMENT_EXTENSION_SECONDS" = "900",
+        |var, v| bounded(var, v, 1, 3_600).map(Duration::from_secs);
+    /// The reconciler looks at a payment nobody finished this long after it was last
+    /// touched (and again as often, until it is settled).
+    payment_reconcile_after: Duration, "STOCKADE_PAYMENT_RECONCILE_MS" = "10000", millis;
     /// Send receipts through this SMTP server, e.g. `smtps://user:pass@smtp.example.com` or
     /// `smtp://127.0.0.1:2525`.
     smtp_url: Option<Secret>, "STOCKADE_SMTP_URL" = unset, |var, v| {
@@ -429,6 +465,18 @@ impl Settings {
                 self.lease_ttl.as_millis()
             )));
         }
+        if self.payments == PaymentsMode::Stripe
+            && (self.stripe_secret_key.is_none()
+                || self.stripe_publishable_key.is_none()
+                || self.stripe_webhook_secret.is_none())
+            && !self.local_mode()
+        {
+            return Err(ConfigError::Inconsistent(
+                "STOCKADE_PAYMENTS=stripe needs STOCKADE_STRIPE_SECRET_KEY, \
+                 STOCKADE_STRIPE_PUBLISHABLE_KEY and STOCKADE_STRIPE_WEBHOOK_SECRET"
+                    .into(),
+            ));
+        }
         Ok(())
     }
 
@@ -494,6 +542,20 @@ fn boolean(var: &'static str, value: &str) -> Result<bool, ConfigError> {
     }
 }
 
+/// A provider key: `prefix` and printable characters without spaces.
+fn api_key(var: &'static str, value: &str, prefix: &str) -> Result<Secret, ConfigError> {
+    let v = value.trim();
+    if !v.starts_with(prefix) || v.len() <= prefix.len() || !v.bytes().all(|b| b.is_ascii_graphic())
+    {
+        return Err(malformed(
+            var,
+            "(hidden)",
+            &format!("expected {prefix}… without spaces"),
+        ));
+    }
+    Ok(Secret::from(v))
+}
+
 fn port(var: &'static str, value: &str) -> Result<u16, ConfigError> {
     bounded(var, value, 1, u16::MAX)
 }
@@ -505,7 +567,7 @@ fn millis(var: &'static str, value: &str) -> Result<Duration, ConfigError> {
 mod net;
 mod values;
 
-pub use values::{LogFormat, OrderStrategy, Secret};
+pub use values::{LogFormat, OrderStrategy, PaymentsMode, Secret};
 
 pub use net::{IpNet, canonical_ip};
 

@@ -37,6 +37,13 @@ pub enum AppError {
     /// 429: too many attempts; retry after the given seconds.
     #[error("{message}")]
     TooManyRequests { message: String, retry_after: u64 },
+    /// 402: the payment is missing, or the card was declined; `details` carries the
+    /// provider's `decline_code` when it gave one.
+    #[error("{message}")]
+    PaymentRequired {
+        message: String,
+        details: Option<serde_json::Value>,
+    },
     /// 404: nothing lives at this address.
     #[error("{0}")]
     NotFound(String),
@@ -96,6 +103,10 @@ pub struct ProblemDocument {
     /// On 403 for a drop's product without a valid pass: the drop's queue, to join.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<String>,
+    /// On 402 for a declined card: the provider's decline code (`card_declined`,
+    /// `insufficient_funds`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decline_code: Option<String>,
     /// On 409 "Not enough stock": each SKU that is short, and what is left of it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shortages: Option<Vec<crate::orders::Shortage>>,
@@ -129,6 +140,7 @@ impl AppError {
         match status.as_u16() {
             400 => "Bad request",
             401 => "Please log in",
+            402 => "Payment required",
             403 => "Not allowed",
             404 => "Not found",
             405 => "Method not allowed",
@@ -166,6 +178,7 @@ impl AppError {
         match self {
             Self::Conflict { details, .. } => details.as_ref(),
             Self::NeedsPass { details, .. } => Some(details),
+            Self::PaymentRequired { details, .. } => details.as_ref(),
             _ => None,
         }
     }
@@ -179,6 +192,7 @@ impl ResponseError for AppError {
             Self::LoginRequired { .. } => StatusCode::SEE_OTHER,
             Self::Forbidden(_) | Self::NeedsPass { .. } => StatusCode::FORBIDDEN,
             Self::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::PaymentRequired { .. } => StatusCode::PAYMENT_REQUIRED,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::Conflict { .. } => StatusCode::CONFLICT,
@@ -334,4 +348,93 @@ pub fn percent_encode(s: &str) -> String {
             _ => format!("%{b:02X}"),
         })
         .collect()
+}
+
+impl From<crate::payments::flow::PayError> for AppError {
+    fn from(e: crate::payments::flow::PayError) -> Self {
+        use crate::holds::HoldState;
+        use crate::payments::Status;
+        use crate::payments::flow::PayError as E;
+        let conflict = |message: &str| Self::conflict(message);
+        match e {
+            E::NotFound => Self::NotFound(
+                "No such reservation: no hold with this id was placed by this caller.".into(),
+            ),
+            E::HoldOver(HoldState::Released) => conflict(
+                "This reservation was cancelled, so it cannot be paid; nothing was charged.",
+            ),
+            E::HoldOver(HoldState::Confirmed) => conflict(
+                "This reservation is already an order, placed without a payment step; nothing was charged.",
+            ),
+            E::HoldOver(_) => conflict(
+                "This reservation has expired, so it cannot be paid; nothing was charged. \
+                 Place a new hold.",
+            ),
+            E::Free => Self::Unprocessable(
+                "This reservation costs nothing: confirm it without paying.".into(),
+            ),
+            E::Busy => Self::Conflict {
+                message: "This payment is being processed; please wait a moment and try again."
+                    .into(),
+                retry_after: Some(1),
+                details: None,
+            },
+            E::NoLease => Self::Unavailable {
+                message: "Payments cannot be handled for a moment; nothing was charged by this \
+                          request. Please try again shortly."
+                    .into(),
+                retry_after: 2,
+            },
+            E::Declined { code, message } => Self::PaymentRequired {
+                message: format!(
+                    "The card was declined: {} Nothing was charged, and the reservation is \
+                     kept: pay again with another card.",
+                    sentence(&message)
+                ),
+                details: Some(serde_json::json!({ "decline_code": code })),
+            },
+            E::BadMethod(message) => Self::Unprocessable(format!(
+                "The payment provider would not take this payment method: {}",
+                sentence(&message)
+            )),
+            E::NotPaid(payment) => {
+                let missing = match payment.map(|p| (p.status, p.decline_message)) {
+                    None => "no payment was started for it; pay with POST /api/v1/holds/{id}/payment".to_string(),
+                    Some((Status::RequiresAction, _)) => {
+                        "the card's bank asks the shopper to confirm the payment (3-D Secure) first"
+                            .to_string()
+                    }
+                    Some((_, Some(declined))) => format!(
+                        "the last card was declined ({}); pay again with another card",
+                        declined.trim_end_matches('.')
+                    ),
+                    Some(_) => {
+                        "no card has been accepted for it yet; pay with POST /api/v1/holds/{id}/payment"
+                            .to_string()
+                    }
+                };
+                Self::PaymentRequired {
+                    message: format!("This reservation is not paid yet: {missing}."),
+                    details: None,
+                }
+            }
+            E::Cancelled => conflict(
+                "The payment for this reservation was cancelled, and nothing was charged. \
+                 Place a new hold to buy again.",
+            ),
+            E::Provider(e) => Self::Unavailable {
+                message: format!(
+                    "The payment provider did not answer as expected ({}). Nothing more is \
+                     known yet; try again in a moment, and the same payment is used.",
+                    match e {
+                        crate::payments::CallError::Unanswered(why) => why,
+                        other => other.to_string(),
+                    }
+                ),
+                retry_after: 2,
+            },
+            E::Hold(e) => e.into(),
+            E::Database(e) => Self::Database(e),
+        }
+    }
 }

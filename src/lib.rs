@@ -54,6 +54,8 @@ pub mod locking;
 pub mod metrics;
 /// Orders: placed orders, their lines, cancelling one.
 pub mod orders;
+/// Payments: each hold's one Stripe PaymentIntent, authorized then captured after the order.
+pub mod payments;
 /// Which PostgreSQL failures are passing ones (worth a retry, or a 503).
 pub mod pg;
 /// Rate limits on placing orders and holds: GCRA in Redis, per process when Redis is away.

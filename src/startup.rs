@@ -117,6 +117,17 @@ impl Application {
             leaders.pool.clone(),
             &settings,
         ));
+        let payments = crate::payments::Payments::new(
+            &settings,
+            db.clone(),
+            redis.clone(),
+            confirmer.clone(),
+        )?
+        .map(Arc::new);
+        if let Some(payments) = &payments {
+            let every = (settings.payment_reconcile_after / 4).max(Duration::from_millis(200));
+            crate::payments::finish::spawn_reconciler(payments.clone(), every);
+        }
         let drops = Arc::new(crate::drops::Registry::default());
         crate::drops::spawn_ticker(
             db.clone(),
@@ -141,6 +152,7 @@ impl Application {
             api_keys: Arc::default(),
             drops,
             replica,
+            payments,
         });
         let app_state = state.clone();
         let mut server = HttpServer::new(move || {

@@ -314,6 +314,7 @@ impl Bench<'_> {
         let api_key =
             match crate::clients::create(&db, "bench", crate::clients::Limit::Unlimited).await {
                 Ok((client, key)) => {
+                    crate::clients::allow_unpaid_orders(&db, client.id).await?;
                     // The seeded holds are the client's, as if it had placed them.
                     sqlx::query("update holds set idempotency_key = $1 || ':' || idempotency_key")
                         .bind(client.id.to_string())

@@ -69,6 +69,7 @@ impl Want {
                     email,
                     customer_name,
                     created_at: draft.now,
+                    payment: None,
                 };
                 order_rows::insert_order(tx, &order, scope, key, shopper)
                     .await

@@ -276,6 +276,7 @@ mod tests {
             email: Some("a@b.co".into()),
             customer_name: None,
             created_at: at,
+            payment: None,
         });
         assert_eq!(
             made(read_record(Want::Order, made_record(&order).body).unwrap()),

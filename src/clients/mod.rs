@@ -34,6 +34,9 @@ pub struct ApiClient {
     pub id: i64,
     pub name: String,
     pub limit: Limit,
+    /// May place orders without a payment step when the shop takes payments (load tools,
+    /// back-ends invoiced elsewhere).
+    pub unpaid_orders: bool,
 }
 
 /// A client's rate limit on placing orders and holds.
@@ -90,6 +93,11 @@ impl Caller {
         format!("{}:", self.owner())
     }
 
+    /// Whether it may place orders without a payment step (when the shop takes payments).
+    pub fn orders_unpaid(&self) -> bool {
+        matches!(self, Self::Client(client) if client.unpaid_orders)
+    }
+
     pub fn owner(&self) -> String {
         match self {
             Self::Client(client) => client.id.to_string(),
@@ -106,6 +114,7 @@ pub struct ClientRow {
     pub key_prefix: String,
     pub rate_limit_per_minute: Option<i32>,
     pub unlimited: bool,
+    pub unpaid_orders: bool,
     pub created_at: DateTime<Utc>,
     pub revoked_at: Option<DateTime<Utc>>,
 }
@@ -169,7 +178,8 @@ pub async fn create(
         ClientRow,
         r#"insert into api_clients (name, key_hash, key_prefix, rate_limit_per_minute, unlimited)
            values ($1, $2, $3, $4, $5)
-           returning id, name, key_prefix, rate_limit_per_minute, unlimited, created_at, revoked_at"#,
+           returning id, name, key_prefix, rate_limit_per_minute, unlimited, unpaid_orders,
+                     created_at, revoked_at"#,
         name,
         hash_key(&key),
         &key[..KEY_PREFIX.len() + 8],
@@ -187,12 +197,24 @@ pub async fn create(
     Ok((row, key))
 }
 
+/// Lets client `id` place orders without a payment step when the shop takes payments.
+pub async fn allow_unpaid_orders(db: &PgPool, id: i64) -> sqlx::Result<()> {
+    sqlx::query!(
+        "update api_clients set unpaid_orders = true where id = $1",
+        id
+    )
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
 /// Every client, live ones first, newest first.
 #[tracing::instrument(skip_all)]
 pub async fn list(db: &PgPool) -> sqlx::Result<Vec<ClientRow>> {
     sqlx::query_as!(
         ClientRow,
-        r#"select id, name, key_prefix, rate_limit_per_minute, unlimited, created_at, revoked_at
+        r#"select id, name, key_prefix, rate_limit_per_minute, unlimited, unpaid_orders,
+                  created_at, revoked_at
              from api_clients
             order by revoked_at is not null, id desc"#,
     )
@@ -243,7 +265,7 @@ pub async fn revoke_by_name(db: &PgPool, name: &str) -> Result<i64, ClientError>
 #[tracing::instrument(skip_all)]
 pub async fn find_by_key(db: &PgPool, key: &str) -> sqlx::Result<Option<ApiClient>> {
     let row = sqlx::query!(
-        r#"select id, name, rate_limit_per_minute, unlimited from api_clients
+        r#"select id, name, rate_limit_per_minute, unlimited, unpaid_orders from api_clients
             where key_hash = $1 and revoked_at is null"#,
         hash_key(key),
     )
@@ -253,6 +275,7 @@ pub async fn find_by_key(db: &PgPool, key: &str) -> sqlx::Result<Option<ApiClien
         id: row.id,
         name: row.name,
         limit: Limit::of(row.rate_limit_per_minute, row.unlimited),
+        unpaid_orders: row.unpaid_orders,
     }))
 }
 
@@ -359,6 +382,7 @@ mod tests {
                 id,
                 name: "x".into(),
                 limit: Limit::Default,
+                unpaid_orders: false,
             })
         };
         assert_eq!(client(7).owner(), "7");

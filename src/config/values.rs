@@ -49,6 +49,26 @@ impl std::fmt::Display for OrderStrategy {
     }
 }
 
+/// Whether checkout takes payment, and through which provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PaymentsMode {
+    /// Orders are placed without payment (as before payments existed; the load tools).
+    Off,
+    /// Stripe PaymentIntents, authorized at checkout and captured after the order.
+    Stripe,
+}
+
+impl FromStr for PaymentsMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "off" => Ok(Self::Off),
+            "stripe" => Ok(Self::Stripe),
+            _ => Err("expected off or stripe".into()),
+        }
+    }
+}
+
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {

@@ -45,7 +45,7 @@ struct Pending {
 
 /// What the leader tells a waiting confirmation.
 enum Lot {
-    Confirmed(Order),
+    Confirmed(Box<Order>),
     /// Not for a lot (see the module documentation): confirm it on its own.
     Alone,
     /// The request's client was answered before the lot began.
@@ -108,7 +108,7 @@ impl Confirmer {
         });
         match rx.await {
             Ok(Lot::Confirmed(order)) => Ok(Confirmed {
-                order,
+                order: *order,
                 replayed: false,
             }),
             Ok(Lot::TooLate) => Err(HoldError::TimedOut),
@@ -175,7 +175,9 @@ impl Confirmer {
             match apply(conn, &lot).await {
                 Ok(mut answers) => {
                     for p in lot {
-                        let answer = answers.remove(&p.hold).map_or(Lot::Alone, Lot::Confirmed);
+                        let answer = answers
+                            .remove(&p.hold)
+                            .map_or(Lot::Alone, |o| Lot::Confirmed(Box::new(o)));
                         let _ = p.answer.send(answer);
                     }
                 }
@@ -232,6 +234,7 @@ async fn apply(
             email: email.map(str::to_string),
             customer_name: p.name.clone().or(hold.customer_name.clone()),
             created_at: now,
+            payment: None,
         };
         let shopper = limits::with_email(&hold.shopper, email);
         w.add(hold.id, &order, &shopper);

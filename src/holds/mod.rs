@@ -274,6 +274,7 @@ pub async fn confirm(
         customer_name: name.map(str::to_string).or(hold.customer_name.clone()),
         created_at: DateTime::from_timestamp_micros(Utc::now().timestamp_micros())
             .expect("now is representable"),
+        payment: None,
     };
     // The order counts against purchase limits for whoever placed the hold, and for the
     // email it was confirmed with.

@@ -32,7 +32,7 @@ pub async fn around_request(
     let request_id = uuid::Uuid::new_v4().simple().to_string()[..16].to_string();
     req.extensions_mut().insert(RequestId(request_id.clone()));
     // Pages carry the storefront's CSRF cookie for their forms; the JSON API has none.
-    let token = match super::is_api(req.path()) {
+    let token = match super::is_api(req.path()) || super::is_webhook(req.path()) {
         true => None,
         false => csrf::ensure_token(&req),
     };
@@ -327,6 +327,7 @@ fn needs_database(path: &str) -> bool {
 
 fn wants_json(req: &HttpRequest) -> bool {
     super::is_api(req.path())
+        || super::is_webhook(req.path())
         || req.path() == "/readyz"
         || req
             .headers()

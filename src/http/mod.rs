@@ -62,6 +62,8 @@ pub struct AppState {
     pub replica: Option<Arc<crate::pg::replica::Replica>>,
     /// Whether the primary is out of reach, as this process's probe last found it.
     pub outage: Arc<crate::pg::outage::Outage>,
+    /// Taking payment (`STOCKADE_PAYMENTS`); `None` when it is off.
+    pub payments: Option<Arc<crate::payments::Payments>>,
 }
 
 impl AppState {
@@ -73,17 +75,6 @@ impl AppState {
     /// again on the primary. A busy replica's timeout stays a 503: its reads are not moved
     /// onto the primary, which orders need. Stock decisions, orders, holds, idempotency
     /// records and admin writes use [`AppState::db`].
-    /// The product on sale with `sku`, read where reads that may lag go ([`Self::read`]);
-    /// 404 when there is none.
-    pub async fn read_product(
-        &self,
-        sku: &crate::catalog::Sku,
-    ) -> Result<crate::catalog::ProductView, AppError> {
-        self.read(async |db| Ok(self.catalog.product(db, sku).await?))
-            .await?
-            .ok_or_else(|| paths::no_product(sku.as_str()))
-    }
-
     pub async fn read<T>(
         &self,
         read: impl AsyncFn(&PgPool) -> Result<T, AppError>,
@@ -102,6 +93,44 @@ impl AppState {
             }
             answer => answer,
         }
+    }
+
+    /// The product on sale with `sku`, read where reads that may lag go ([`Self::read`]);
+    /// 404 when there is none.
+    pub async fn read_product(
+        &self,
+        sku: &crate::catalog::Sku,
+    ) -> Result<crate::catalog::ProductView, AppError> {
+        self.read(async |db| Ok(self.catalog.product(db, sku).await?))
+            .await?
+            .ok_or_else(|| paths::no_product(sku.as_str()))
+    }
+
+    /// Confirms hold `id` into an order: through its payment when the shop takes payments
+    /// (only a paid hold becomes an order, and its payment is captured), else as it is.
+    pub async fn confirm_hold(
+        &self,
+        id: uuid::Uuid,
+        owner: Option<&str>,
+        name: Option<&str>,
+        email: Option<&str>,
+        answer_by: std::time::Instant,
+    ) -> Result<crate::holds::Confirmed, crate::payments::flow::PayError> {
+        match &self.payments {
+            Some(payments) => payments.confirm(id, owner, name, email, answer_by).await,
+            None => Ok(self
+                .confirmer
+                .confirm(id, owner, name, email, answer_by)
+                .await?),
+        }
+    }
+
+    /// How long a confirmation may take: an order's, and the payment's provider calls.
+    pub fn confirm_limit(&self) -> Duration {
+        let order = crate::checkout::work_limit(&self.settings);
+        self.payments
+            .as_ref()
+            .map_or(order, |p| order.max(p.work_limit()))
     }
 
     /// Whether `req` came in on the metrics listener.
@@ -189,6 +218,12 @@ pub fn named_cookie(
 /// JSON, and it renders no forms (so it sets no storefront cookie).
 pub fn is_api(path: &str) -> bool {
     path.starts_with("/api/")
+}
+
+/// Whether `path` is a provider's webhook: a program's too (JSON, no cookie), but not
+/// part of the API's contract.
+pub fn is_webhook(path: &str) -> bool {
+    path.starts_with("/webhooks/")
 }
 
 /// Runs `work` as a task of its own, so it runs to the end (committing or cleaning up
@@ -350,6 +385,16 @@ fn public_routes() -> Vec<(Method, &'static str, actix_web::Route)> {
             M::POST,
             "/api/v1/holds/{id}/confirm",
             web::post().to(api::holds::post_hold_confirm),
+        ),
+        (
+            M::POST,
+            "/api/v1/holds/{id}/payment",
+            web::post().to(api::payment::post_hold_payment),
+        ),
+        (
+            M::POST,
+            "/webhooks/stripe",
+            web::post().to(api::payment::post_stripe_webhook),
         ),
         (
             M::GET,

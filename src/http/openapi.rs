@@ -50,6 +50,7 @@ pub const API_KEY_SCHEME: &str = "api_key";
         api::holds::get_hold,
         api::holds::delete_hold,
         api::holds::post_hold_confirm,
+        api::payment::post_hold_payment,
         api::drops::get_drop,
         api::drops::post_queue,
         api::drops::get_queue_ticket,
@@ -89,6 +90,7 @@ pub const API_KEY_SCHEME: &str = "api_key";
         responses(
             BadRequest,
             Unauthorized,
+            PaymentRequired,
             Forbidden,
             NotFound,
             RequestTimeout,

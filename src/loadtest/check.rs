@@ -44,6 +44,9 @@ pub fn statement(id: &str) -> &'static str {
         "I8" => {
             "every hold and order of a drop's product, placed while the drop bound it, was placed by a shopper it admitted"
         }
+        "I9" => {
+            "money moved as orders say: each capture is one order's total (or refunded), each paid order captured, no authorization left open, each refund a cancelled order's"
+        }
         _ => "an invariant not listed",
     }
 }

@@ -73,6 +73,14 @@ pub async fn check_command(args: CheckArgs) -> anyhow::Result<bool> {
         check::default_stale_after(),
     )
     .await?;
+    // I9 reads the payment provider's records, when the shop takes payments.
+    let mut verdicts = verdicts;
+    let settings = crate::config::Settings::from_env().unwrap_or_default();
+    if let Some(stripe) = crate::payments::Stripe::of(&settings)? {
+        let window = settings.payment_reconcile_after * 6;
+        let rows = crate::payments::audit::i9_rows(&db, &stripe, window).await?;
+        verdicts.push(check::verdict("I9", rows));
+    }
     let covered = match &log {
         Some(log) => format!(
             "the whole database and a client log of {} requests",

@@ -30,9 +30,11 @@ pub const PG_DATABASE: &str = "stockade";
 pub mod backups;
 mod postgres;
 mod redis;
+mod stripe;
 
 pub use postgres::LocalPostgres;
 pub use redis::LocalRedis;
+pub use stripe::{LocalStripe, TEST_CARDS};
 
 /// Local mode's `max_connections`. A restored copy must allow at least as many as the
 /// server its WAL came from, or its recovery stops.

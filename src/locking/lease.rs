@@ -76,6 +76,16 @@ pub enum AcquireFree {
     Degraded,
 }
 
+/// What [`Redis::acquire_key`] got.
+#[derive(Debug)]
+pub enum KeyLease {
+    Granted(Lease),
+    /// Another holder has it.
+    Busy,
+    /// Redis did not answer, or the breaker is open.
+    Degraded,
+}
+
 /// Deletes each key still owned by ARGV[1]; returns how many.
 const RELEASE: &str = r#"
 local released = 0
@@ -129,6 +139,30 @@ return renewed
 "#;
 
 impl Redis {
+    /// Leases the one key `name` (under this process's prefix) for `ttl` if it is free
+    /// (`SET NX PX`); released by [`Redis::release`], renewed by [`Redis::while_held`].
+    pub async fn acquire_key(&self, name: &str, ttl: Duration) -> KeyLease {
+        let token = uuid::Uuid::new_v4().to_string();
+        let key = self.key(name);
+        let mut conn = self.conn();
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(&key)
+            .arg(&token)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl.as_millis() as u64);
+        let set = cmd.query_async::<Option<String>>(&mut conn);
+        match self.call("key lease", set).await {
+            Some(Some(_)) => KeyLease::Granted(Lease {
+                keys: vec![key],
+                token,
+                fence: 0,
+            }),
+            Some(None) => KeyLease::Busy,
+            None => KeyLease::Degraded,
+        }
+    }
+
     /// Leases every SKU in `skus` (sorted, distinct) for `ttl`, retrying with jittered
     /// backoff for up to `wait`. A failed call is retried too: a holder that stalled
     /// past its call's timeout gets a fenced lease on waking, not a degraded write; only

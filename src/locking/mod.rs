@@ -40,7 +40,7 @@ pub mod decisions;
 mod lease;
 
 use lease::RAISE_FENCE;
-pub use lease::{Acquire, AcquireFree, FENCE_EPOCH, Lease};
+pub use lease::{Acquire, AcquireFree, FENCE_EPOCH, KeyLease, Lease};
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};

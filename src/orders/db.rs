@@ -163,6 +163,7 @@ pub async fn find_order(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<Order>> 
         email: row.email,
         customer_name: row.customer_name,
         created_at: row.created_at,
+        payment: None,
     }))
 }
 
@@ -212,6 +213,15 @@ pub async fn set_cancelled(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<()
         "update orders set status = $2 where id = $1",
         id,
         OrderStatus::Cancelled.as_str(),
+    )
+    .execute(&mut *conn)
+    .await?;
+    // Its payment (if the shop took one) is looked at again, in the same transaction: a
+    // charge for a cancelled order is refunded however the process that cancelled it ends.
+    sqlx::query!(
+        "update payments set settled = false, reconcile_at = now()
+          where order_id = $1 or hold_id = (select id from holds where order_id = $1)",
+        id
     )
     .execute(conn)
     .await?;

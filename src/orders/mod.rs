@@ -110,6 +110,25 @@ pub struct Order {
     pub email: Option<String>,
     pub customer_name: Option<String>,
     pub created_at: DateTime<Utc>,
+    /// Its payment, when the shop takes payments and the order came from a paid hold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payment: Option<PaymentSummary>,
+}
+
+/// An order's payment, as its JSON carries it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PaymentSummary {
+    /// The intent's status (`requires_capture`: authorized, `succeeded`: charged,
+    /// `canceled`: released, nothing charged), or `refunded`.
+    pub status: String,
+    pub amount_cents: i64,
+    /// ISO 4217, lower case.
+    pub currency: String,
+    /// The PaymentIntent (`pi_…`).
+    pub payment_intent: Option<String>,
+    /// What was refunded (an order cancelled after it was charged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refunded_cents: Option<i64>,
 }
 
 /// `order.placed`, built here so that [`crate::events`] needs nothing of this module.

@@ -84,6 +84,7 @@ async fn the_load_tool_sends_the_api_key_it_is_given() {
         id: client.id,
         name: client.name.clone(),
         limit: client.limit(),
+        unpaid_orders: client.unpaid_orders,
     });
     let ids = sqlx::query_scalar!("select id from orders")
         .fetch_all(&app.db)

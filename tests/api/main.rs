@@ -27,6 +27,7 @@ mod limits;
 mod loadtest;
 mod openapi;
 mod orders;
+mod payments;
 mod plans;
 mod process;
 mod retention;

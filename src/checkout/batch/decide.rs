@@ -307,6 +307,7 @@ async fn decide(
                 email,
                 customer_name,
                 created_at: now,
+                payment: None,
             }),
             Want::Hold => Made::Hold(Hold {
                 id: crate::orders::new_id(),

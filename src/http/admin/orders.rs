@@ -187,14 +187,25 @@ pub async fn post_cancel(
                     for line in &order.lines {
                         shared.stock_changed(&line.sku).await;
                     }
-                    "Order cancelled; its units are back in stock."
+                    let paid = match &shared.payments {
+                        Some(payments) => payments.order_cancelled(order.id).await?,
+                        None => None,
+                    };
+                    match paid {
+                        Some(said) => {
+                            format!("Order cancelled; its units are back in stock. {said}")
+                        }
+                        None => "Order cancelled; its units are back in stock.".into(),
+                    }
                 }
-                Some(Cancelled::Already) => "This order was already cancelled; nothing changed.",
+                Some(Cancelled::Already) => {
+                    "This order was already cancelled; nothing changed.".into()
+                }
                 None => return Err(AppError::not_found("No such order.")),
             };
             let outcome = FormOutcome {
                 page: format!("/admin/orders/{}", order.id),
-                notice: notice.into(),
+                notice,
             };
             Ok(outcome.stored())
         },

@@ -16,6 +16,7 @@ use crate::http::limits;
 use crate::http::middleware::answer_by;
 use crate::http::paths::{IdPath, Names};
 use crate::http::{AppState, detached};
+use crate::payments::flow::PayError;
 
 /// Places a checkout hold: the stock is reserved until it expires, is confirmed into an
 /// order, or is released. Same body, headers and idempotency as an order.
@@ -65,13 +66,13 @@ impl Names for HoldAddress {
     }
 }
 
-fn no_hold() -> AppError {
+pub(super) fn no_hold() -> AppError {
     // The id is not repeated: the caller has it, and a message is no place for its text.
     AppError::not_found("No such reservation: no hold with this id was placed by this caller.")
 }
 
 /// The id of a hold the caller placed; 404 for any other (whether or not it exists).
-async fn own_hold(
+pub(super) async fn own_hold(
     req: &HttpRequest,
     state: &AppState,
     address: IdPath<HoldAddress>,
@@ -120,7 +121,10 @@ pub struct ConfirmBody {
 /// Confirms a hold the caller placed into an order; confirming again answers the same
 /// order. After expiry the order is placed from free stock if there is enough (else 409),
 /// as a new order: a product in a drop then needs a `Drop-Pass` however old the hold;
-/// a hold purged after `STOCKADE_HOLD_RETENTION_DAYS` answers 404.
+/// a hold purged after `STOCKADE_HOLD_RETENTION_DAYS` answers 404. When the shop takes
+/// payments, only a hold whose payment is authorized (`POST /api/v1/holds/{id}/payment`)
+/// is confirmed, else 402 says what is missing; the payment is captured once the order
+/// has committed, and released if the order cannot be placed.
 #[utoipa::path(
     post,
     path = "/api/v1/holds/{id}/confirm",
@@ -185,13 +189,14 @@ pub async fn post_hold_confirm(
         }
         return Err(crate::http::gate::refused(refusal));
     }
+    // With payments on, what is said about the hold's payment is for its owner only.
+    if state.payments.is_some() && !clients::owns_hold(&state.db, &caller, id).await? {
+        return Err(no_hold());
+    }
     let answer_by = answer_by(&req, state.settings.request_budget);
     let shared = state.clone().into_inner();
-    let confirmed = detached(crate::checkout::work_limit(&state.settings), async move {
-        (shared
-            .confirmer
-            .confirm(id, Some(&owner), details.name(), details.email(), answer_by))
-        .await
+    let confirmed = detached(state.confirm_limit(), async move {
+        (shared.confirm_hold(id, Some(&owner), details.name(), details.email(), answer_by)).await
     })
     .await?;
     match confirmed {
@@ -206,8 +211,10 @@ pub async fn post_hold_confirm(
             }
             Ok(res.json(confirmed.order))
         }
-        Err(holds::HoldError::Insufficient(shortages)) => Ok(insufficient(&req, &shortages)),
-        Err(holds::HoldError::NotFound) => Err(no_hold()),
+        Err(PayError::Hold(holds::HoldError::Insufficient(shortages))) => {
+            Ok(insufficient(&req, &shortages))
+        }
+        Err(PayError::NotFound) => Err(no_hold()),
         Err(e) => Err(e.into()),
     }
 }

@@ -10,6 +10,7 @@
 pub mod drops;
 pub mod holds;
 pub mod orders;
+pub mod payment;
 mod place;
 pub mod products;
 

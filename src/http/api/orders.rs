@@ -68,9 +68,13 @@ pub async fn get_order(
     if !clients::owns_order(&state.db, &caller, id).await? {
         return Err(not_found());
     }
-    let order = orders::db::find_order(&state.db, id)
+    let mut order = orders::db::find_order(&state.db, id)
         .await?
         .ok_or_else(not_found)?;
+    if state.payments.is_some() {
+        let payment = crate::payments::for_order(&state.db, id).await?;
+        order.payment = payment.map(|p| p.summary());
+    }
     Ok(HttpResponse::Ok().json(order))
 }
 

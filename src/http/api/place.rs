@@ -81,6 +81,15 @@ pub(super) async fn place(
         Want::Hold => Scope::ApiHold,
     };
     let caller = limits::caller(&req, &state).await?;
+    if want == Want::Order && state.payments.is_some() && !caller.orders_unpaid() {
+        return Err(AppError::PaymentRequired {
+            message: "This shop takes payment, so orders come from paid holds: place a hold \
+                      (POST /api/v1/holds), pay for it (POST /api/v1/holds/{id}/payment), \
+                      then confirm it (POST /api/v1/holds/{id}/confirm)."
+                .into(),
+            details: None,
+        });
+    }
     limit_placement(&req, &state, Some(&caller)).await?;
     let key = IdempotencyKey::scoped(&caller.owner(), &super::idempotency_key(&req)?);
     let shopper = Shopper::default().address(crate::http::client_addr(&req, &state.settings));

@@ -80,6 +80,13 @@ problem_response!(
      drop's queue)."
 );
 problem_response!(
+    PaymentRequired,
+    402,
+    "Payment is needed first: the card was declined (`decline_code` says how; the hold is \
+     kept, pay again with another card), the hold is not paid yet (the detail says what is \
+     missing), or the shop takes payment and orders need a paid hold."
+);
+problem_response!(
     NotFound,
     404,
     "Nothing with this id or SKU, or it belongs to another API client."
@@ -157,12 +164,18 @@ error_group!(
 );
 error_group!(
     /// Placing an order or a hold: a client, a key, a JSON body, stock, a rate limit.
-    PlaceErrors: BadRequest, Unauthorized, Forbidden, RequestTimeout, Conflict, TooLarge,
-        UnsupportedMediaType, Unprocessable, TooManyRequests, Unavailable
+    PlaceErrors: BadRequest, Unauthorized, PaymentRequired, Forbidden, RequestTimeout, Conflict,
+        TooLarge, UnsupportedMediaType, Unprocessable, TooManyRequests, Unavailable
 );
 error_group!(
     /// Confirming a hold the client placed, with an optional body.
-    ConfirmErrors: BadRequest, Unauthorized, Forbidden, NotFound, RequestTimeout, Conflict,
+    ConfirmErrors: BadRequest, Unauthorized, PaymentRequired, Forbidden, NotFound,
+        RequestTimeout, Conflict, TooLarge, UnsupportedMediaType, Unprocessable, TooManyRequests,
+        Unavailable
+);
+error_group!(
+    /// Paying for a hold the client placed: the provider may decline, or not answer.
+    PayErrors: BadRequest, Unauthorized, PaymentRequired, NotFound, RequestTimeout, Conflict,
         TooLarge, UnsupportedMediaType, Unprocessable, TooManyRequests, Unavailable
 );
 error_group!(

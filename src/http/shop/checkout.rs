@@ -20,6 +20,7 @@ use crate::http::paths::{IdPath, Names};
 use crate::http::{AppState, Chrome, detached, html, see_other};
 use crate::idempotency::{IdempotencyKey, Scope};
 use crate::orders::Shortage;
+use crate::payments::flow::PayError;
 
 /// `/checkout` itself is the cart's "Checkout" button; a GET just goes to the cart.
 pub async fn get_checkout() -> HttpResponse {
@@ -249,11 +250,8 @@ pub async fn post_checkout_confirm(
     };
     let answer_by = answer_by(&req, state.settings.request_budget);
     let shared = state.clone().into_inner();
-    let confirmed = detached(crate::checkout::work_limit(&state.settings), async move {
-        (shared
-            .confirmer
-            .confirm(id, None, contact.name(), contact.email(), answer_by))
-        .await
+    let confirmed = detached(state.confirm_limit(), async move {
+        (shared.confirm_hold(id, None, contact.name(), contact.email(), answer_by)).await
     })
     .await?;
     match confirmed {
@@ -261,17 +259,27 @@ pub async fn post_checkout_confirm(
             .insert_header((header::LOCATION, format!("/orders/{}", confirmed.order.id)))
             .cookie(Cart::default().cookie(&req))
             .finish()),
-        Err(HoldError::Insufficient(shortages)) => {
-            let message = "Your reservation expired, and meanwhile these products sold out.";
-            again(StatusCode::CONFLICT, message, shortages).await
+        Err(PayError::Hold(HoldError::Insufficient(shortages))) => {
+            let mut message =
+                "Your reservation expired, and meanwhile these products sold out.".to_string();
+            if let Some(payments) = &state.payments {
+                message.push_str(payments.not_charged(id).await?);
+            }
+            again(StatusCode::CONFLICT, &message, shortages).await
         }
-        Err(HoldError::OverLimit(message)) => again(StatusCode::CONFLICT, &message, vec![]).await,
-        Err(HoldError::NotFound) => {
+        Err(PayError::Hold(HoldError::OverLimit(message))) => {
+            again(StatusCode::CONFLICT, &message, vec![]).await
+        }
+        Err(PayError::NotFound) => {
             Err(AppError::not_found("We have no checkout with this number."))
         }
-        Err(HoldError::Released) => {
+        Err(PayError::Hold(HoldError::Released)) => {
             let message = "You cancelled this checkout. Start again from your cart.";
             again(StatusCode::CONFLICT, message, vec![]).await
+        }
+        Err(PayError::NotPaid(_)) => {
+            let message = "Please pay for your order with a card first.";
+            again(StatusCode::PAYMENT_REQUIRED, message, vec![]).await
         }
         Err(e) => Err(e.into()),
     }

@@ -25,7 +25,7 @@ pub(super) fn field(html: &str, action: &str, name: &str) -> String {
 }
 
 /// Opens `page` and returns the idempotency key of its form that posts to `action`.
-pub(super) async fn form_key(app: &TestApp, page: &str, action: &str) -> String {
+pub(crate) async fn form_key(app: &TestApp, page: &str, action: &str) -> String {
     let (status, html) = app.get_text(page).await;
     assert_eq!(status, 200, "{page}");
     let key = field(&html, action, "key");
@@ -33,7 +33,7 @@ pub(super) async fn form_key(app: &TestApp, page: &str, action: &str) -> String 
     key
 }
 
-pub(super) fn location(res: &reqwest::Response) -> String {
+pub(crate) fn location(res: &reqwest::Response) -> String {
     res.headers()["location"].to_str().unwrap().to_string()
 }
 

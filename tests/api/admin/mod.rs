@@ -2,7 +2,7 @@
 //! under load (`stock`), stock forms that apply once however often they are sent
 //! (`forms`), and the idempotent run beneath them (`runs`).
 
-mod forms;
+pub(crate) mod forms;
 mod runs;
 mod stock;
 

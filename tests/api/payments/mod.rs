@@ -1,0 +1,218 @@
+//! Payments against a real Stripe-compatible server: localstripe, one fresh per test,
+//! started and stopped like every other real part. Each test ends with I1–I3 and I9
+//! (the provider's records against the shop's).
+
+mod faults;
+mod flow;
+mod reconcile;
+mod webhook;
+
+use std::time::Duration;
+
+use serde_json::Value;
+use stockade::config::{PaymentsMode, Settings};
+use stockade::local::LocalStripe;
+use uuid::Uuid;
+
+use crate::helpers::{TestApp, servers, spawn_app_with, test_settings};
+
+pub const WEBHOOK_SECRET: &str = "whsec_test_0123456789abcdef";
+/// The product every test sells: 12.50 a unit, 10 in stock.
+pub const SKU: &str = "PAY-MUG";
+pub const PRICE: i64 = 1250;
+
+/// A shop that takes payments through its own localstripe.
+pub struct PayingShop {
+    pub app: TestApp,
+    pub stripe: LocalStripe,
+    /// For asking the provider directly, as a shopper's browser or Stripe's dashboard does.
+    pub provider: reqwest::Client,
+}
+
+/// A paying shop with test settings.
+pub async fn paying_shop() -> PayingShop {
+    paying_shop_with(|_| {}).await
+}
+
+/// A paying shop whose settings `adjust` changes, with `api_base` (when given) in front of
+/// its localstripe instead of it.
+pub async fn paying_shop_with(adjust: impl FnOnce(&mut Settings)) -> PayingShop {
+    let dir = servers().await.fresh_dir("localstripe");
+    let stripe = tokio::task::spawn_blocking(move || LocalStripe::start(&dir, None, true))
+        .await
+        .unwrap()
+        .expect("localstripe starts (`make deps-localstripe` installs it)");
+    let mut settings = test_settings().await;
+    settings.payments = PaymentsMode::Stripe;
+    settings.stripe_api_base = stripe.url();
+    settings.stripe_secret_key = Some("sk_test_stockade".into());
+    settings.stripe_publishable_key = Some("pk_test_stockade".into());
+    settings.stripe_webhook_secret = Some(WEBHOOK_SECRET.into());
+    adjust(&mut settings);
+    let app = spawn_app_with(settings).await;
+    stripe
+        .register_webhook(&app.url("/webhooks/stripe"), WEBHOOK_SECRET)
+        .await
+        .unwrap();
+    app.add_product(SKU, "Enamel mug", PRICE, 10).await;
+    PayingShop {
+        app,
+        stripe,
+        provider: reqwest::Client::new(),
+    }
+}
+
+impl PayingShop {
+    /// Places an (anonymous) API hold of `quantity` mugs; its id.
+    pub async fn hold(&self, quantity: i64) -> Uuid {
+        let hold = self
+            .app
+            .place_hold(&Uuid::new_v4().to_string(), &[(SKU, quantity)])
+            .await;
+        hold["id"].as_str().unwrap().parse().unwrap()
+    }
+
+    /// `POST /api/v1/holds/{hold}/payment`, with `method` when given.
+    pub async fn pay(&self, hold: Uuid, method: Option<&str>) -> reqwest::Response {
+        let req = self
+            .app
+            .client
+            .post(self.app.url(&format!("/api/v1/holds/{hold}/payment")));
+        match method {
+            Some(method) => req.json(&serde_json::json!({ "payment_method": method })),
+            None => req,
+        }
+        .send()
+        .await
+        .unwrap()
+    }
+
+    /// Pays with `method`, expecting 200; the answer.
+    pub async fn pay_ok(&self, hold: Uuid, method: &str) -> Value {
+        let res = self.pay(hold, Some(method)).await;
+        let status = res.status().as_u16();
+        let body: Value = res.json().await.unwrap();
+        assert_eq!(status, 200, "paying with {method}: {body}");
+        body
+    }
+
+    /// `POST /api/v1/holds/{hold}/confirm` with an email.
+    pub async fn confirm(&self, hold: Uuid) -> reqwest::Response {
+        self.app
+            .client
+            .post(self.app.url(&format!("/api/v1/holds/{hold}/confirm")))
+            .json(&serde_json::json!({ "email": "ada@example.com" }))
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// An intent as the provider has it.
+    pub async fn intent(&self, id: &str) -> Value {
+        self.provider
+            .get(format!("{}/v1/payment_intents/{id}", self.stripe.url()))
+            .bearer_auth("sk_test_stockade")
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    /// Every intent on the provider's account.
+    pub async fn intents(&self) -> Vec<Value> {
+        let page: Value = self
+            .provider
+            .get(format!(
+                "{}/v1/payment_intents?limit=100",
+                self.stripe.url()
+            ))
+            .bearer_auth("sk_test_stockade")
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        page["data"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Every refund on the provider's account.
+    pub async fn refunds(&self) -> Vec<Value> {
+        let page: Value = self
+            .provider
+            .get(format!("{}/v1/refunds?limit=100", self.stripe.url()))
+            .bearer_auth("sk_test_stockade")
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        page["data"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Intents the provider captured.
+    pub async fn captured(&self) -> Vec<Value> {
+        let mut all = self.intents().await;
+        all.retain(|i| i["status"] == "succeeded");
+        all
+    }
+
+    /// Waits until `intent`'s status at the provider is `status`; panics naming it after
+    /// `within`.
+    pub async fn wait_for_intent(&self, intent: &str, status: &str, within: Duration) {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let now = self.intent(intent).await;
+            if now["status"] == status {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "intent {intent} did not become {status} within {within:?}: it is {}",
+                now["status"]
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// I1–I3 on the shop's database, and I9 between it and the provider (a window of
+    /// zero: every payment is expected finished).
+    pub async fn assert_invariants(&self) {
+        self.app.assert_invariants().await;
+        let stripe = stockade::payments::Stripe::of(&self.app.settings)
+            .unwrap()
+            .unwrap();
+        let broken = stockade::payments::audit::i9_rows(&self.app.db, &stripe, Duration::ZERO)
+            .await
+            .unwrap();
+        assert!(broken.is_empty(), "I9 broken: {broken:#?}");
+    }
+
+    /// A card token for `number` made as Stripe.js makes one in the browser (with the
+    /// publishable key); its card's id (`card_…`), which pays like a PaymentMethod.
+    pub async fn card(&self, number: &str) -> String {
+        let token: Value = self
+            .provider
+            .post(format!("{}/v1/tokens", self.stripe.url()))
+            .form(&[
+                ("key", "pk_test_stockade"),
+                ("card[number]", number),
+                ("card[exp_month]", "12"),
+                ("card[exp_year]", "2034"),
+                ("card[cvc]", "123"),
+            ])
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        token["card"]["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("a card token: {token}"))
+            .to_string()
+    }
+}
