@@ -43,7 +43,8 @@ enum Command {
     ApiKey(ApiKeyCommand),
     /// Load servers with virtual buyers, check the invariants, write a report.
     Loadtest(Box<LoadtestArgs>),
-    /// Check the invariants (I1–I7) of a database, optionally against a run's client log.
+    /// Check the invariants (I1–I9; I9 with payments on) of a database, optionally against a
+    /// run's client log.
     Check(CheckArgs),
     /// Measure each workload and strategy against pgbench on the same durable PostgreSQL.
     Bench(Box<BenchArgs>),

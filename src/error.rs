@@ -387,8 +387,8 @@ impl From<crate::payments::flow::PayError> for AppError {
             },
             E::Declined { code, message } => Self::PaymentRequired {
                 message: format!(
-                    "The card was declined: {} Nothing was charged, and the reservation is \
-                     kept: pay again with another card.",
+                    "{} Nothing was charged, and the reservation is kept: pay again with \
+                     another card.",
                     sentence(&message)
                 ),
                 details: Some(serde_json::json!({ "decline_code": code })),

@@ -25,6 +25,11 @@ const ASSETS: &[(&str, &str, &str)] = &[
         include_str!("../../static/app.js"),
     ),
     (
+        "pay.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../../static/pay.js"),
+    ),
+    (
         "admin.js",
         "text/javascript; charset=utf-8",
         include_str!("../../static/admin.js"),

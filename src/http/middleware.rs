@@ -409,7 +409,7 @@ fn error_page(problem: &Problem, chrome: Chrome, request_id: &str) -> HttpRespon
 }
 
 /// A strict content security policy: everything from this origin, no inline script.
-const CSP: &str = "default-src 'self'; img-src 'self' data:; object-src 'none'; \
+pub const CSP: &str = "default-src 'self'; img-src 'self' data:; object-src 'none'; \
                    base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
 
 /// Pages and answers that must not be kept by browsers or proxies: the admin, and
@@ -457,8 +457,14 @@ fn set_headers(
     if no_store {
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     }
+    // A page that loads the payment provider's script says so in a policy of its own.
+    if !headers.contains_key(header::CONTENT_SECURITY_POLICY) {
+        headers.insert(
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static(CSP),
+        );
+    }
     let fixed = [
-        (header::CONTENT_SECURITY_POLICY, CSP),
         (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
         (header::REFERRER_POLICY, "same-origin"),
         (header::X_FRAME_OPTIONS, "DENY"),

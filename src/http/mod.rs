@@ -329,6 +329,11 @@ fn public_routes() -> Vec<(Method, &'static str, actix_web::Route)> {
         ),
         (
             M::POST,
+            "/checkout/{id}/pay",
+            web::post().to(shop::checkout::post_checkout_pay),
+        ),
+        (
+            M::POST,
             "/checkout/{id}/cancel",
             web::post().to(shop::checkout::post_checkout_cancel),
         ),

@@ -128,9 +128,21 @@ impl Payments {
         let Some(payment) = db::for_order(&self.db, order).await? else {
             return Ok(None);
         };
-        match self.finish(payment.hold_id).await {
-            Ok(()) | Err(PayError::Busy) => {}
-            Err(e) => tracing::warn!(%order, error = %e, "the refund waits for the reconciler"),
+        // The reconciler may be finishing it already (the cancel put it up for a look):
+        // then this waits a little for it, to say what happened.
+        let mut pause = Duration::from_millis(50);
+        for _ in 0..8 {
+            match self.finish(payment.hold_id).await {
+                Err(PayError::Busy) => {
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                }
+                Ok(()) => break,
+                Err(e) => {
+                    tracing::warn!(%order, error = %e, "the refund waits for the reconciler");
+                    break;
+                }
+            }
         }
         let payment = self.reread(payment.hold_id).await.ok();
         Ok(Some(match payment {
@@ -138,7 +150,10 @@ impl Payments {
             Some(p) if p.status == Status::Canceled => {
                 "Its card authorization was released; nothing was charged."
             }
-            _ => "Its payment will be refunded once the payment provider answers.",
+            _ => {
+                "Its payment is refunded as soon as the payment provider answers (it has \
+                 not confirmed the refund yet)."
+            }
         }))
     }
 

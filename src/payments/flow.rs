@@ -10,6 +10,27 @@ use super::stripe::CallError;
 use super::{CREATION_STALE, Payment, Payments, Status, db};
 use crate::holds::{self, Confirmed, Hold, HoldError, HoldState};
 
+/// `method` if it is a payment method as Stripe.js gives one (a PaymentMethod, `pm_…`,
+/// or a tokenized card's id, `card_…`); else why not, as a sentence.
+pub fn check_method(method: &str) -> Result<&str, String> {
+    let rest = method
+        .strip_prefix("pm_")
+        .or_else(|| method.strip_prefix("card_"));
+    match rest {
+        Some(rest)
+            if (1..=250).contains(&rest.len())
+                && rest.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') =>
+        {
+            Ok(method)
+        }
+        _ => Err(
+            "payment_method must be a Stripe PaymentMethod id (pm_…) or a card \
+                  token's card id (card_…), as Stripe.js gives it."
+                .into(),
+        ),
+    }
+}
+
 /// Why a payment step did not happen (the API and the pages word each one).
 #[derive(Debug, thiserror::Error)]
 pub enum PayError {

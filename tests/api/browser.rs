@@ -6,6 +6,7 @@ mod drop;
 mod keyboard;
 mod layout;
 mod markup;
+mod pay;
 mod shop;
 
 use fantoccini::Locator;

@@ -27,25 +27,11 @@ pub struct PaymentBody {
 impl PaymentBody {
     /// The method, if given and well formed.
     fn method(&self) -> Result<Option<&str>, AppError> {
-        let Some(method) = self.payment_method.as_deref() else {
-            return Ok(None);
-        };
-        let rest = method
-            .strip_prefix("pm_")
-            .or_else(|| method.strip_prefix("card_"));
-        match rest {
-            Some(rest)
-                if (1..=250).contains(&rest.len())
-                    && rest.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') =>
-            {
-                Ok(Some(method))
-            }
-            _ => Err(AppError::Unprocessable(
-                "payment_method must be a Stripe PaymentMethod id (pm_…) or a card token's \
-                 card id (card_…), as Stripe.js gives it."
-                    .into(),
-            )),
-        }
+        self.payment_method
+            .as_deref()
+            .map(crate::payments::flow::check_method)
+            .transpose()
+            .map_err(AppError::Unprocessable)
     }
 }
 

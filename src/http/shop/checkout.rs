@@ -132,6 +132,47 @@ struct CheckoutPage {
     shortages: Vec<Shortage>,
     /// A field the shopper must correct (`name` or `email`) and why, shown beside it.
     wrong: Option<(&'static str, String)>,
+    /// The card form, when the shop takes payments.
+    payment: Option<CardForm>,
+}
+
+/// What the checkout page's card form needs: Stripe.js, and the key it is given.
+struct CardForm {
+    js_url: String,
+    publishable_key: String,
+}
+
+impl CardForm {
+    fn of(state: &AppState) -> Option<Self> {
+        state.payments.as_ref().map(|p| Self {
+            js_url: p.js_url.clone(),
+            publishable_key: p.publishable_key.clone(),
+        })
+    }
+}
+
+/// The checkout page: with the card form, and a policy that lets Stripe.js in, when the
+/// shop takes payments.
+fn checkout_page(
+    state: &AppState,
+    status: StatusCode,
+    page: &CheckoutPage,
+) -> Result<HttpResponse, AppError> {
+    let mut res = html(status, page)?;
+    if let Some(payments) = &state.payments
+        && !page.hold.state.is_released()
+    {
+        let origin = payments.script_origin();
+        let policy = format!(
+            "{}; script-src 'self' {origin}; connect-src 'self' {origin}; frame-src {origin}",
+            crate::http::middleware::CSP
+        );
+        if let Ok(value) = header::HeaderValue::from_str(&policy) {
+            res.headers_mut()
+                .insert(header::CONTENT_SECURITY_POLICY, value);
+        }
+    }
+    Ok(res)
 }
 
 impl CheckoutPage {
@@ -179,8 +220,9 @@ pub async fn get_checkout_hold(
         error: None,
         shortages: Vec::new(),
         wrong: None,
+        payment: CardForm::of(&state),
     };
-    html(StatusCode::OK, &page)
+    checkout_page(&state, StatusCode::OK, &page)
 }
 
 #[derive(Deserialize)]
@@ -285,6 +327,43 @@ pub async fn post_checkout_confirm(
     }
 }
 
+#[derive(Deserialize)]
+pub struct PayForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    payment_method: String,
+}
+
+/// Pays for the checkout's hold with the card Stripe.js tokenized in the browser (the
+/// checkout page's script calls this, then sends the order form): JSON, as the API's
+/// payment answers.
+#[tracing::instrument(skip_all)]
+pub async fn post_checkout_pay(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    address: IdPath<Checkout>,
+    form: web::Form<PayForm>,
+) -> Result<HttpResponse, AppError> {
+    csrf::check_storefront(&req, &form.csrf)?;
+    let id = address.id()?;
+    let payments = state.payments.clone().ok_or_else(|| {
+        AppError::not_found("This shop does not take card payments: place the order as it is.")
+    })?;
+    let method = crate::payments::flow::check_method(&form.payment_method)
+        .map_err(AppError::Unprocessable)?
+        .to_string();
+    let hold = find_hold(&state, id).await?;
+    let payment = detached(payments.work_limit(), async move {
+        payments.pay(&hold, &method).await
+    })
+    .await??;
+    Ok(HttpResponse::Ok().json(serde_json::json!({
+        "status": payment.status,
+        "client_secret": payment.client_secret,
+    })))
+}
+
 /// Why a checkout was shown again.
 enum Problem {
     /// The order could not be placed: why, and the products short.
@@ -314,8 +393,9 @@ async fn checkout_again(
         error,
         shortages,
         wrong,
+        payment: CardForm::of(state),
     };
-    html(status, &page)
+    checkout_page(state, status, &page)
 }
 
 /// Leaves checkout: the held stock goes back on sale at once.
