@@ -39,6 +39,11 @@ async fn pay_pressed_many_times_at_once_makes_one_intent_and_one_charge() {
         .iter()
         .filter(|i| i["status"] != "requires_payment_method")
         .collect();
+    assert_eq!(
+        intents.len(),
+        1,
+        "one intent made for the hold: {intents:#?}"
+    );
     assert_eq!(confirmed.len(), 1, "one intent paid: {intents:#?}");
 
     // And the confirmation pressed as often: one order, one capture.
