@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use super::{PRICE, SKU, paying_shop};
+use super::{PRICE, SKU, assert_problem, paying_shop};
 
 #[tokio::test]
 async fn a_paid_hold_becomes_one_order_and_is_captured_once() {
@@ -56,19 +56,7 @@ async fn a_paid_hold_becomes_one_order_and_is_captured_once() {
     assert_eq!(answered["status"], "succeeded");
 
     // The order's JSON carries its payment.
-    let read: Value = shop
-        .app
-        .client
-        .get(
-            shop.app
-                .url(&format!("/api/v1/orders/{}", order["id"].as_str().unwrap())),
-        )
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let read = shop.order(order["id"].as_str().unwrap()).await;
     assert_eq!(read["payment"]["status"], "succeeded");
     assert_eq!(shop.intents().await.len(), 1, "one intent for the hold");
     assert_eq!(shop.captured().await.len(), 1);
@@ -79,28 +67,10 @@ async fn a_paid_hold_becomes_one_order_and_is_captured_once() {
 async fn a_hold_is_not_confirmed_until_it_is_paid() {
     let shop = paying_shop().await;
     let hold = shop.hold(1).await;
-    let res = shop.confirm(hold).await;
-    assert_eq!(res.status().as_u16(), 402);
-    let problem: Value = res.json().await.unwrap();
-    assert!(
-        problem["detail"]
-            .as_str()
-            .unwrap()
-            .contains("no payment was started"),
-        "{problem}"
-    );
+    assert_problem(shop.confirm(hold).await, 402, "no payment was started").await;
     // Started, no card yet: still 402, saying so.
     assert_eq!(shop.pay(hold, None).await.status().as_u16(), 200);
-    let res = shop.confirm(hold).await;
-    assert_eq!(res.status().as_u16(), 402);
-    let problem: Value = res.json().await.unwrap();
-    assert!(
-        problem["detail"]
-            .as_str()
-            .unwrap()
-            .contains("no card has been accepted"),
-        "{problem}"
-    );
+    assert_problem(shop.confirm(hold).await, 402, "no card has been accepted").await;
     assert_eq!(shop.app.count("select count(*) from orders").await, 0);
     assert_eq!(
         shop.app.stock(SKU).await,
@@ -109,13 +79,12 @@ async fn a_hold_is_not_confirmed_until_it_is_paid() {
     );
 
     // A plain order is refused: orders come from paid holds here.
-    let res = shop.app.post_order("plain", &[(SKU, 1)]).await;
-    assert_eq!(res.status().as_u16(), 402);
-    let problem: Value = res.json().await.unwrap();
-    assert!(
-        problem["detail"].as_str().unwrap().contains("paid holds"),
-        "{problem}"
-    );
+    assert_problem(
+        shop.app.post_order("plain", &[(SKU, 1)]).await,
+        402,
+        "paid holds",
+    )
+    .await;
     assert_eq!(shop.app.count("select count(*) from orders").await, 0);
     shop.assert_invariants().await;
 }
@@ -163,24 +132,12 @@ async fn a_declined_card_is_402_and_keeps_the_hold_for_another_card() {
     let shop = paying_shop().await;
     let hold = shop.hold(1).await;
     let res = shop.pay(hold, Some("pm_card_chargeCustomerFail")).await;
-    assert_eq!(res.status().as_u16(), 402);
-    let problem: Value = res.json().await.unwrap();
+    let problem = assert_problem(res, 402, "declined. Nothing was charged").await;
     assert_eq!(problem["decline_code"], "card_declined", "{problem}");
-    let detail = problem["detail"].as_str().unwrap();
-    assert!(
-        detail.contains("declined") && detail.contains("Nothing was charged"),
-        "{detail}"
-    );
     assert_eq!(shop.app.stock(SKU).await, (10, 1), "the hold is kept");
 
     // Confirming now says the last card was declined.
-    let res = shop.confirm(hold).await;
-    assert_eq!(res.status().as_u16(), 402);
-    let problem: Value = res.json().await.unwrap();
-    assert!(
-        problem["detail"].as_str().unwrap().contains("declined"),
-        "{problem}"
-    );
+    assert_problem(shop.confirm(hold).await, 402, "declined").await;
 
     // Another card pays, on an intent of its own (the declined one is cancelled).
     let paid = shop.pay_ok(hold, "pm_card_visa").await;
@@ -206,13 +163,7 @@ async fn a_three_d_secure_card_is_confirmed_once_the_bank_agrees() {
     let secret = asked["client_secret"].as_str().unwrap().to_string();
     let intent = asked["payment_intent"].as_str().unwrap().to_string();
 
-    let res = shop.confirm(hold).await;
-    assert_eq!(res.status().as_u16(), 402);
-    let problem: Value = res.json().await.unwrap();
-    assert!(
-        problem["detail"].as_str().unwrap().contains("3-D Secure"),
-        "{problem}"
-    );
+    assert_problem(shop.confirm(hold).await, 402, "3-D Secure").await;
 
     // The shopper completes 3-D Secure in the browser (Stripe.js does this call).
     let res = shop

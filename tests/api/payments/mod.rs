@@ -122,12 +122,19 @@ impl PayingShop {
 
     /// Every intent on the provider's account.
     pub async fn intents(&self) -> Vec<Value> {
+        self.list("/v1/payment_intents").await
+    }
+
+    /// Every refund on the provider's account.
+    pub async fn refunds(&self) -> Vec<Value> {
+        self.list("/v1/refunds").await
+    }
+
+    /// The first page (100) of one of the provider's lists.
+    async fn list(&self, path: &str) -> Vec<Value> {
         let page: Value = self
             .provider
-            .get(format!(
-                "{}/v1/payment_intents?limit=100",
-                self.stripe.url()
-            ))
+            .get(format!("{}{path}?limit=100", self.stripe.url()))
             .bearer_auth("sk_test_stockade")
             .send()
             .await
@@ -138,19 +145,17 @@ impl PayingShop {
         page["data"].as_array().cloned().unwrap_or_default()
     }
 
-    /// Every refund on the provider's account.
-    pub async fn refunds(&self) -> Vec<Value> {
-        let page: Value = self
-            .provider
-            .get(format!("{}/v1/refunds?limit=100", self.stripe.url()))
-            .bearer_auth("sk_test_stockade")
+    /// `GET /api/v1/orders/{id}`'s JSON.
+    pub async fn order(&self, id: &str) -> Value {
+        self.app
+            .client
+            .get(self.app.url(&format!("/api/v1/orders/{id}")))
             .send()
             .await
             .unwrap()
             .json()
             .await
-            .unwrap();
-        page["data"].as_array().cloned().unwrap_or_default()
+            .unwrap()
     }
 
     /// Intents the provider captured.
@@ -215,4 +220,13 @@ impl PayingShop {
             .unwrap_or_else(|| panic!("a card token: {token}"))
             .to_string()
     }
+}
+
+/// Asserts that `res` is a problem with `status` whose detail says `says`; the problem.
+pub async fn assert_problem(res: reqwest::Response, status: u16, says: &str) -> Value {
+    assert_eq!(res.status().as_u16(), status);
+    let problem: Value = res.json().await.unwrap();
+    let detail = problem["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains(says), "{status} saying {says:?}: {problem}");
+    problem
 }

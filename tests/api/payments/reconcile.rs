@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::{PRICE, SKU, paying_shop_with};
+use super::{PRICE, SKU, assert_problem, paying_shop_with};
 use crate::faults::proxy::{FaultProxy, Mode};
 
 /// Reconciler passes every few hundred milliseconds.
@@ -30,16 +30,7 @@ async fn an_authorization_whose_hold_ended_without_an_order_is_cancelled() {
     shop.wait_for_intent(&intent, "canceled", Duration::from_secs(20))
         .await;
     // Only now is the shopper told nothing was charged.
-    let res = shop.confirm(hold).await;
-    assert_eq!(res.status().as_u16(), 409);
-    let problem: Value = res.json().await.unwrap();
-    assert!(
-        problem["detail"]
-            .as_str()
-            .unwrap()
-            .contains("nothing was charged"),
-        "{problem}"
-    );
+    assert_problem(shop.confirm(hold).await, 409, "nothing was charged").await;
     assert_eq!(shop.app.count("select count(*) from orders").await, 0);
     assert_eq!(shop.app.stock(SKU).await, (10, 0));
     shop.assert_invariants().await;
@@ -120,16 +111,7 @@ async fn an_admin_cancelling_a_paid_order_refunds_it_once() {
         (10, 0),
         "the stock came back once"
     );
-    let read: Value = shop
-        .app
-        .client
-        .get(shop.app.url(&format!("/api/v1/orders/{id}")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let read = shop.order(&id).await;
     assert_eq!(read["payment"]["status"], "refunded", "{read}");
     assert_eq!(read["payment"]["refunded_cents"], 2 * PRICE);
     // The reconciler passes over it again and again: still one refund.
