@@ -282,6 +282,22 @@ pub async fn settle(db: &PgPool, hold: Uuid) -> sqlx::Result<()> {
     Ok(())
 }
 
+/// Puts hold `hold`'s payment up for the reconciler's look `within` from now (sooner than
+/// it was, never later): a finisher about to act, so that if it stops the reconciler
+/// finishes after it within the window.
+pub async fn due_within(db: &PgPool, hold: Uuid, within: Duration) -> sqlx::Result<()> {
+    sqlx::query!(
+        "update payments
+            set reconcile_at = least(reconcile_at, now() + make_interval(secs => $2))
+          where hold_id = $1 and not settled",
+        hold,
+        within.as_secs_f64(),
+    )
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
 /// Claims up to `limit` unsettled payments due a look (skipping those another process
 /// claimed), and puts their next look `again` from now.
 pub async fn claim_due(db: &PgPool, limit: i64, again: Duration) -> sqlx::Result<Vec<Uuid>> {

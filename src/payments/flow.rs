@@ -223,6 +223,10 @@ impl Payments {
                 unanswered => PayError::Provider(unanswered),
             });
         }
+        // Written ahead: stopped between the authorization and its record, this row says
+        // "processing", so whoever comes next asks the provider first (and the reconciler
+        // looks within its window).
+        db::record(&self.db, hold, Status::Processing, self.reconcile_after).await?;
         let confirm_key = format!("{intent}-confirm-{attempt}");
         match self.stripe.confirm(intent, &confirm_key).await {
             Ok(confirmed) => {
@@ -236,11 +240,9 @@ impl Payments {
             Err(e) if e.is_refused() => {}
             // The provider does not know the method after all.
             Err(CallError::Refused { message, .. }) => return Err(PayError::BadMethod(message)),
-            Err(e) => {
-                // It may have been confirmed: the next step asks the provider first.
-                db::record(&self.db, hold, Status::Processing, self.reconcile_after).await?;
-                return Err(PayError::Provider(e));
-            }
+            // It may have been confirmed: the row says "processing", so the next step asks
+            // the provider first.
+            Err(e) => return Err(PayError::Provider(e)),
         }
         let payment = self.reread(hold).await?;
         if payment.status.is_unsure() || payment.status == Status::RequiresPaymentMethod {
@@ -286,6 +288,9 @@ impl Payments {
             if !payment.status.is_paid() {
                 return Err(PayError::NotPaid(Some(payment)));
             }
+            // Stopped between the order and its capture, this is finished by the
+            // reconciler within its window.
+            db::due_within(&self.db, hold, self.reconcile_after).await?;
             match self.confirm_hold(hold, owner, name, email, answer_by).await {
                 Ok(mut confirmed) => {
                     self.after_order(&payment, confirmed.order.id).await?;

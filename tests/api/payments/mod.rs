@@ -2,7 +2,8 @@
 //! started and stopped like every other real part. Each test ends with I1–I3 and I9
 //! (the provider's records against the shop's).
 
-pub mod faults;
+mod crash;
+mod faults;
 mod flow;
 mod reconcile;
 mod webhook;
