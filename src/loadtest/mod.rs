@@ -9,6 +9,7 @@
 pub mod check;
 mod command;
 pub mod drop;
+pub mod pay;
 pub mod quick;
 pub mod report;
 pub mod run;
@@ -17,7 +18,9 @@ mod setup;
 mod summary;
 
 pub use command::{CheckArgs, check_command};
-pub use setup::setup;
+pub use setup::{own_api_key, setup};
+
+use setup::fresh_database;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -136,6 +139,8 @@ pub struct LoadtestArgs {
     pub seed: u64,
     #[command(flatten)]
     pub drop: drop::DropArgs,
+    #[command(flatten)]
+    pub payment: pay::PaymentArgs,
 }
 
 /// The hot SKU of the flash sale.
@@ -177,6 +182,7 @@ impl LoadtestArgs {
             seed: self.seed,
             run_id,
             api_key,
+            payments: self.payment.plan(),
         }
     }
 
@@ -203,6 +209,20 @@ impl LoadtestArgs {
         }
         if self.scenario == Scenario::Drop {
             self.drop.validate()?;
+        }
+        self.payment.validate()?;
+        if self.payment.payments && self.scenario == Scenario::Drop {
+            bail!(
+                "--payments runs the flash-sale, catalogue and mixed scenarios; the drop scenario pays nothing yet"
+            );
+        }
+        if self.payment.payments
+            && !self.targets.is_empty()
+            && self.payment.stripe_api_base.is_none()
+        {
+            bail!(
+                "--payments against --target servers needs their provider's address (STOCKADE_STRIPE_API_BASE)"
+            );
         }
         if self.compare && !self.targets.is_empty() {
             bail!("--compare starts its own servers; leave out --target");
@@ -284,6 +304,8 @@ async fn against_targets(args: &LoadtestArgs) -> anyhow::Result<Report> {
 }
 
 async fn self_hosted(args: &LoadtestArgs) -> anyhow::Result<Report> {
+    let mut args = args.clone();
+    let args = &mut args;
     // PostgreSQL and Redis: the given ones, or throwaway local ones.
     let mut local = None;
     let (database_url, redis_url) = match (&args.database_url, &args.redis_url) {
@@ -344,6 +366,20 @@ async fn self_hosted(args: &LoadtestArgs) -> anyhow::Result<Report> {
             // Every shopper of the drop scenario comes from this one address.
             ("STOCKADE_DROP_PLACES_PER_ADDRESS", "0".to_string()),
         ];
+        let mut env = env;
+        // Paying: a fresh provider per strategy, as the stock is fresh.
+        let provider = match args.payment.payments {
+            true => {
+                let dir = std::env::temp_dir().join(format!(
+                    "stockade-loadtest-{}-localstripe",
+                    std::process::id()
+                ));
+                let (stripe, pay_env) = pay::start_provider(&dir, &mut args.payment)?;
+                env.extend(pay_env);
+                Some(stripe)
+            }
+            false => None,
+        };
         let flags: &[&str] = if strategy == "naive-unsafe" {
             &["--allow-unsafe"]
         } else {
@@ -354,6 +390,9 @@ async fn self_hosted(args: &LoadtestArgs) -> anyhow::Result<Report> {
             servers.push(ServerProcess::start(&exe, &env, flags).await?);
         }
         let targets: Vec<String> = servers.iter().map(|s| s.address.clone()).collect();
+        if let Some(stripe) = &provider {
+            pay::register_webhook(stripe, &targets[0]).await?;
+        }
         eprintln!(
             "{strategy}: {} server process(es) at {}",
             servers.len(),
@@ -375,6 +414,7 @@ async fn self_hosted(args: &LoadtestArgs) -> anyhow::Result<Report> {
         for server in &mut servers {
             server.stop();
         }
+        drop(provider);
         db.close().await;
         runs.extend(run?);
     }
@@ -395,44 +435,6 @@ async fn self_hosted(args: &LoadtestArgs) -> anyhow::Result<Report> {
         scenario: scenario_name(args.scenario).into(),
         parameters: serde_json::to_value(args)?,
         runs,
-    })
-}
-
-/// Makes an unlimited API client, which may order without paying, for this run in `db` (the servers' database); its key.
-pub async fn own_api_key(db: &PgPool) -> anyhow::Result<String> {
-    let name = format!(
-        "loadtest {}",
-        &uuid::Uuid::new_v4().simple().to_string()[..8]
-    );
-    let (client, key) = crate::clients::create(db, &name, crate::clients::Limit::Unlimited)
-        .await
-        .context("cannot make an API client for the load test")?;
-    // Its plain orders are placed whether or not the shop takes payments.
-    crate::clients::allow_unpaid_orders(db, client.id).await?;
-    Ok(key)
-}
-
-/// Creates a new database beside the one `url` names; returns its URL.
-async fn fresh_database(url: &str, strategy: &str) -> anyhow::Result<String> {
-    use sqlx::Connection;
-    let (head, query) = url.split_once('?').map_or((url, ""), |(h, q)| (h, q));
-    let (base, _) = head
-        .rsplit_once('/')
-        .context("DATABASE_URL has no database name")?;
-    let name = format!(
-        "loadtest_{}_{}",
-        strategy.replace('-', "_"),
-        &uuid::Uuid::new_v4().simple().to_string()[..8]
-    );
-    let mut conn = crate::pg::connect(url).await?;
-    // A runtime string, not `query!`: a database name is an identifier and cannot be bound.
-    sqlx::query(sqlx::AssertSqlSafe(format!(r#"create database "{name}""#)))
-        .execute(&mut conn)
-        .await?;
-    conn.close().await?;
-    Ok(match query {
-        "" => format!("{base}/{name}"),
-        q => format!("{base}/{name}?{q}"),
     })
 }
 
@@ -536,12 +538,24 @@ async fn one_run(
             (Vec::new(), Vec::new())
         }
     };
+    // Charges against orders, once the reconciler has settled them, and I9.
+    let mut verdicts = verdicts;
+    let payments = match db.filter(|_| args.payment.payments) {
+        Some(db) => {
+            let (tally, i9) = pay::after_run(db, &args.payment).await?;
+            check::print(std::slice::from_ref(&i9));
+            verdicts.push(i9);
+            Some(tally)
+        }
+        None => None,
+    };
     Ok(StrategyRun {
         strategy,
         result,
         verdicts,
         balances,
         drop,
+        payments,
     })
 }
 

@@ -20,6 +20,9 @@ pub struct StrategyRun {
     /// The drop scenario's figures.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drop: Option<super::drop::DropSection>,
+    /// With `--payments`: charges against orders.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payments: Option<super::pay::PaymentTally>,
 }
 
 impl StrategyRun {
@@ -103,6 +106,9 @@ pub fn summary(report: &Report) -> String {
         );
         if let Some(drop) = &run.drop {
             out.push_str(&super::drop::summary(&run.strategy, drop));
+        }
+        if let Some(payments) = &run.payments {
+            out.push_str(&super::pay::summary(&run.strategy, payments));
         }
         if let Some(offered) = r.offered_rate {
             let _ = writeln!(

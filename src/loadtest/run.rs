@@ -12,6 +12,9 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use super::Scenario;
+pub use paid::PayPlan;
+
+mod paid;
 
 /// What one run does.
 #[derive(Debug, Clone)]
@@ -37,6 +40,8 @@ pub struct Plan {
     pub run_id: String,
     /// Sent as `Authorization: Bearer` with every request.
     pub api_key: Option<String>,
+    /// Every buyer pays through the provider (`--payments`).
+    pub payments: Option<PayPlan>,
 }
 
 /// How a buyer behaves.
@@ -139,6 +144,8 @@ pub(super) struct Answer {
     pub status: u16,
     pub outcome: &'static str,
     pub id: Option<String>,
+    /// A payment's answer (200): its status, and the client secret for 3-D Secure.
+    pub payment: Option<(String, Option<String>)>,
 }
 
 impl Answer {
@@ -151,6 +158,7 @@ impl Answer {
                 "error"
             },
             id: None,
+            payment: None,
         }
     }
 }
@@ -166,8 +174,20 @@ pub(super) async fn send(request: reqwest::RequestBuilder) -> Answer {
         Ok(body) => body,
         Err(e) => return Answer::none(&e),
     };
+    let text = |field: &str| body.get(field).and_then(|v| v.as_str()).map(str::to_string);
+    let payment = (status == 200)
+        .then(|| text("status").map(|s| (s, text("client_secret"))))
+        .flatten();
     let outcome = match status {
         201 => "created",
+        // A payment: authorized (or charged), 3-D Secure asked, or neither yet.
+        200 => match payment.as_ref().map(|(s, _)| s.as_str()) {
+            Some("requires_capture" | "succeeded") => "paid",
+            Some("requires_action") => "3ds-asked",
+            _ => "unpaid",
+        },
+        402 if body.get("decline_code").is_some() => "declined",
+        402 => "unpaid",
         409 if body.get("shortages").is_some() => "sold-out",
         409 if retry_after => "in-flight",
         409 => "rejected",
@@ -184,6 +204,7 @@ pub(super) async fn send(request: reqwest::RequestBuilder) -> Answer {
             .and_then(|v| v.as_str())
             .map(str::to_string)
             .filter(|_| status == 201),
+        payment,
     }
 }
 
@@ -289,6 +310,9 @@ impl Buyer<'_> {
         let key = format!("{}-{}", plan.run_id, self.id);
         let lines = lines_for(plan, self.id, rng);
         let order = body(&lines);
+        if let Some(pay) = &plan.payments {
+            return self.paid_checkout(behaviour, pay, &key, &order, rng).await;
+        }
         let orders = "/api/v1/orders";
         let wait = plan.timeout;
         match behaviour {

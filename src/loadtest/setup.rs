@@ -1,5 +1,6 @@
 //! A run's stock: the scenario's SKUs set to the asked units, through the ledger.
 
+use anyhow::Context;
 use sqlx::PgPool;
 
 use super::check::RedisTarget;
@@ -128,4 +129,42 @@ async fn set_stock(
         .await?;
     tx.commit().await?;
     Ok(())
+}
+
+/// Makes an unlimited API client, which may order without paying, for this run in `db` (the servers' database); its key.
+pub async fn own_api_key(db: &PgPool) -> anyhow::Result<String> {
+    let name = format!(
+        "loadtest {}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    let (client, key) = crate::clients::create(db, &name, crate::clients::Limit::Unlimited)
+        .await
+        .context("cannot make an API client for the load test")?;
+    // Its plain orders are placed whether or not the shop takes payments.
+    crate::clients::allow_unpaid_orders(db, client.id).await?;
+    Ok(key)
+}
+
+/// Creates a new database beside the one `url` names; returns its URL.
+pub(super) async fn fresh_database(url: &str, strategy: &str) -> anyhow::Result<String> {
+    use sqlx::Connection;
+    let (head, query) = url.split_once('?').map_or((url, ""), |(h, q)| (h, q));
+    let (base, _) = head
+        .rsplit_once('/')
+        .context("DATABASE_URL has no database name")?;
+    let name = format!(
+        "loadtest_{}_{}",
+        strategy.replace('-', "_"),
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    let mut conn = crate::pg::connect(url).await?;
+    // A runtime string, not `query!`: a database name is an identifier and cannot be bound.
+    sqlx::query(sqlx::AssertSqlSafe(format!(r#"create database "{name}""#)))
+        .execute(&mut conn)
+        .await?;
+    conn.close().await?;
+    Ok(match query {
+        "" => format!("{base}/{name}"),
+        q => format!("{base}/{name}?{q}"),
+    })
 }

@@ -18,7 +18,7 @@ struct Cli {
 }
 
 /// Load-test arguments as the command line would give them, against `app`'s servers.
-fn args(app: &TestApp, targets: &[String], extra: &[&str]) -> LoadtestArgs {
+pub(crate) fn args(app: &TestApp, targets: &[String], extra: &[&str]) -> LoadtestArgs {
     let out = std::env::temp_dir().join(format!("stockade-lt-{}", uuid::Uuid::new_v4().simple()));
     let mut argv = vec!["loadtest".to_string()];
     for t in targets {

@@ -24,7 +24,7 @@ mod holds;
 mod images;
 mod ledger;
 mod limits;
-mod loadtest;
+pub(crate) mod loadtest;
 mod openapi;
 mod orders;
 mod payments;

@@ -5,6 +5,7 @@
 mod crash;
 mod faults;
 mod flow;
+mod load;
 mod reconcile;
 mod webhook;
 
