@@ -73,13 +73,13 @@ clean:
 # Installs what is missing with one apt-get run (Debian/Ubuntu); elsewhere names it.
 # $(1): "run" (servers), "bench" (servers, pgbench), "cluster" (servers, HAProxy, PgBouncer,
 # Redis Sentinel, Patroni, etcd, pgBackRest) or "test" (all of these, browser, docker-compose,
-# npm for axe-core; "run" and "test" python3-venv for localstripe and schemathesis). pgbench comes with the server on Debian
+# npm for axe-core; all but "cluster" python3-venv for localstripe and schemathesis). pgbench comes with the server on Debian
 # 12; newer releases ship it in postgresql-client.
 define install_missing
 	@missing=""; \
 	( command -v initdb || ls /usr/lib/postgresql/*/bin/initdb ) >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
-	if [ "$(1)" = run ] || [ "$(1)" = test ]; then \
+	if [ "$(1)" != cluster ]; then \
 	  python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing="$$missing python3-venv"; \
 	fi; \
 	if [ "$(1)" != run ]; then \
@@ -159,6 +159,7 @@ tools/lighthouse/node_modules/.package-lock.json: tools/lighthouse/package-lock.
 
 deps-bench:
 	$(call install_missing,bench)
+	@$(MAKE) --no-print-directory deps-localstripe
 
 deps-stress:
 	@command -v stress-ng >/dev/null 2>&1 || { \

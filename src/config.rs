@@ -330,6 +330,18 @@ environment {
         if v.len() != 3 || !v.bytes().all(|b| b.is_ascii_lowercase()) {
             return Err(malformed(var, &v, "expected a three-letter ISO 4217 code, e.g. usd"));
         }
+        // Prices are kept in hundredths; these currencies have none, or thousandths.
+        const NOT_HUNDREDTHS: [&str; 21] = [
+            "bif", "clp", "djf", "gnf", "jpy", "kmf", "krw", "mga", "pyg", "rwf", "ugx", "vnd",
+            "vuv", "xaf", "xof", "xpf", "bhd", "jod", "kwd", "omr", "tnd",
+        ];
+        if NOT_HUNDREDTHS.contains(&v.as_str()) {
+            return Err(malformed(
+                var,
+                &v,
+                "Stockade keeps prices in hundredths of a unit; this currency is not divided so",
+            ));
+        }
         Ok(v)
     };
     /// Starting to pay extends the hold once, to at least this long from then.

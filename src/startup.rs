@@ -39,6 +39,7 @@ impl Application {
     /// Connects to PostgreSQL (and migrates it) and Redis, and binds the listener.
     /// `settings.database_url` and `settings.redis_url` must be set; local mode fills them in.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        crate::catalog::set_currency(&settings.currency);
         migrate(&settings).await?;
         let (main, theirs) = Leaders::split(&settings);
         let db = connect_database_with(&settings, main).await?;

@@ -14,6 +14,9 @@ pub const STEP_P99_TARGET_MS: f64 = 100.0;
 pub const PRODUCT_PAGE_TARGET: f64 = 0.4;
 /// Cold search pages/s at least this share of pgbench's runs of the same three queries.
 pub const SEARCH_TARGET: f64 = 0.3;
+/// Paid checkouts/s at least this share of the payment provider's own rate for the same
+/// calls: Stockade must never be the bottleneck in front of a payment provider.
+pub const PAID_CHECKOUT_TARGET: f64 = 0.8;
 /// Sold-out answers/s at least this share of the refused ceiling.
 pub const SOLD_OUT_TARGET: f64 = 0.5;
 
@@ -95,6 +98,21 @@ pub(super) fn derived_lines(rows: &[Row], pgbench: &[pgbench::PgbenchResult]) ->
                     "completed checkouts/s through the shop's pages (six requests each) over \
                      API orders/s of the same SKU; target ≥ {STOREFRONT_TARGET:.2}×: {}",
                     met(value >= STOREFRONT_TARGET)
+                ),
+            ));
+        }
+        let paid = rows.iter().find(|r| {
+            r.workload == Workload::PaidCheckout && r.strategy == strategy && r.mode == "closed"
+        });
+        if let Some(value) = paid.and_then(|r| ratio(Some(r.rate), r.provider_rate)) {
+            lines.push(Derived::ratio(
+                &format!("paid-checkout ÷ provider ({label})"),
+                value,
+                &format!(
+                    "paid checkouts/s (a hold, its payment, its confirmation: four provider \
+                     calls) over the provider's own rate for the same four calls, alone; \
+                     target ≥ {PAID_CHECKOUT_TARGET:.1}×: {}",
+                    met(value >= PAID_CHECKOUT_TARGET)
                 ),
             ));
         }

@@ -27,6 +27,7 @@ mod args;
 mod db;
 mod derived;
 pub mod load;
+mod paid;
 pub mod pgbench;
 mod progress;
 pub mod report;
@@ -350,7 +351,17 @@ impl Bench<'_> {
         let plan = self.plan;
         let (name, url, api_key) = self.database(workload, &strategy.name).await?;
         let prefix = format!("bench-{}:", uuid::Uuid::new_v4().simple());
-        let env = self.server_env(&url, &prefix, workload, strategy);
+        let mut env = self.server_env(&url, &prefix, workload, strategy);
+        // A paid checkout pays through a fresh provider of its own.
+        let provider_dir = self.out.join(format!("localstripe-{}", strategy.name));
+        let provider = match workload {
+            Workload::PaidCheckout => {
+                let (stripe, settings) = paid::provider(&provider_dir)?;
+                env.extend(settings);
+                Some(stripe)
+            }
+            _ => None,
+        };
         let commits_before = commit_count(admin, &name).await?;
         let statements_before = if statements {
             statement_count(admin, &name).await
@@ -374,9 +385,31 @@ impl Bench<'_> {
                 };
                 self.requests(admin, &load, workload, &strategy.name).await
             }
-            None => storefront::measure(self, admin, &targets, &strategy.name).await,
+            None => match &provider {
+                Some(stripe) => {
+                    let measured = paid::measure(
+                        self,
+                        &targets,
+                        &strategy.name,
+                        api_key,
+                        stripe,
+                        &provider_dir,
+                    )
+                    .await;
+                    match measured {
+                        Ok((row, begun)) => (row, None, begun),
+                        Err(e) => {
+                            stop_all(servers).await;
+                            return Err(e.context("the paid checkout"));
+                        }
+                    }
+                }
+                None => storefront::measure(self, admin, &targets, &strategy.name).await,
+            },
         };
         stop_all(servers).await;
+        drop(provider);
+        let _ = std::fs::remove_dir_all(&provider_dir);
 
         // Backends report their counts when they exit: wait for the servers' to be gone.
         wait_for_no_sessions(admin, &name).await;

@@ -249,7 +249,7 @@ pub fn script(workload: Workload, skus: usize) -> Option<(String, String)> {
         ),
         // The storefront's requests are pages around a hold and a confirmation, which
         // `hold-hot-sku` and `confirm` measure; the refused ones do no SQL at all.
-        Workload::Refused | Workload::Storefront => return None,
+        Workload::Refused | Workload::Storefront | Workload::PaidCheckout => return None,
     };
     Some((
         name.to_string(),

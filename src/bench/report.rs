@@ -94,22 +94,16 @@ pub fn summary(report: &BenchReport) -> String {
             verdict(r.invariants),
         );
     }
-    let stepped: Vec<&Row> = report.rows.iter().filter(|r| !r.steps.is_empty()).collect();
-    if let Some(first) = stepped.first() {
-        let _ = write!(
-            out,
-            "\n{:<w$}",
-            "storefront steps, p50 / p99 ms",
-            w = w + 14
-        );
-        for step in &first.steps {
-            let _ = write!(out, " {:>15}", step.name);
+    for table in step_tables(report) {
+        let title = format!("{} steps, p50 / p99 ms", table.workload);
+        let _ = write!(out, "\n{title:<w$}", w = w + 14);
+        for name in &table.names {
+            let _ = write!(out, " {name:>15}");
         }
         let _ = writeln!(out);
-        for r in stepped {
-            let _ = write!(out, "{:<w$}", r.label(), w = w + 14);
-            for step in &r.steps {
-                let cell = format!("{:.1} / {:.1}", step.p50_ms, step.p99_ms);
+        for (label, cells) in &table.rows {
+            let _ = write!(out, "{label:<w$}", w = w + 14);
+            for cell in cells {
                 let _ = write!(out, " {cell:>15}");
             }
             let _ = writeln!(out);
@@ -191,10 +185,8 @@ struct RowView {
 struct ReportPage<'a> {
     report: &'a BenchReport,
     rows: Vec<RowView>,
-    /// The storefront's step names, and per row with steps its label and each step's
-    /// `p50 / p99`.
-    step_names: Vec<String>,
-    steps: Vec<(String, Vec<String>)>,
+    /// Per workload measured in steps (the storefront, the paid checkout): its steps.
+    step_tables: Vec<StepTable>,
     parameters: String,
     failures: Vec<String>,
 }
@@ -239,25 +231,38 @@ pub fn html(report: &BenchReport) -> anyhow::Result<String> {
             })
         })
         .collect();
-    let stepped = || report.rows.iter().filter(|r| !r.steps.is_empty());
-    let step_names = stepped()
-        .next()
-        .map(|r| r.steps.iter().map(|s| s.name.clone()).collect())
-        .unwrap_or_default();
-    let steps = stepped()
-        .map(|r| {
-            let cells = r.steps.iter();
-            let cells = cells.map(|s| format!("{:.1} / {:.1}", s.p50_ms, s.p99_ms));
-            (r.label(), cells.collect())
-        })
-        .collect();
     let page = ReportPage {
         report,
         rows,
-        step_names,
-        steps,
+        step_tables: step_tables(report),
         parameters: serde_json::to_string_pretty(&report.parameters)?,
         failures,
     };
     Ok(page.render()?)
+}
+
+/// One workload's steps: their names, and per row its label and each step's `p50 / p99`.
+struct StepTable {
+    workload: &'static str,
+    names: Vec<String>,
+    rows: Vec<(String, Vec<String>)>,
+}
+
+/// A table per workload measured in steps, in the order the rows came.
+fn step_tables(report: &BenchReport) -> Vec<StepTable> {
+    let mut tables: Vec<StepTable> = Vec::new();
+    for r in report.rows.iter().filter(|r| !r.steps.is_empty()) {
+        let cells = r.steps.iter();
+        let cells = cells.map(|s| format!("{:.1} / {:.1}", s.p50_ms, s.p99_ms));
+        let row = (r.label(), cells.collect());
+        match tables.iter_mut().find(|t| t.workload == r.workload.name()) {
+            Some(table) => table.rows.push(row),
+            None => tables.push(StepTable {
+                workload: r.workload.name(),
+                names: r.steps.iter().map(|s| s.name.clone()).collect(),
+                rows: vec![row],
+            }),
+        }
+    }
+    tables
 }

@@ -45,6 +45,9 @@ pub struct Row {
     pub pgbench_tps: Option<f64>,
     /// `rate ÷ pgbench_tps`.
     pub ratio_to_pgbench: Option<f64>,
+    /// `paid-checkout`: the payment provider's own rate for the same calls, alone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider_rate: Option<f64>,
     /// Database commits per request, over the server's whole run (warm-up included).
     pub commits_per_request: Option<f64>,
     /// Statements per request, when `pg_stat_statements` is available.
@@ -117,6 +120,7 @@ impl Row {
                 .collect(),
             pgbench_tps: None,
             ratio_to_pgbench: None,
+            provider_rate: None,
             commits_per_request: None,
             statements_per_request: None,
             wal_per_request: None,

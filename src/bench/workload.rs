@@ -30,6 +30,10 @@ pub enum Workload {
     /// tokens: product page, add to cart, cart, "Checkout", checkout page, "Place order";
     /// measured in completed checkouts.
     Storefront,
+    /// Checkouts paid by card through a provider (a fresh localstripe): a hold, its
+    /// payment, its confirmation over the JSON API; measured in completed checkouts,
+    /// beside the provider's own rate for the same calls ([`super::paid`]).
+    PaidCheckout,
     /// Orders for a SKU with no stock: every answer is 409.
     SoldOut,
     /// GET /products/{sku}, the HTML page, of a SKU picked uniformly from `--skus`, from a
@@ -46,12 +50,13 @@ pub enum Workload {
 
 impl Workload {
     /// Every workload, in the order a full bench runs them.
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 11] = [
         Self::HotSku,
         Self::HoldHot,
         Self::Confirm,
         Self::Cart,
         Self::Storefront,
+        Self::PaidCheckout,
         Self::Uniform,
         Self::SoldOut,
         Self::ProductPage,
@@ -62,7 +67,7 @@ impl Workload {
     /// Whether `--soak` can run it for hours: a request workload that runs out of nothing
     /// (confirmations run out of seeded holds; the storefront is a flow, not a request).
     pub fn soaks(self) -> bool {
-        !matches!(self, Self::Confirm | Self::Storefront)
+        !matches!(self, Self::Confirm | Self::Storefront | Self::PaidCheckout)
     }
 
     pub fn name(self) -> &'static str {
@@ -73,6 +78,7 @@ impl Workload {
             Self::Uniform => "uniform",
             Self::Cart => "cart",
             Self::Storefront => "storefront",
+            Self::PaidCheckout => "paid-checkout",
             Self::SoldOut => "sold-out",
             Self::ProductPage => "product-page",
             Self::Search => "search",
@@ -90,6 +96,7 @@ impl Workload {
                 | Self::Uniform
                 | Self::Cart
                 | Self::Storefront
+                | Self::PaidCheckout
                 | Self::SoldOut
         )
     }
@@ -150,7 +157,7 @@ impl Workload {
                         .collect(),
                 ),
             },
-            Self::Storefront => return None,
+            Self::Storefront | Self::PaidCheckout => return None,
         };
         Some(work)
     }
@@ -181,7 +188,12 @@ impl Workload {
     pub fn expected_status(self) -> u16 {
         match self {
             Self::Storefront => 303,
-            Self::HotSku | Self::HoldHot | Self::Confirm | Self::Uniform | Self::Cart => 201,
+            Self::HotSku
+            | Self::HoldHot
+            | Self::Confirm
+            | Self::Uniform
+            | Self::Cart
+            | Self::PaidCheckout => 201,
             Self::SoldOut => 409,
             Self::ProductPage | Self::Search => 200,
             Self::Refused => 422,
@@ -250,6 +262,7 @@ pub(super) async fn seed(
         | Workload::HoldHot
         | Workload::Confirm
         | Workload::Storefront
+        | Workload::PaidCheckout
         | Workload::Refused => (vec![HOT_SKU.into()], HOT_STOCK),
         Workload::Uniform | Workload::ProductPage | Workload::Search => {
             ((1..=skus).map(uniform_sku).collect(), UNIFORM_STOCK)

@@ -118,19 +118,39 @@ impl ProductView {
     }
 }
 
-/// `129900` → `"$1,299.00"`.
+/// The shop's one currency (`STOCKADE_CURRENCY`), set once when the process starts: every
+/// price is shown in it. Unset (a tool, a test), prices are in US dollars.
+static CURRENCY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Sets the currency every price is shown in (the first call wins: one per process).
+pub fn set_currency(code: &str) {
+    let _ = CURRENCY.set(code.to_ascii_lowercase());
+}
+
+/// `129900` → `"$1,299.00"` (in the shop's currency: `"€1,299.00"`, `"1,299.00 CHF"`).
 pub fn format_cents(cents: i64) -> String {
+    in_currency(cents, CURRENCY.get().map_or("usd", String::as_str))
+}
+
+/// `cents` of `currency` (a two-decimal ISO 4217 code, lower case) as a person reads it.
+pub fn in_currency(cents: i64, currency: &str) -> String {
     let sign = if cents < 0 { "-" } else { "" };
     let cents = cents.unsigned_abs();
-    let dollars = (cents / 100).to_string();
+    let units = (cents / 100).to_string();
     let mut grouped = String::new();
-    for (i, c) in dollars.chars().enumerate() {
-        if i > 0 && (dollars.len() - i).is_multiple_of(3) {
+    for (i, c) in units.chars().enumerate() {
+        if i > 0 && (units.len() - i).is_multiple_of(3) {
             grouped.push(',');
         }
         grouped.push(c);
     }
-    format!("{sign}${grouped}.{:02}", cents % 100)
+    let amount = format!("{grouped}.{:02}", cents % 100);
+    match currency {
+        "usd" => format!("{sign}${amount}"),
+        "eur" => format!("{sign}€{amount}"),
+        "gbp" => format!("{sign}£{amount}"),
+        other => format!("{sign}{amount} {}", other.to_ascii_uppercase()),
+    }
 }
 
 #[cfg(test)]
@@ -164,6 +184,9 @@ mod tests {
         assert_eq!(format_cents(129_900), "$1,299.00");
         assert_eq!(format_cents(123_456_789), "$1,234,567.89");
         assert_eq!(format_cents(-250), "-$2.50");
+        assert_eq!(in_currency(129_900, "eur"), "€1,299.00");
+        assert_eq!(in_currency(250, "gbp"), "£2.50");
+        assert_eq!(in_currency(-129_900, "chf"), "-1,299.00 CHF");
     }
 
     #[test]

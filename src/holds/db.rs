@@ -166,6 +166,22 @@ pub async fn set_state(
         state.as_str(),
         order_id,
     )
+    .execute(&mut *conn)
+    .await?;
+    if state == HoldState::Released {
+        payments_due(conn, &[id]).await?;
+    }
+    Ok(())
+}
+
+/// Puts the payments of holds that just ended up for the payment reconciler's look now
+/// (an authorization without an order is released), in the transaction that ended them.
+async fn payments_due(conn: &mut PgConnection, holds: &[Uuid]) -> sqlx::Result<()> {
+    sqlx::query!(
+        "update payments set reconcile_at = now()
+          where hold_id = any($1::uuid[]) and not settled",
+        holds,
+    )
     .execute(conn)
     .await?;
     Ok(())
@@ -195,9 +211,9 @@ pub async fn expire_many(conn: &mut PgConnection, ids: &[Uuid]) -> sqlx::Result<
         ids,
         HoldState::Expired.as_str(),
     )
-    .execute(conn)
+    .execute(&mut *conn)
     .await?;
-    Ok(())
+    payments_due(conn, ids).await
 }
 
 /// Deletes up to `limit` of the oldest released and expired holds whose state changed

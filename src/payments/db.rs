@@ -88,7 +88,8 @@ pub async fn drop_creation(db: &PgPool, hold: Uuid) -> sqlx::Result<()> {
     Ok(())
 }
 
-/// Records the intent made for hold `hold`.
+/// Records the intent made for hold `hold`; the reconciler looks once the hold has ended
+/// (until then it is the shopper's turn).
 pub async fn created(
     db: &PgPool,
     hold: Uuid,
@@ -100,7 +101,8 @@ pub async fn created(
     sqlx::query!(
         "update payments
             set payment_intent = $2, client_secret = $3, status = $4, updated_at = now(),
-                reconcile_at = now() + make_interval(secs => $5)
+                reconcile_at = greatest(now(), (select expires_at from holds where id = $1))
+                               + make_interval(secs => $5)
           where hold_id = $1 and status = 'creating'",
         hold,
         intent,
@@ -135,6 +137,30 @@ pub async fn replace_intent(
     .execute(db)
     .await?;
     Ok(replaced.rows_affected() == 1)
+}
+
+/// Records the intent's status after the shopper's step (a card authorized, 3-D Secure
+/// asked): the reconciler looks once the hold has ended, as until then it is the
+/// shopper's turn (and its look would only make their next step wait for the lease).
+pub async fn shoppers_turn(
+    db: &PgPool,
+    hold: Uuid,
+    status: Status,
+    window: Duration,
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        "update payments
+            set status = $2, updated_at = now(),
+                reconcile_at = greatest(now(), (select expires_at from holds where id = $1))
+                               + make_interval(secs => $3)
+          where hold_id = $1 and status <> 'canceled'",
+        hold,
+        status as Status,
+        window.as_secs_f64(),
+    )
+    .execute(db)
+    .await?;
+    Ok(())
 }
 
 /// Records the intent's status as the provider last gave it, and when to look again.

@@ -230,7 +230,7 @@ impl Payments {
         let confirm_key = format!("{intent}-confirm-{attempt}");
         match self.stripe.confirm(intent, &confirm_key).await {
             Ok(confirmed) => {
-                db::record(&self.db, hold, confirmed.status, self.reconcile_after).await?;
+                db::shoppers_turn(&self.db, hold, confirmed.status, self.reconcile_after).await?;
             }
             Err(CallError::Declined { code, message }) => {
                 db::declined(&self.db, hold, &code, &message, self.reconcile_after).await?;

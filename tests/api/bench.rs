@@ -1,6 +1,6 @@
 //! `stockade bench` end to end: its own durable PostgreSQL and Redis, a server process,
 //! pgbench, the checker, and the report; the build's `default` strategy, and shoppers
-//! through the storefront's pages.
+//! through the storefront's pages, and checkouts paid through a provider it starts.
 
 #[test]
 fn a_quick_bench_measures_the_app_its_storefront_and_pgbench_and_passes_the_checker() {
@@ -13,7 +13,7 @@ fn a_quick_bench_measures_the_app_its_storefront_and_pgbench_and_passes_the_chec
         .args(["--duration", "1", "--warmup", "0.2"])
         .args([
             "--workloads",
-            "hot-sku,hold-hot,confirm,cart,storefront,sold-out,refused",
+            "hot-sku,hold-hot,confirm,cart,storefront,paid-checkout,sold-out,refused",
             "--out",
         ])
         .arg(out.path())
@@ -73,6 +73,19 @@ fn a_quick_bench_measures_the_app_its_storefront_and_pgbench_and_passes_the_chec
         assert!(row["pgbench_tps"].as_f64().unwrap() > 0.0, "{row}");
         assert_eq!(row["invariants"], true, "{row}");
     }
+    // Paid checkouts through a provider the bench starts, beside the provider alone.
+    let paid = rows
+        .iter()
+        .find(|r| r["workload"] == "paid-checkout" && r["mode"] == "closed")
+        .unwrap();
+    assert!(paid["rate"].as_f64().unwrap() > 0.0, "{paid}");
+    assert!(paid["provider_rate"].as_f64().unwrap() > 0.0, "{paid}");
+    assert_eq!(paid["steps"].as_array().unwrap().len(), 5, "{paid}");
+    assert_eq!(paid["invariants"], true, "{paid}");
+    assert!(
+        stdout.contains("paid-checkout ÷ provider (default (batched))"),
+        "{stdout}"
+    );
     // Shoppers through the pages and forms: checkouts completed, each step measured, the
     // checker run after them, an open loop beside the closed one, and the ratio printed.
     assert!(

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use crate::faults::proxy::{FaultProxy, Mode};
 use crate::helpers::serve_app;
 
-use super::{PayingShop, WEBHOOK_SECRET, assert_problem, paying_shop_with};
+use super::{PayingShop, assert_problem, paying_shop_with};
 
 /// The in-process app's reconciler looks every few hundred milliseconds.
 fn quick(settings: &mut stockade::config::Settings) {
@@ -19,17 +19,13 @@ async fn victim(
     shop: &PayingShop,
     proxy: &FaultProxy,
 ) -> stockade::loadtest::servers::ServerProcess {
-    let env = [
-        ("STOCKADE_PAYMENTS", "stripe".to_string()),
-        ("STOCKADE_STRIPE_SECRET_KEY", "sk_test_stockade".into()),
-        ("STOCKADE_STRIPE_PUBLISHABLE_KEY", "pk_test_stockade".into()),
-        ("STOCKADE_STRIPE_WEBHOOK_SECRET", WEBHOOK_SECRET.into()),
-        ("STOCKADE_STRIPE_API_BASE", proxy.url(&shop.stripe.url())),
-        ("STOCKADE_STRIPE_TIMEOUT_MS", "30000".into()),
+    let mut env = shop.process_env(&proxy.url(&shop.stripe.url()));
+    env.extend([
+        ("STOCKADE_STRIPE_TIMEOUT_MS", "30000".to_string()),
         ("STOCKADE_REQUEST_BUDGET_MS", "30000".into()),
-        // Its own reconciler stays out of the way: it is killed anyway.
-        ("STOCKADE_PAYMENT_RECONCILE_MS", "600000".into()),
-    ];
+        // As the shop's other process (a payment's next look is set by whoever acts).
+        ("STOCKADE_PAYMENT_RECONCILE_MS", "400".into()),
+    ]);
     serve_app(&shop.app, &env, &[]).await
 }
 
@@ -61,7 +57,10 @@ async fn a_process_killed_between_the_order_and_its_capture_leaves_the_capture_t
     // The victim commits the order, then waits on a provider that swallows the capture.
     proxy.set(Mode::Blackhole);
     let url = format!("{}/api/v1/holds/{hold}/confirm", victim.address);
-    let pending = tokio::spawn(async move { crate::helpers::client().post(url).send().await });
+    let pending = tokio::spawn(async move {
+        let client = crate::helpers::client();
+        super::patiently(|| client.post(&url).send()).await
+    });
     until("the victim's order", Duration::from_secs(20), || async {
         shop.app.count("select count(*) from orders").await == 1
     })
@@ -103,11 +102,9 @@ async fn a_process_killed_between_the_authorization_and_its_record_charges_once(
     proxy.set(Mode::Delay(Duration::from_secs(1)));
     let url = format!("{}/api/v1/holds/{hold}/payment", victim.address);
     let pending = tokio::spawn(async move {
-        crate::helpers::client()
-            .post(url)
-            .json(&serde_json::json!({"payment_method": "pm_card_visa"}))
-            .send()
-            .await
+        let client = crate::helpers::client();
+        let body = serde_json::json!({"payment_method": "pm_card_visa"});
+        super::patiently(|| client.post(&url).json(&body).send()).await
     });
     shop.wait_for_intent(&intent, "requires_capture", Duration::from_secs(30))
         .await;

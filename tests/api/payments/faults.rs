@@ -6,7 +6,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use serde_json::Value;
 
-use super::{SKU, paying_shop, paying_shop_with};
+use super::{SKU, assert_problem, paying_shop, paying_shop_with};
 use crate::faults::proxy::{FaultProxy, Mode};
 
 #[tokio::test]
@@ -169,5 +169,37 @@ async fn a_second_finisher_meeting_the_lease_is_told_409_and_nothing_is_charged(
         shop.pay_ok(hold, "pm_card_visa").await["status"],
         "requires_capture"
     );
+    shop.assert_invariants().await;
+}
+
+#[tokio::test]
+async fn without_redis_no_payment_is_finished_and_nothing_is_charged() {
+    let mut shop = super::paying_shop_with_own_redis().await;
+    let hold = shop.hold(1).await;
+    assert_eq!(shop.pay(hold, None).await.status().as_u16(), 200);
+    let intent = stockade::payments::all_payments(&shop.app.db)
+        .await
+        .unwrap()[0]
+        .intent()
+        .to_string();
+    shop.app.stop_redis();
+    let res = shop.pay(hold, Some("pm_card_visa")).await;
+    assert!(res.headers().contains_key("retry-after"));
+    assert_problem(res, 503, "nothing was charged by this request").await;
+    assert_eq!(
+        shop.intent(&intent).await["status"],
+        "requires_payment_method"
+    );
+    assert_problem(shop.confirm(hold).await, 503, "nothing was charged").await;
+    assert_eq!(shop.app.count("select count(*) from orders").await, 0);
+
+    shop.app.restart_redis().await;
+    shop.app.assert_leases_back_within_a_second().await;
+    assert_eq!(
+        shop.pay_ok(hold, "pm_card_visa").await["status"],
+        "requires_capture"
+    );
+    assert_eq!(shop.confirm(hold).await.status().as_u16(), 201);
+    assert_eq!(shop.captured().await.len(), 1);
     shop.assert_invariants().await;
 }

@@ -226,3 +226,35 @@ async fn a_bad_payment_method_is_422_and_an_unknown_one_is_refused_by_the_provid
     assert_eq!(shop.captured().await.len(), 0);
     shop.assert_invariants().await;
 }
+
+#[tokio::test]
+async fn the_shops_currency_is_shown_on_every_price_and_charged() {
+    let shop = paying_shop().await;
+    let mut env = shop.process_env(&shop.stripe.url());
+    env.push(("STOCKADE_CURRENCY", "eur".into()));
+    let euros = crate::helpers::serve_app(&shop.app, &env, &[]).await;
+    let page = reqwest::get(format!("{}/products/{SKU}", euros.address))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("€12.50"), "{page}");
+    assert!(!page.contains("$12.50"), "{page}");
+    let hold = shop.hold(1).await;
+    let res = shop
+        .app
+        .client
+        .post(format!("{}/api/v1/holds/{hold}/payment", euros.address))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    let started: Value = res.json().await.unwrap();
+    assert_eq!(started["currency"], "eur");
+    let intent = shop
+        .intent(started["payment_intent"].as_str().unwrap())
+        .await;
+    assert_eq!(intent["currency"], "eur");
+    assert_eq!(intent["amount"], PRICE);
+}

@@ -39,6 +39,15 @@ pub async fn paying_shop() -> PayingShop {
 /// A paying shop whose settings `adjust` changes, with `api_base` (when given) in front of
 /// its localstripe instead of it.
 pub async fn paying_shop_with(adjust: impl FnOnce(&mut Settings)) -> PayingShop {
+    paying_shop_on(adjust, false).await
+}
+
+/// A paying shop with a Redis of its own, which the test may stop.
+pub async fn paying_shop_with_own_redis() -> PayingShop {
+    paying_shop_on(|_| {}, true).await
+}
+
+async fn paying_shop_on(adjust: impl FnOnce(&mut Settings), own_redis: bool) -> PayingShop {
     let dir = servers().await.fresh_dir("localstripe");
     let stripe = tokio::task::spawn_blocking(move || LocalStripe::start(&dir, None, true))
         .await
@@ -51,7 +60,10 @@ pub async fn paying_shop_with(adjust: impl FnOnce(&mut Settings)) -> PayingShop 
     settings.stripe_publishable_key = Some("pk_test_stockade".into());
     settings.stripe_webhook_secret = Some(WEBHOOK_SECRET.into());
     adjust(&mut settings);
-    let app = spawn_app_with(settings).await;
+    let app = match own_redis {
+        true => crate::helpers::spawn_app_with_own_redis_and(settings).await,
+        false => spawn_app_with(settings).await,
+    };
     stripe
         .register_webhook(&app.url("/webhooks/stripe"), WEBHOOK_SECRET)
         .await
@@ -74,6 +86,18 @@ impl PayingShop {
         hold["id"].as_str().unwrap().parse().unwrap()
     }
 
+    /// The settings of another `stockade serve` process of this shop, paying through
+    /// `api_base` (its localstripe, or a proxy in front of it).
+    pub fn process_env(&self, api_base: &str) -> Vec<(&'static str, String)> {
+        vec![
+            ("STOCKADE_PAYMENTS", "stripe".to_string()),
+            ("STOCKADE_STRIPE_SECRET_KEY", "sk_test_stockade".into()),
+            ("STOCKADE_STRIPE_PUBLISHABLE_KEY", "pk_test_stockade".into()),
+            ("STOCKADE_STRIPE_WEBHOOK_SECRET", WEBHOOK_SECRET.into()),
+            ("STOCKADE_STRIPE_API_BASE", api_base.to_string()),
+        ]
+    }
+
     /// `POST /api/v1/holds/{hold}/payment`, with `method` when given.
     pub async fn pay(&self, hold: Uuid, method: Option<&str>) -> reqwest::Response {
         let req = self
@@ -89,24 +113,27 @@ impl PayingShop {
         .unwrap()
     }
 
-    /// Pays with `method`, expecting 200; the answer.
+    /// Pays with `method`, expecting 200 (after waiting out another finisher, as a client
+    /// does on 409 "being processed"); the answer.
     pub async fn pay_ok(&self, hold: Uuid, method: &str) -> Value {
-        let res = self.pay(hold, Some(method)).await;
+        let res = patiently(|| async { Ok(self.pay(hold, Some(method)).await) }).await;
         let status = res.status().as_u16();
         let body: Value = res.json().await.unwrap();
         assert_eq!(status, 200, "paying with {method}: {body}");
         body
     }
 
-    /// `POST /api/v1/holds/{hold}/confirm` with an email.
+    /// `POST /api/v1/holds/{hold}/confirm` with an email, sent again while another
+    /// finisher holds the payment (409 "being processed", as a client does).
     pub async fn confirm(&self, hold: Uuid) -> reqwest::Response {
-        self.app
-            .client
-            .post(self.app.url(&format!("/api/v1/holds/{hold}/confirm")))
-            .json(&serde_json::json!({ "email": "ada@example.com" }))
-            .send()
-            .await
-            .unwrap()
+        patiently(|| {
+            self.app
+                .client
+                .post(self.app.url(&format!("/api/v1/holds/{hold}/confirm")))
+                .json(&serde_json::json!({ "email": "ada@example.com" }))
+                .send()
+        })
+        .await
     }
 
     /// An intent as the provider has it.
@@ -231,4 +258,21 @@ pub async fn assert_problem(res: reqwest::Response, status: u16, says: &str) -> 
     let detail = problem["detail"].as_str().unwrap_or_default();
     assert!(detail.contains(says), "{status} saying {says:?}: {problem}");
     problem
+}
+
+/// Sends `request` until it is not answered 409 "being processed" (another finisher holds
+/// the payment's lease: a reconciler's look, the provider's webhook), for up to 15 s.
+pub async fn patiently<F>(request: impl Fn() -> F) -> reqwest::Response
+where
+    F: Future<Output = reqwest::Result<reqwest::Response>>,
+{
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let res = request().await.unwrap();
+        let busy = res.status().as_u16() == 409 && res.headers().contains_key("retry-after");
+        if !busy || std::time::Instant::now() > deadline {
+            return res;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
