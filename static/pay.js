@@ -24,14 +24,23 @@ document.addEventListener("DOMContentLoaded", () => {
   let paid = false;
   let busy = false;
 
+  const pause = (ms) => new Promise((done) => setTimeout(done, ms));
+
   async function pay(method) {
     const body = new URLSearchParams({ csrf: form.elements.csrf.value });
     if (method) body.set("payment_method", method);
-    const res = await fetch(box.dataset.payUrl, {
-      method: "POST",
-      body,
-      headers: { Accept: "application/json" },
-    });
+    let res;
+    // 409 with Retry-After: the payment is being finished by the shop meanwhile (its
+    // provider's news of an earlier card); asked again shortly, a few times.
+    for (let tries = 0; tries < 5; tries++) {
+      res = await fetch(box.dataset.payUrl, {
+        method: "POST",
+        body,
+        headers: { Accept: "application/json" },
+      });
+      if (res.status !== 409 || !res.headers.has("Retry-After")) break;
+      await pause(1000);
+    }
     const answer = await res.json().catch(() => ({}));
     if (!res.ok) {
       throw new Error(answer.detail || "The payment did not go through. Please try again.");

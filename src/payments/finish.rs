@@ -45,6 +45,15 @@ impl Payments {
             }
             return Ok(());
         }
+        // While the hold is live without an order it is the shopper's turn: there is
+        // nothing to finish (unless a finisher stopped mid-way: "processing"), and taking
+        // the lease would only make the shopper's next step wait for it.
+        if payment.status != Status::Processing && payment.order_id.is_none() {
+            let found = crate::holds::db::find_hold(&self.db, hold).await?;
+            if found.is_some_and(|h| !is_over(&h) && h.order_id.is_none()) {
+                return Ok(());
+            }
+        }
         let intent = payment.intent().to_string();
         self.leased(&intent, self.finish_leased(hold)).await?
     }
