@@ -309,10 +309,9 @@ async fn serve(mut settings: Settings, args: ServeArgs) -> anyhow::Result<()> {
         && settings.stripe_secret_key.is_none()
     {
         let dir = settings.data_dir.join("localstripe");
-        let stripe = tokio::task::spawn_blocking(move || {
-            crate::local::LocalStripe::start(&dir, None, false)
-        })
-        .await??;
+        let stripe =
+            tokio::task::spawn_blocking(move || crate::local::LocalStripe::start(&dir, None, true))
+                .await??;
         settings.stripe_api_base = stripe.url();
         settings.stripe_secret_key = Some("sk_test_local".to_string().into());
         settings.stripe_publishable_key = Some("pk_test_local".into());

@@ -273,7 +273,7 @@ mod tests {
             (plan.duration_s, plan.connections, plan.skus),
             (15, 64, 10_000)
         );
-        assert_eq!(plan.workloads.len(), 10);
+        assert_eq!(plan.workloads.len(), 11);
         let labels: Vec<String> = plan.strategies.iter().map(Strategy::label).collect();
         assert_eq!(labels, ["redis-lock", "pg-atomic", "default (batched)"]);
     }

@@ -13,9 +13,9 @@ use super::stop_child;
 
 /// The test cards local mode prints beside the admin login.
 pub const TEST_CARDS: &[(&str, &str)] = &[
-    ("4242 4242 4242 4242", "paid"),
-    ("4000 0000 0000 0341", "declined"),
-    ("4000 0000 0000 3220", "asks for 3-D Secure (then paid)"),
+    ("4242424242424242", "paid"),
+    ("4000000000000341", "declined"),
+    ("4000000000003220", "asks for 3-D Secure (then paid)"),
 ];
 
 /// A running localstripe owned by this process.
@@ -44,7 +44,8 @@ fn binary() -> anyhow::Result<PathBuf> {
 impl LocalStripe {
     /// Starts localstripe on `port` (a free one when `None`), its log in `dir`. `fresh`:
     /// with an empty store (it otherwise reloads what it last wrote, which it keeps in
-    /// `/tmp/localstripe.pickle` whatever it is told).
+    /// `/tmp/localstripe.pickle` whatever it is told: one file for every localstripe on the
+    /// machine, so local mode and the tests always start fresh).
     pub fn start(dir: &Path, port: Option<u16>, fresh: bool) -> anyhow::Result<Self> {
         let bin = binary()?;
         std::fs::create_dir_all(dir)?;

@@ -22,6 +22,7 @@ use chrono::Utc;
 use uuid::Uuid;
 
 use super::flow::PayError;
+use super::stripe::CallError;
 use super::{Payment, Payments, Status, db};
 use crate::holds::{Hold, HoldState};
 use crate::orders::OrderStatus;
@@ -60,8 +61,20 @@ impl Payments {
 
     async fn finish_leased(&self, hold: Uuid) -> Result<(), PayError> {
         let payment = self.reread(hold).await?;
-        let payment = self.refresh(payment).await?;
         let found = crate::holds::db::find_hold(&self.db, hold).await?;
+        let payment = match self.refresh(payment).await {
+            // The provider does not know the intent (a test provider that started empty):
+            // nothing can be charged on it. Without an order it is settled as cancelled;
+            // with one it is left, and said.
+            Err(PayError::Provider(CallError::Refused { status: 404, .. }))
+                if found.as_ref().is_none_or(|h| h.order_id.is_none()) =>
+            {
+                tracing::warn!(%hold, "the provider does not know this payment's intent; settled as cancelled");
+                db::record(&self.db, hold, Status::Canceled, self.reconcile_after).await?;
+                return Ok(());
+            }
+            other => other?,
+        };
         let order_id = payment.order_id.or(found.as_ref().and_then(|h| h.order_id));
         let order = match order_id {
             Some(id) => crate::orders::db::find_order(&self.db, id).await?,

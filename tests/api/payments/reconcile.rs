@@ -119,3 +119,39 @@ async fn an_admin_cancelling_a_paid_order_refunds_it_once() {
     assert_eq!(shop.refunds().await.len(), 1);
     shop.assert_invariants().await;
 }
+
+#[tokio::test]
+async fn a_payment_the_provider_forgot_is_settled_as_cancelled_once_its_hold_ends() {
+    let shop = paying_shop_with(quick).await;
+    let hold = shop.hold(1).await;
+    shop.pay_ok(hold, "pm_card_visa").await;
+    // The provider starts empty again (localstripe restarted, as local mode does).
+    let res = shop
+        .provider
+        .delete(format!("{}/_config/data", shop.stripe.url()))
+        .send()
+        .await
+        .unwrap();
+    assert!(res.status().is_success());
+    sqlx::query("update holds set expires_at = now() - interval '1 second' where id = $1")
+        .bind(hold)
+        .execute(&shop.app.db)
+        .await
+        .unwrap();
+    shop.app.sweep_holds().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while shop
+        .app
+        .count("select count(*) from payments where status = 'canceled' and settled")
+        .await
+        == 0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the forgotten payment was not settled"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(shop.app.count("select count(*) from orders").await, 0);
+    assert_eq!(shop.app.stock(SKU).await, (10, 0));
+}
