@@ -144,23 +144,36 @@ impl Redis {
     pub async fn acquire_key(&self, name: &str, ttl: Duration) -> KeyLease {
         let token = uuid::Uuid::new_v4().to_string();
         let key = self.key(name);
-        let mut conn = self.conn();
         let mut cmd = redis::cmd("SET");
         cmd.arg(&key)
             .arg(&token)
             .arg("NX")
             .arg("PX")
             .arg(ttl.as_millis() as u64);
-        let set = cmd.query_async::<Option<String>>(&mut conn);
-        match self.call("key lease", set).await {
-            Some(Some(_)) => KeyLease::Granted(Lease {
-                keys: vec![key],
-                token,
-                fence: 0,
-            }),
-            Some(None) => KeyLease::Busy,
-            None => KeyLease::Degraded,
+        // A failed call is tried twice more, shortly: the first commands after Redis came
+        // back may meet the old connection. An open breaker answers at once.
+        for attempt in 0..3 {
+            if self.is_degraded() {
+                break;
+            }
+            let mut conn = self.conn();
+            match self
+                .call("key lease", cmd.query_async::<Option<String>>(&mut conn))
+                .await
+            {
+                Some(Some(_)) => {
+                    return KeyLease::Granted(Lease {
+                        keys: vec![key],
+                        token,
+                        fence: 0,
+                    });
+                }
+                Some(None) => return KeyLease::Busy,
+                None if attempt < 2 => tokio::time::sleep(Duration::from_millis(50)).await,
+                None => {}
+            }
         }
+        KeyLease::Degraded
     }
 
     /// Leases every SKU in `skus` (sorted, distinct) for `ttl`, retrying with jittered
