@@ -304,22 +304,9 @@ async fn serve(mut settings: Settings, args: ServeArgs) -> anyhow::Result<()> {
     };
 
     // Payments in local mode without a provider set up: localstripe, with test cards.
-    let stripe = if local.is_some()
-        && settings.payments == crate::config::PaymentsMode::Stripe
-        && settings.stripe_secret_key.is_none()
-    {
-        let dir = settings.data_dir.join("localstripe");
-        let stripe =
-            tokio::task::spawn_blocking(move || crate::local::LocalStripe::start(&dir, None, true))
-                .await??;
-        settings.stripe_api_base = stripe.url();
-        settings.stripe_secret_key = Some("sk_test_local".to_string().into());
-        settings.stripe_publishable_key = Some("pk_test_local".into());
-        let secret = format!("whsec_{}", uuid::Uuid::new_v4().simple());
-        settings.stripe_webhook_secret = Some(secret.into());
-        Some(stripe)
-    } else {
-        None
+    let stripe = match local {
+        Some(_) => crate::local::LocalStripe::for_local_mode(&mut settings).await?,
+        None => None,
     };
 
     let backups = args.backups.filter(|_| local.is_some());
@@ -400,16 +387,7 @@ async fn run_server(
         );
     }
     if let (Some(stripe), Some(secret)) = (stripe, webhook_secret) {
-        stripe
-            .register_webhook(&format!("{base}/webhooks/stripe"), &secret)
-            .await?;
-        println!(
-            "  Payments:    localstripe at {} (test cards, any future date and CVC):",
-            stripe.url()
-        );
-        for (number, what) in crate::local::TEST_CARDS {
-            println!("                 {number}  {what}");
-        }
+        print!("{}", stripe.serve(&base, &secret).await?);
     }
     if let Some(dir) = backups {
         println!(

@@ -29,6 +29,7 @@ mod derived;
 pub mod load;
 mod paid;
 pub mod pgbench;
+mod phases;
 mod progress;
 pub mod report;
 pub mod rows;
@@ -51,7 +52,7 @@ use self::db::{
     wal_position, wal_since,
 };
 use self::derived::derived_lines;
-use self::load::{Connections, Live, Load, Measured, Schedule};
+use self::load::{Live, Load};
 use self::progress::Progress;
 use self::report::BenchReport;
 use self::rows::Row;
@@ -475,67 +476,6 @@ impl Bench<'_> {
         env
     }
 
-    /// The closed loop of `load`'s requests, and for the hot SKU under `batched` the open
-    /// loop; their rows and the requests sent in every phase.
-    async fn requests(
-        &self,
-        admin: &PgPool,
-        load: &Load,
-        workload: Workload,
-        strategy: &str,
-    ) -> (Row, Option<Row>, u64) {
-        let plan = self.plan;
-        let label = format!("{} · {strategy}", workload.name());
-        let closed = self
-            .phases(admin, load, plan.connections, Schedule::Closed, label)
-            .await;
-        let mut answered = closed.requests();
-        let closed_row = closed.row(workload, strategy, None);
-        let open = if workload == Workload::HotSku && strategy == "batched" {
-            let rate = plan.open_loop_rate.unwrap_or(0.8 * closed_row.rate);
-            // Connections kept open between requests, and a warm-up at the same rate.
-            let label = format!("hot-sku · batched · open loop {rate:.0}/s");
-            let schedule = Schedule::Open { rate };
-            let open = self
-                .phases(admin, load, OPEN_LOOP_CONNECTIONS, schedule, label)
-                .await;
-            answered += open.requests();
-            Some(open.row(workload, strategy, Some(rate)))
-        } else {
-            None
-        };
-        (closed_row, open, answered)
-    }
-
-    /// A warm-up, then the measured phase, on `connections` connections kept from one to
-    /// the other; the WAL written during the measured phase alone.
-    async fn phases(
-        &self,
-        admin: &PgPool,
-        load: &Load,
-        connections: usize,
-        schedule: Schedule,
-        label: String,
-    ) -> Phases {
-        let mut connections = Connections::new(load, connections);
-        let warmup = Duration::from_secs_f64(self.plan.warmup_s);
-        let warm = connections
-            .run(load, schedule, warmup, 1, Arc::default())
-            .await;
-        let duration = Duration::from_secs(self.plan.duration_s);
-        let live = Arc::new(Live::default());
-        let progress = self.progress(label, duration, live.clone());
-        let wal_before = wal_position(admin).await;
-        let measured = connections.run(load, schedule, duration, 2, live).await;
-        let wal = wal_since(admin, wal_before).await;
-        progress.finish();
-        Phases {
-            warm,
-            measured,
-            wal,
-        }
-    }
-
     /// pgbench with the minimal SQL of `workload`, on a fresh database of its own (none
     /// for a workload that writes and reads nothing).
     /// With `open_loop_rate`, pgbench schedules its transactions at that rate instead, and
@@ -604,26 +544,4 @@ async fn stop_all(servers: Vec<ServerProcess>) {
         }
     })
     .await;
-}
-
-/// A load's warm-up and its measured phase, with the bytes of WAL written during the latter.
-struct Phases {
-    warm: Measured,
-    measured: Measured,
-    wal: Option<i64>,
-}
-
-impl Phases {
-    /// Requests sent in both phases.
-    fn requests(&self) -> u64 {
-        self.warm.requests() + self.measured.requests()
-    }
-
-    /// The measured phase's row (`rate`: the open loop's schedule, `None` for closed).
-    fn row(&self, workload: Workload, strategy: &str, rate: Option<f64>) -> Row {
-        let kind = if rate.is_some() { "open" } else { "closed" };
-        let mut row = Row::of(workload, strategy, kind, rate, &self.measured);
-        row.wal_per_request = per_request(self.wal, self.measured.requests());
-        row
-    }
 }

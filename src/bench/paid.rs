@@ -23,6 +23,7 @@ use super::load::{Live, Measured};
 use super::rows::{Row, Step};
 use super::{Bench, HOT_SKU, Workload};
 use crate::local::LocalStripe;
+use crate::payments::{CallError, Stripe};
 
 /// The app's steps, with the status each should answer.
 pub const STEPS: [(&str, u16); 3] = [("hold", 201), ("pay", 200), ("confirm", 201)];
@@ -111,11 +112,7 @@ pub(super) async fn measure(
     alone
         .register_webhook(&format!("{}/webhooks/stripe", targets[0]), WEBHOOK_SECRET)
         .await?;
-    let direct = reqwest::Client::builder()
-        .pool_max_idle_per_host(shoppers)
-        .timeout(TIMEOUT)
-        .build()?;
-    let base = alone.url();
+    let direct = Stripe::new(&alone.url(), SECRET.into(), TIMEOUT)?;
     let live = Arc::new(Live::default());
     let progress = bench.progress(
         "paid-checkout · the provider alone".into(),
@@ -123,8 +120,8 @@ pub(super) async fn measure(
         live.clone(),
     );
     let ceiling = loops(shoppers, duration, PROVIDER_STEPS.len(), live, |_, paid| {
-        let (client, base) = (direct.clone(), base.clone());
-        async move { provider_checkout(&client, &base, &paid).await }
+        let stripe = direct.clone();
+        async move { provider_checkout(&stripe, &paid).await }
     })
     .await;
     progress.finish();
@@ -208,7 +205,7 @@ where
     paid
 }
 
-/// POSTs `body` to `url`: the status (0: no answer) and the JSON answer.
+/// Sends `request`: the status (0: no answer) and the JSON answer.
 async fn post(request: reqwest::RequestBuilder) -> (u16, Value) {
     match request.send().await {
         Ok(res) => {
@@ -262,52 +259,36 @@ async fn checkout(client: &reqwest::Client, base: &str, paid: &Mutex<Paid>) {
     }
 }
 
-/// The same four calls straight to the provider: create, set the card, confirm, capture.
-async fn provider_checkout(client: &reqwest::Client, base: &str, paid: &Mutex<Paid>) {
+/// The same four calls straight to the provider, with the client the app uses: create,
+/// set the card, confirm, capture.
+async fn provider_checkout(stripe: &Stripe, paid: &Mutex<Paid>) {
     let began = Instant::now();
-    let call = |path: String, form: Vec<(&'static str, &'static str)>| {
-        client
-            .post(format!("{base}{path}"))
-            .bearer_auth(SECRET)
-            .form(&form)
+    let paying = async {
+        let intent = stripe
+            .create_intent(uuid::Uuid::new_v4(), 0, 1000, "usd")
+            .await?;
+        let key = |step: &str| format!("{}-{step}", intent.id);
+        stripe
+            .set_method(&intent.id, "pm_card_visa", &key("method"))
+            .await?;
+        stripe.confirm(&intent.id, &key("confirm")).await?;
+        Ok::<_, CallError>(intent.id)
     };
-    let (status, intent) = post(call(
-        "/v1/payment_intents".into(),
-        vec![
-            ("amount", "1000"),
-            ("currency", "usd"),
-            ("capture_method", "manual"),
-            ("payment_method_types[]", "card"),
-        ],
-    ))
-    .await;
-    let id = intent["id"].as_str().unwrap_or_default().to_string();
-    let mut ok = status == 200;
-    if ok {
-        let (status, _) = post(call(
-            format!("/v1/payment_intents/{id}"),
-            vec![("payment_method", "pm_card_visa")],
-        ))
-        .await;
-        ok = status == 200;
-    }
-    if ok {
-        let (status, _) = post(call(format!("/v1/payment_intents/{id}/confirm"), vec![])).await;
-        ok = status == 200;
-    }
+    let paid_for = paying.await;
     let paying = began.elapsed();
-    let mut capture = None;
-    if ok {
-        let sent = Instant::now();
-        let (status, _) = post(call(format!("/v1/payment_intents/{id}/capture"), vec![])).await;
-        ok = status == 200;
-        capture = Some((status, sent.elapsed()));
-    }
+    let captured = match &paid_for {
+        Ok(intent) => {
+            let sent = Instant::now();
+            Some((stripe.capture(intent).await.is_ok(), sent.elapsed()))
+        }
+        Err(_) => None,
+    };
+    let status = |ok: bool| if ok { 200 } else { 1 };
     let mut paid = paid.lock().unwrap_or_else(PoisonError::into_inner);
-    paid.steps[0].record(if capture.is_some() { 200 } else { status }, paying);
-    if let Some((status, took)) = capture {
-        paid.steps[1].record(status, took);
+    paid.steps[0].record(status(paid_for.is_ok()), paying);
+    if let Some((ok, took)) = captured {
+        paid.steps[1].record(status(ok), took);
     }
-    paid.checkouts
-        .record(if ok { 200 } else { 1 }, began.elapsed());
+    let done = captured.is_some_and(|(ok, _)| ok);
+    paid.checkouts.record(status(done), began.elapsed());
 }

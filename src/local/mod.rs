@@ -34,7 +34,7 @@ mod stripe;
 
 pub use postgres::LocalPostgres;
 pub use redis::LocalRedis;
-pub use stripe::{LocalStripe, TEST_CARDS};
+pub use stripe::LocalStripe;
 
 /// Local mode's `max_connections`. A restored copy must allow at least as many as the
 /// server its WAL came from, or its recovery stops.

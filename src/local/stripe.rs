@@ -10,9 +10,10 @@ use anyhow::{Context, bail};
 use nix::sys::signal::Signal;
 
 use super::stop_child;
+use crate::config::{PaymentsMode, Settings};
 
 /// The test cards local mode prints beside the admin login.
-pub const TEST_CARDS: &[(&str, &str)] = &[
+const TEST_CARDS: &[(&str, &str)] = &[
     ("4242424242424242", "paid"),
     ("4000000000000341", "declined"),
     ("4000000000003220", "asks for 3-D Secure (then paid)"),
@@ -74,6 +75,38 @@ impl LocalStripe {
         };
         stripe.wait_until_accepting()?;
         Ok(stripe)
+    }
+
+    /// Local mode's provider, when the shop takes payments and no provider is set up: a
+    /// fresh localstripe in the data folder, which `settings` then name (with keys made up
+    /// for it).
+    pub async fn for_local_mode(settings: &mut Settings) -> anyhow::Result<Option<Self>> {
+        if settings.payments != PaymentsMode::Stripe || settings.stripe_secret_key.is_some() {
+            return Ok(None);
+        }
+        let dir = settings.data_dir.join("localstripe");
+        let stripe = tokio::task::spawn_blocking(move || Self::start(&dir, None, true)).await??;
+        settings.stripe_api_base = stripe.url();
+        settings.stripe_secret_key = Some("sk_test_local".into());
+        settings.stripe_publishable_key = Some("pk_test_local".into());
+        let secret = format!("whsec_{}", uuid::Uuid::new_v4().simple());
+        settings.stripe_webhook_secret = Some(secret.into());
+        Ok(Some(stripe))
+    }
+
+    /// Sends its events to the shop at `shop` (signed with `secret`); what local mode
+    /// prints about it: where it is, and the test cards.
+    pub async fn serve(&self, shop: &str, secret: &str) -> anyhow::Result<String> {
+        self.register_webhook(&format!("{shop}/webhooks/stripe"), secret)
+            .await?;
+        let mut said = format!(
+            "  Payments:    localstripe at {} (test cards, any future date and CVC):\n",
+            self.url()
+        );
+        for (number, what) in TEST_CARDS {
+            said.push_str(&format!("                 {number}  {what}\n"));
+        }
+        Ok(said)
     }
 
     /// `http://127.0.0.1:port`: `STOCKADE_STRIPE_API_BASE`.

@@ -35,7 +35,9 @@ impl Payments {
     /// documentation). `Busy` when another finisher holds it.
     #[tracing::instrument(skip_all, fields(hold = %hold))]
     pub async fn finish(&self, hold: Uuid) -> Result<(), PayError> {
-        let Some(payment) = db::find(&self.db, hold).await? else {
+        // A settled payment was finished from the provider's own state already (an
+        // admin's cancel unsettles it first).
+        let Some(payment) = db::find(&self.db, hold).await?.filter(|p| !p.settled) else {
             return Ok(());
         };
         if payment.status == Status::Creating {

@@ -1,8 +1,8 @@
 //! The provider's webhook (`POST /webhooks/stripe`): a signed event says that an intent
 //! changed. The event is only a prompt: the intent is read from the provider and the
 //! payment finished as [`super::finish`] says, so an event delivered twice, late, or
-//! before an earlier one changes nothing (and one about a payment already settled is not
-//! even asked about). Events are noted by id once handled.
+//! before an earlier one changes nothing (one about a payment already settled asks
+//! nothing). Events are noted by id once handled.
 //!
 //! Stripe's signature: `Stripe-Signature: t=<unix seconds>,v1=<hex>[,v1=<hex>…]`, each
 //! `v1` an HMAC-SHA256 with the endpoint's secret (the whole `whsec_…` text as the key) of
@@ -80,11 +80,8 @@ impl Payments {
         if db::seen_event(&self.db, &event.id).await? {
             return Ok(Handled::Again);
         }
-        // A settled payment was finished from the provider's own state already: the
-        // event (most often the news of its own capture) changes nothing.
         if event.data.object.object == "payment_intent"
             && let Some(payment) = db::find_by_intent(&self.db, &event.data.object.id).await?
-            && !payment.settled
         {
             match self.finish(payment.hold_id).await {
                 // Busy: the finisher that holds it reads the intent itself.
