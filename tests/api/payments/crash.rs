@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use crate::faults::proxy::{FaultProxy, Mode};
 use crate::helpers::serve_app;
 
-use super::{PayingShop, assert_problem, paying_shop_with};
+use super::{PayingShop, assert_problem, paying_shop_with, until};
 
 /// The in-process app's reconciler looks every few hundred milliseconds.
 fn quick(settings: &mut stockade::config::Settings) {
@@ -27,22 +27,6 @@ async fn victim(
         ("STOCKADE_PAYMENT_RECONCILE_MS", "400".into()),
     ]);
     serve_app(&shop.app, &env, &[]).await
-}
-
-/// Waits until `check` holds, for at most `within`; panics naming `what`.
-async fn until<F: std::future::Future<Output = bool>>(
-    what: &str,
-    within: Duration,
-    check: impl Fn() -> F,
-) {
-    let deadline = Instant::now() + within;
-    while !check().await {
-        assert!(
-            Instant::now() < deadline,
-            "{what} did not happen within {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test]
@@ -72,12 +56,11 @@ async fn a_process_killed_between_the_order_and_its_capture_leaves_the_capture_t
     // The other process captures it once the victim's lease has lapsed.
     shop.wait_for_intent(&intent, "succeeded", Duration::from_secs(30))
         .await;
-    until("the capture's record", Duration::from_secs(10), || async {
-        shop.app
-            .count("select count(*) from payments where status = 'succeeded' and settled")
-            .await
-            == 1
-    })
+    shop.wait_for_one(
+        "the capture's record",
+        "select count(*) from payments where status = 'succeeded' and settled",
+        Duration::from_secs(10),
+    )
     .await;
     assert_eq!(shop.app.count("select count(*) from orders").await, 1);
     assert_eq!(shop.captured().await.len(), 1);
@@ -145,12 +128,7 @@ async fn a_hold_that_runs_out_while_3d_secure_is_open_is_not_charged() {
     let asked = shop.pay_ok(hold, &card).await;
     assert_eq!(asked["status"], "requires_action");
     let intent = asked["payment_intent"].as_str().unwrap().to_string();
-    sqlx::query("update holds set expires_at = now() - interval '1 second' where id = $1")
-        .bind(hold)
-        .execute(&shop.app.db)
-        .await
-        .unwrap();
-    shop.app.sweep_holds().await;
+    shop.end_hold(hold).await;
     shop.wait_for_intent(&intent, "canceled", Duration::from_secs(20))
         .await;
     // The bank's answer comes too late: the intent is cancelled, nothing is charged.

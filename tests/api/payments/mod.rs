@@ -138,15 +138,8 @@ impl PayingShop {
 
     /// An intent as the provider has it.
     pub async fn intent(&self, id: &str) -> Value {
-        self.provider
-            .get(format!("{}/v1/payment_intents/{id}", self.stripe.url()))
-            .bearer_auth("sk_test_stockade")
-            .send()
+        self.provider_get(&format!("/v1/payment_intents/{id}"))
             .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
     }
 
     /// Every intent on the provider's account.
@@ -161,17 +154,21 @@ impl PayingShop {
 
     /// The first page (100) of one of the provider's lists.
     async fn list(&self, path: &str) -> Vec<Value> {
-        let page: Value = self
-            .provider
-            .get(format!("{}{path}?limit=100", self.stripe.url()))
+        let page = self.provider_get(&format!("{path}?limit=100")).await;
+        page["data"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// `GET` of `path` at the provider, with the shop's secret key.
+    async fn provider_get(&self, path: &str) -> Value {
+        self.provider
+            .get(format!("{}{path}", self.stripe.url()))
             .bearer_auth("sk_test_stockade")
             .send()
             .await
             .unwrap()
             .json()
             .await
-            .unwrap();
-        page["data"].as_array().cloned().unwrap_or_default()
+            .unwrap()
     }
 
     /// `GET /api/v1/orders/{id}`'s JSON.
@@ -185,6 +182,21 @@ impl PayingShop {
             .json()
             .await
             .unwrap()
+    }
+
+    /// Hold `hold` runs out now, and the sweeper ends it.
+    pub async fn end_hold(&self, hold: Uuid) {
+        sqlx::query("update holds set expires_at = now() - interval '1 second' where id = $1")
+            .bind(hold)
+            .execute(&self.app.db)
+            .await
+            .unwrap();
+        self.app.sweep_holds().await;
+    }
+
+    /// Waits until `sql` counts exactly one row; panics naming `what` after `within`.
+    pub async fn wait_for_one(&self, what: &str, sql: &'static str, within: Duration) {
+        until(what, within, || async { self.app.count(sql).await == 1 }).await;
     }
 
     /// Intents the provider captured.
@@ -274,5 +286,17 @@ where
             return res;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until `check` holds, for at most `within`; panics naming `what`.
+pub async fn until<F: Future<Output = bool>>(what: &str, within: Duration, check: impl Fn() -> F) {
+    let deadline = std::time::Instant::now() + within;
+    while !check().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} did not happen within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

@@ -21,12 +21,7 @@ async fn an_authorization_whose_hold_ended_without_an_order_is_cancelled() {
     let paid = shop.pay_ok(hold, "pm_card_visa").await;
     let intent = paid["payment_intent"].as_str().unwrap().to_string();
     // The shopper walks away: the hold (extended once by paying) runs out.
-    sqlx::query("update holds set expires_at = now() - interval '1 second' where id = $1")
-        .bind(hold)
-        .execute(&shop.app.db)
-        .await
-        .unwrap();
-    shop.app.sweep_holds().await;
+    shop.end_hold(hold).await;
     shop.wait_for_intent(&intent, "canceled", Duration::from_secs(20))
         .await;
     // Only now is the shopper told nothing was charged.
@@ -62,19 +57,12 @@ async fn an_order_whose_capture_was_lost_is_captured_by_the_reconciler() {
     shop.wait_for_intent(&intent, "succeeded", Duration::from_secs(20))
         .await;
     // The reconciler records it as well as doing it.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while shop
-        .app
-        .count("select count(*) from payments where status = 'succeeded' and settled")
-        .await
-        == 0
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the capture was not recorded"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    shop.wait_for_one(
+        "the capture recorded",
+        "select count(*) from payments where status = 'succeeded' and settled",
+        Duration::from_secs(10),
+    )
+    .await;
     assert_eq!(shop.captured().await.len(), 1);
     shop.assert_invariants().await;
 }
@@ -133,25 +121,13 @@ async fn a_payment_the_provider_forgot_is_settled_as_cancelled_once_its_hold_end
         .await
         .unwrap();
     assert!(res.status().is_success());
-    sqlx::query("update holds set expires_at = now() - interval '1 second' where id = $1")
-        .bind(hold)
-        .execute(&shop.app.db)
-        .await
-        .unwrap();
-    shop.app.sweep_holds().await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while shop
-        .app
-        .count("select count(*) from payments where status = 'canceled' and settled")
-        .await
-        == 0
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the forgotten payment was not settled"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    shop.end_hold(hold).await;
+    shop.wait_for_one(
+        "the forgotten payment settled",
+        "select count(*) from payments where status = 'canceled' and settled",
+        Duration::from_secs(20),
+    )
+    .await;
     assert_eq!(shop.app.count("select count(*) from orders").await, 0);
     assert_eq!(shop.app.stock(SKU).await, (10, 0));
 }
