@@ -11,9 +11,13 @@
 //! Beside it, in the same run and from as many clients, the provider's own rate for the
 //! same four calls (create, update, confirm, capture) with nothing in front of it: the
 //! ceiling a paid checkout cannot pass. Each side gets a fresh localstripe, which slows as
-//! its store fills, so both start empty and run as long. The rows show each step's
-//! latency beside the provider's for its calls; the difference is the app's own.
+//! its store fills (it writes the whole store after every POST), so both start empty and
+//! go through the same store sizes: the provider alone is warmed with as many checkouts as
+//! the app's warm-up made, then measured over as many as the app's measured run made. The
+//! rows show each step's latency beside the provider's for its calls; the difference is
+//! the app's own.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -90,10 +94,16 @@ pub(super) async fn measure(
     let shoppers = plan.connections.max(1);
     let app = |length: Duration, live: Arc<Live>| {
         let client = client.clone();
-        loops(shoppers, length, STEPS.len(), live, move |i, paid| {
-            let (client, base) = (client.clone(), targets[i % targets.len()].clone());
-            async move { checkout(&client, &base, &paid).await }
-        })
+        loops(
+            shoppers,
+            Until::Elapsed(length),
+            STEPS.len(),
+            live,
+            move |i, paid| {
+                let (client, base) = (client.clone(), targets[i % targets.len()].clone());
+                async move { checkout(&client, &base, &paid).await }
+            },
+        )
     };
     let warm = app(warmup, Arc::default()).await;
     let live = Arc::new(Live::default());
@@ -105,25 +115,35 @@ pub(super) async fn measure(
     let measured = app(duration, live).await;
     progress.finish();
 
-    // The provider alone, fresh, from as many clients for as long; its events go to the
-    // app as in the run above (which answers them: none is one of its payments), so the
-    // provider does the same work per checkout.
+    // The provider alone, fresh, from as many clients, through the same store sizes (the
+    // app's warm-up's checkouts, then its measured run's); its events go to the app as in
+    // the run above (which answers them: none is one of its payments), so the provider
+    // does the same work per checkout.
     let alone = LocalStripe::start(&dir.join("ceiling"), None, true)?;
     alone
         .register_webhook(&format!("{}/webhooks/stripe", targets[0]), WEBHOOK_SECRET)
         .await?;
     let direct = Stripe::new(&alone.url(), SECRET.into(), TIMEOUT)?;
+    let provider = |count: u64, live: Arc<Live>| {
+        loops(
+            shoppers,
+            Until::Count(count),
+            PROVIDER_STEPS.len(),
+            live,
+            |_, paid| {
+                let stripe = direct.clone();
+                async move { provider_checkout(&stripe, &paid).await }
+            },
+        )
+    };
+    provider(warm.checkouts.requests(), Arc::default()).await;
     let live = Arc::new(Live::default());
     let progress = bench.progress(
         "paid-checkout · the provider alone".into(),
         duration,
         live.clone(),
     );
-    let ceiling = loops(shoppers, duration, PROVIDER_STEPS.len(), live, |_, paid| {
-        let stripe = direct.clone();
-        async move { provider_checkout(&stripe, &paid).await }
-    })
-    .await;
+    let ceiling = provider(measured.checkouts.requests(), live).await;
     progress.finish();
     drop(alone);
 
@@ -168,27 +188,34 @@ fn client(connections: usize, api_key: Option<&str>) -> anyhow::Result<reqwest::
         .build()?)
 }
 
-/// `shoppers` loops of `one` checkout after another for `length`; what they measured.
-async fn loops<F, Fut>(
-    shoppers: usize,
-    length: Duration,
-    steps: usize,
-    live: Arc<Live>,
-    one: F,
-) -> Paid
+/// How long [`loops`] go on.
+#[derive(Clone, Copy)]
+enum Until {
+    /// Checkouts begin until this much time has passed.
+    Elapsed(Duration),
+    /// This many checkouts are made, all told.
+    Count(u64),
+}
+
+/// `shoppers` loops of `one` checkout after another, `until`; what they measured.
+async fn loops<F, Fut>(shoppers: usize, until: Until, steps: usize, live: Arc<Live>, one: F) -> Paid
 where
     F: Fn(usize, Arc<Mutex<Paid>>) -> Fut,
     Fut: Future<Output = ()>,
 {
     let paid = Arc::new(Mutex::new(Paid::new(steps)));
     let started = Instant::now();
+    let begun = AtomicU64::new(0);
+    let go_on = || match until {
+        Until::Elapsed(length) => started.elapsed() < length,
+        Until::Count(count) => begun.fetch_add(1, Ordering::Relaxed) < count,
+    };
     let each = (0..shoppers).map(|i| {
-        let (paid, live, one) = (paid.clone(), live.clone(), &one);
+        let (paid, live, one, go_on) = (paid.clone(), live.clone(), &one, &go_on);
         async move {
-            while started.elapsed() < length {
+            while go_on() {
                 one(i, paid.clone()).await;
-                live.answers
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                live.answers.fetch_add(1, Ordering::Relaxed);
             }
         }
     });

@@ -32,7 +32,7 @@ pub enum Workload {
     Storefront,
     /// Checkouts paid by card through a provider (a fresh localstripe): a hold, its
     /// payment, its confirmation over the JSON API; measured in completed checkouts,
-    /// beside the provider's own rate for the same calls ([`super::paid`]).
+    /// beside the provider's own rate for the same calls.
     PaidCheckout,
     /// Orders for a SKU with no stock: every answer is 409.
     SoldOut,

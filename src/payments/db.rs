@@ -9,16 +9,26 @@ use uuid::Uuid;
 
 use super::{Payment, Status};
 
+/// Every [`Payment`] column, for a `select` or a `returning`.
+macro_rules! columns {
+    () => {
+        "hold_id, payment_intent, client_secret, amount_cents, currency, status, order_id,
+         attempt, decline_code, decline_message, extended, captured_cents, refund_id,
+         refunded_cents, settled"
+    };
+}
+
 /// `select` of every [`Payment`] column, then `$rest` (a filter, an order).
 macro_rules! payments {
     ($rest:literal) => {
-        concat!(
-            "select hold_id, payment_intent, client_secret, amount_cents, currency, status,
-                    order_id, attempt, decline_code, decline_message, extended, captured_cents,
-                    refund_id, refunded_cents, settled
-               from payments ",
-            $rest
-        )
+        concat!("select ", columns!(), " from payments ", $rest)
+    };
+}
+
+/// `update payments $set`, answering the row as it became.
+macro_rules! update {
+    ($set:literal) => {
+        concat!("update payments ", $set, " returning ", columns!())
     };
 }
 
@@ -88,8 +98,8 @@ pub async fn drop_creation(db: &PgPool, hold: Uuid) -> sqlx::Result<()> {
     Ok(())
 }
 
-/// Records the intent made for hold `hold`; the reconciler looks once the hold has ended
-/// (until then it is the shopper's turn).
+/// Records the intent made for hold `hold`, and answers the payment; the reconciler looks
+/// once the hold has ended (until then it is the shopper's turn).
 pub async fn created(
     db: &PgPool,
     hold: Uuid,
@@ -97,22 +107,20 @@ pub async fn created(
     client_secret: Option<&str>,
     status: Status,
     reconcile_after: Duration,
-) -> sqlx::Result<()> {
-    sqlx::query!(
-        "update payments
-            set payment_intent = $2, client_secret = $3, status = $4, updated_at = now(),
-                reconcile_at = greatest(now(), (select expires_at from holds where id = $1))
-                               + make_interval(secs => $5)
-          where hold_id = $1 and status = 'creating'",
-        hold,
-        intent,
-        client_secret,
-        status as Status,
-        reconcile_after.as_secs_f64(),
-    )
-    .execute(db)
-    .await?;
-    Ok(())
+) -> sqlx::Result<Option<Payment>> {
+    sqlx::query_as(update!(
+        "set payment_intent = $2, client_secret = $3, status = $4, updated_at = now(),
+             reconcile_at = greatest(now(), (select expires_at from holds where id = $1))
+                            + make_interval(secs => $5)
+          where hold_id = $1 and status = 'creating'"
+    ))
+    .bind(hold)
+    .bind(intent)
+    .bind(client_secret)
+    .bind(status)
+    .bind(reconcile_after.as_secs_f64())
+    .fetch_optional(db)
+    .await
 }
 
 /// Replaces hold `hold`'s declined intent `old` with `new` (made for the next card);
@@ -140,27 +148,26 @@ pub async fn replace_intent(
 }
 
 /// Records the intent's status after the shopper's step (a card authorized, 3-D Secure
-/// asked): the reconciler looks once the hold has ended, as until then it is the
-/// shopper's turn (and its look would only make their next step wait for the lease).
+/// asked), and answers the payment: the reconciler looks once the hold has ended, as until
+/// then it is the shopper's turn (and its look would only make their next step wait for
+/// the lease).
 pub async fn shoppers_turn(
     db: &PgPool,
     hold: Uuid,
     status: Status,
     window: Duration,
-) -> sqlx::Result<()> {
-    sqlx::query!(
-        "update payments
-            set status = $2, updated_at = now(),
-                reconcile_at = greatest(now(), (select expires_at from holds where id = $1))
-                               + make_interval(secs => $3)
-          where hold_id = $1 and status <> 'canceled'",
-        hold,
-        status as Status,
-        window.as_secs_f64(),
-    )
-    .execute(db)
-    .await?;
-    Ok(())
+) -> sqlx::Result<Option<Payment>> {
+    sqlx::query_as(update!(
+        "set status = $2, updated_at = now(),
+             reconcile_at = greatest(now(), (select expires_at from holds where id = $1))
+                            + make_interval(secs => $3)
+          where hold_id = $1 and status <> 'canceled'"
+    ))
+    .bind(hold)
+    .bind(status)
+    .bind(window.as_secs_f64())
+    .fetch_optional(db)
+    .await
 }
 
 /// Records the intent's status as the provider last gave it, and when to look again.
@@ -212,58 +219,90 @@ pub async fn declined(
     Ok(())
 }
 
-/// Extends a live hold once, when paying starts: to at least `by` from now. Returns
-/// whether the hold is live (and so may be paid for).
-pub async fn extend_hold_once(db: &PgPool, hold: Uuid, by: Duration) -> sqlx::Result<bool> {
-    let mut tx = db.begin().await?;
+/// The card is about to be confirmed for hold `hold`'s payment, in one statement: the
+/// hold, if live, is extended once (to at least `by` from now), and the payment written
+/// ahead as `processing`, looked at again within `window` (stopped between the
+/// authorization and its record, whoever comes next asks the provider first). `false`:
+/// the hold is not live, so nothing is confirmed.
+pub async fn begin_charge(
+    db: &PgPool,
+    hold: Uuid,
+    by: Duration,
+    window: Duration,
+) -> sqlx::Result<bool> {
     let live = sqlx::query_scalar!(
-        r#"select p.extended as "extended!"
-             from holds h join payments p on p.hold_id = h.id
-            where h.id = $1 and h.state = 'active' and h.expires_at > now()
-              for update of h, p"#,
-        hold,
-    )
-    .fetch_optional(&mut *tx)
-    .await?;
-    let Some(extended) = live else {
-        return Ok(false);
-    };
-    if !extended {
-        sqlx::query!(
-            "update holds
+        "with live as (
+             select h.id, p.extended
+               from holds h join payments p on p.hold_id = h.id
+              where h.id = $1 and h.state = 'active' and h.expires_at > now()
+                for update of h, p
+         ), extend as (
+             update holds
                 set expires_at = greatest(expires_at, now() + make_interval(secs => $2)),
                     updated_at = now()
-              where id = $1",
-            hold,
-            by.as_secs_f64(),
-        )
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query!(
-            "update payments set extended = true where hold_id = $1",
-            hold
-        )
-        .execute(&mut *tx)
-        .await?;
-    }
-    tx.commit().await?;
-    Ok(true)
-}
-
-/// Links the payment to the order its hold became, while it is authorized or captured.
-/// `false`: it was cancelled meanwhile (the order must not stand unpaid).
-pub async fn link_order(db: &PgPool, hold: Uuid, order: Uuid) -> sqlx::Result<bool> {
-    let linked = sqlx::query_scalar!(
-        r#"update payments set order_id = $2, updated_at = now()
-            where hold_id = $1 and (order_id = $2 or order_id is null)
-              and status in ('requires_capture', 'succeeded', 'processing')
-           returning hold_id"#,
+              where id = (select id from live where not extended)
+         )
+         update payments
+            set extended = true, status = 'processing', updated_at = now(),
+                reconcile_at = now() + make_interval(secs => $3)
+          where hold_id = (select id from live) and status <> 'canceled'
+         returning hold_id",
         hold,
-        order,
+        by.as_secs_f64(),
+        window.as_secs_f64(),
     )
     .fetch_optional(db)
     .await?;
-    Ok(linked.is_some())
+    Ok(live.is_some())
+}
+
+/// Puts hold `hold`'s payment up for the reconciler's look `within` from now (sooner than
+/// it was, never later), and answers it: a finisher about to place its order, so that if
+/// it stops the reconciler finishes after it within the window.
+pub async fn due_within(
+    db: &PgPool,
+    hold: Uuid,
+    within: Duration,
+) -> sqlx::Result<Option<Payment>> {
+    sqlx::query_as(update!(
+        "set reconcile_at = case when settled then reconcile_at
+                                 else least(reconcile_at, now() + make_interval(secs => $2)) end
+          where hold_id = $1"
+    ))
+    .bind(hold)
+    .bind(within.as_secs_f64())
+    .fetch_optional(db)
+    .await
+}
+
+/// Links the payment to order `order`, the order its hold became, while it is authorized
+/// or captured, and records its capture (`captured`) once: settled unless the order was
+/// cancelled meanwhile. `None`: the payment was cancelled meanwhile (the order must not
+/// stand unpaid).
+pub async fn paid_for(
+    db: &PgPool,
+    hold: Uuid,
+    order: Uuid,
+    captured: bool,
+) -> sqlx::Result<Option<Payment>> {
+    sqlx::query_as(update!(
+        "p set order_id = $2, updated_at = now(),
+               status = case when $3 then 'succeeded' else p.status end,
+               captured_cents = case when $3 then coalesce(p.captured_cents, p.amount_cents)
+                                     else p.captured_cents end,
+               settled = case when $3 and p.captured_cents is null
+                              then p.refund_id is null
+                                   and exists (select 1 from orders o
+                                                where o.id = $2 and o.status = 'placed')
+                              else p.settled end
+          where hold_id = $1 and (order_id = $2 or order_id is null)
+            and status in ('requires_capture', 'succeeded', 'processing')"
+    ))
+    .bind(hold)
+    .bind(order)
+    .bind(captured)
+    .fetch_optional(db)
+    .await
 }
 
 /// Records the capture, once; settled unless its order was cancelled meanwhile.
@@ -302,22 +341,6 @@ pub async fn settle(db: &PgPool, hold: Uuid) -> sqlx::Result<()> {
     sqlx::query!(
         "update payments set settled = true, updated_at = now() where hold_id = $1",
         hold
-    )
-    .execute(db)
-    .await?;
-    Ok(())
-}
-
-/// Puts hold `hold`'s payment up for the reconciler's look `within` from now (sooner than
-/// it was, never later): a finisher about to act, so that if it stops the reconciler
-/// finishes after it within the window.
-pub async fn due_within(db: &PgPool, hold: Uuid, within: Duration) -> sqlx::Result<()> {
-    sqlx::query!(
-        "update payments
-            set reconcile_at = least(reconcile_at, now() + make_interval(secs => $2))
-          where hold_id = $1 and not settled",
-        hold,
-        within.as_secs_f64(),
     )
     .execute(db)
     .await?;

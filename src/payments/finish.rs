@@ -93,8 +93,7 @@ impl Payments {
             (Status::RequiresCapture, None) if over => self.release(&payment).await?,
             (Status::Succeeded, Some(true)) => {
                 let order = order_id.expect("an order was found");
-                db::link_order(&self.db, hold, order).await?;
-                db::captured(&self.db, hold).await?;
+                self.after_order(&payment, order).await?;
                 db::settle(&self.db, hold).await?;
             }
             (Status::Succeeded, Some(false)) => self.refund(&payment, order_id).await?,

@@ -111,18 +111,16 @@ impl Payments {
             .create_intent(hold.id, 0, hold.total_cents, &self.currency)
             .await
         {
-            Ok(intent) => {
-                db::created(
-                    &self.db,
-                    hold.id,
-                    &intent.id,
-                    intent.client_secret.as_deref(),
-                    intent.status,
-                    self.reconcile_after,
-                )
-                .await?;
-                db::find(&self.db, hold.id).await?.ok_or(PayError::NotFound)
-            }
+            Ok(intent) => db::created(
+                &self.db,
+                hold.id,
+                &intent.id,
+                intent.client_secret.as_deref(),
+                intent.status,
+                self.reconcile_after,
+            )
+            .await?
+            .ok_or(PayError::NotFound),
             Err(e) => {
                 // Made or not, nobody will confirm it: the next try makes one again.
                 db::drop_creation(&self.db, hold.id).await?;
@@ -156,12 +154,6 @@ impl Payments {
             status if status.is_paid() => return Ok(payment),
             Status::Canceled => return Err(PayError::Cancelled),
             _ => {}
-        }
-        if !db::extend_hold_once(&self.db, hold, self.extension).await? {
-            let state = holds::db::find_hold(&self.db, hold)
-                .await?
-                .map_or(HoldState::Expired, |h| over(&h));
-            return Err(PayError::HoldOver(state));
         }
         if payment.status == Status::RequiresPaymentMethod && payment.decline_code.is_some() {
             return self.replace_declined(&payment, method).await;
@@ -223,28 +215,33 @@ impl Payments {
                 unanswered => PayError::Provider(unanswered),
             });
         }
-        // Written ahead: stopped between the authorization and its record, this row says
-        // "processing", so whoever comes next asks the provider first (and the reconciler
-        // looks within its window).
-        db::record(&self.db, hold, Status::Processing, self.reconcile_after).await?;
+        if !db::begin_charge(&self.db, hold, self.extension, self.reconcile_after).await? {
+            let state = holds::db::find_hold(&self.db, hold)
+                .await?
+                .map_or(HoldState::Expired, |h| over(&h));
+            return Err(PayError::HoldOver(state));
+        }
         let confirm_key = format!("{intent}-confirm-{attempt}");
-        match self.stripe.confirm(intent, &confirm_key).await {
+        let payment = match self.stripe.confirm(intent, &confirm_key).await {
             Ok(confirmed) => {
-                db::shoppers_turn(&self.db, hold, confirmed.status, self.reconcile_after).await?;
+                db::shoppers_turn(&self.db, hold, confirmed.status, self.reconcile_after).await?
             }
             Err(CallError::Declined { code, message }) => {
                 db::declined(&self.db, hold, &code, &message, self.reconcile_after).await?;
                 return Err(PayError::Declined { code, message });
             }
             // Confirmed already (by an earlier try whose answer was lost): read it.
-            Err(e) if e.is_refused() => {}
+            Err(e) if e.is_refused() => None,
             // The provider does not know the method after all.
             Err(CallError::Refused { message, .. }) => return Err(PayError::BadMethod(message)),
             // It may have been confirmed: the row says "processing", so the next step asks
             // the provider first.
             Err(e) => return Err(PayError::Provider(e)),
-        }
-        let payment = self.reread(hold).await?;
+        };
+        let payment = match payment {
+            Some(payment) => payment,
+            None => self.reread(hold).await?,
+        };
         if payment.status.is_unsure() || payment.status == Status::RequiresPaymentMethod {
             return self.refresh(payment).await;
         }
@@ -278,7 +275,11 @@ impl Payments {
         };
         let intent = payment.intent().to_string();
         self.leased(&intent, async {
-            let mut payment = self.reread(hold).await?;
+            // Stopped between the order and its capture, this is finished by the
+            // reconciler within its window.
+            let mut payment = db::due_within(&self.db, hold, self.reconcile_after)
+                .await?
+                .ok_or(PayError::NotFound)?;
             if payment.status.is_unsure() {
                 payment = self.refresh(payment).await?;
             }
@@ -288,13 +289,10 @@ impl Payments {
             if !payment.status.is_paid() {
                 return Err(PayError::NotPaid(Some(payment)));
             }
-            // Stopped between the order and its capture, this is finished by the
-            // reconciler within its window.
-            db::due_within(&self.db, hold, self.reconcile_after).await?;
             match self.confirm_hold(hold, owner, name, email, answer_by).await {
                 Ok(mut confirmed) => {
-                    self.after_order(&payment, confirmed.order.id).await?;
-                    confirmed.order.payment = Some(self.reread(hold).await?.summary());
+                    let paid = self.after_order(&payment, confirmed.order.id).await?;
+                    confirmed.order.payment = Some(paid.summary());
                     Ok(confirmed)
                 }
                 Err(PayError::Hold(e @ (HoldError::Insufficient(_) | HoldError::Released))) => {
@@ -322,47 +320,52 @@ impl Payments {
             .await?)
     }
 
-    /// The order `order` was placed for `payment`: link them, then capture. An order whose
-    /// payment was cancelled meanwhile (a finisher whose lease lapsed) must not stand
-    /// unpaid: it is cancelled, and its stock goes back.
-    pub(super) async fn after_order(&self, payment: &Payment, order: Uuid) -> Result<(), PayError> {
-        if !db::link_order(&self.db, payment.hold_id, order).await? {
-            tracing::warn!(%order, "the order's payment was cancelled meanwhile; cancelling the order");
-            crate::orders::cancel(&self.db, order, "payments", "the payment was cancelled").await?;
-            return Err(PayError::Cancelled);
+    /// The order `order` was placed for `payment`: capture it, then link them and record
+    /// the capture in one write; answers the payment as it became. An order whose payment
+    /// was cancelled meanwhile (a finisher whose lease lapsed: the capture is refused) must
+    /// not stand unpaid: it is cancelled, and its stock goes back.
+    pub(super) async fn after_order(
+        &self,
+        payment: &Payment,
+        order: Uuid,
+    ) -> Result<Payment, PayError> {
+        let captured = match payment.status {
+            Status::Succeeded => true,
+            Status::RequiresCapture => self.capture(payment).await?,
+            _ => false,
+        };
+        match db::paid_for(&self.db, payment.hold_id, order, captured).await? {
+            Some(paid) => Ok(paid),
+            None => {
+                tracing::warn!(%order, "the order's payment was cancelled meanwhile; cancelling the order");
+                crate::orders::cancel(&self.db, order, "payments", "the payment was cancelled")
+                    .await?;
+                Err(PayError::Cancelled)
+            }
         }
-        if payment.status == Status::RequiresCapture {
-            self.capture(payment).await?;
-        }
-        Ok(())
     }
 
-    /// Captures an authorized payment whose order exists; a capture the provider refused
-    /// or did not answer is asked about, and else left to the reconciler.
-    pub(super) async fn capture(&self, payment: &Payment) -> Result<(), PayError> {
-        match self.stripe.capture(payment.intent()).await {
-            Ok(intent) if intent.status == Status::Succeeded => {
-                db::captured(&self.db, payment.hold_id).await?;
-            }
-            Ok(_) => {}
+    /// Captures an authorized payment whose order exists: `true` once the provider says it
+    /// is captured. A capture the provider refused or did not answer is asked about, and
+    /// what it says recorded (else it is left to the reconciler).
+    async fn capture(&self, payment: &Payment) -> Result<bool, PayError> {
+        let status = match self.stripe.capture(payment.intent()).await {
+            Ok(intent) => intent.status,
             Err(e) => {
                 tracing::warn!(intent = payment.intent(), error = %e, "capture failed; asking the provider");
-                if let Ok(intent) = self.stripe.retrieve(payment.intent()).await {
-                    if intent.status == Status::Succeeded {
-                        db::captured(&self.db, payment.hold_id).await?;
-                    } else {
-                        db::record(
-                            &self.db,
-                            payment.hold_id,
-                            intent.status,
-                            self.reconcile_after,
-                        )
-                        .await?;
-                    }
+                match self.stripe.retrieve(payment.intent()).await {
+                    Ok(intent) => intent.status,
+                    Err(_) => return Ok(false),
                 }
             }
+        };
+        if status == Status::Succeeded {
+            return Ok(true);
         }
-        Ok(())
+        if status != payment.status {
+            db::record(&self.db, payment.hold_id, status, self.reconcile_after).await?;
+        }
+        Ok(false)
     }
 
     /// Cancels an intent that will not be captured (the authorization is released).
