@@ -211,11 +211,6 @@ impl LoadtestArgs {
             self.drop.validate()?;
         }
         self.payment.validate()?;
-        if self.payment.payments && self.scenario == Scenario::Drop {
-            bail!(
-                "--payments runs the flash-sale, catalogue and mixed scenarios; the drop scenario pays nothing yet"
-            );
-        }
         if self.payment.payments
             && !self.targets.is_empty()
             && self.payment.stripe_api_base.is_none()

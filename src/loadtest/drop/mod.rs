@@ -202,6 +202,7 @@ pub async fn run(
         targets: plan.targets.clone(),
         drop_id: drop.id,
         sku: DROP_SKU.into(),
+        pays: plan.payments.is_some(),
         run_id: plan.run_id.clone(),
         started,
         opens,

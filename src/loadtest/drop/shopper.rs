@@ -73,6 +73,8 @@ pub struct Shared {
     pub targets: Vec<String>,
     pub drop_id: uuid::Uuid,
     pub sku: String,
+    /// The shop takes payments: a shopper holds, pays by card, then confirms.
+    pub pays: bool,
     pub run_id: String,
     /// The run's clock starts here; the drop opens at `opens`.
     pub started: Instant,
@@ -136,29 +138,88 @@ impl Shopper {
         answer
     }
 
-    /// An order of one unit of the drop's product under `key`, with `pass` if any; logged
-    /// for the checker (a refused one must have left no order: I5).
+    /// An order of one unit of the drop's product under `key`, with `pass` if any: a plain
+    /// order, or (in a shop that takes payments) a hold, its payment by a card the
+    /// provider authorizes, and its confirmation. The last answer and the time it all took.
     async fn order(&self, shared: &Shared, key: &str, pass: Option<&str>) -> (Answer, f64) {
+        let sent = Instant::now();
+        let lines = json!({ "lines": [{ "sku": shared.sku, "quantity": 1 }] });
+        let answer = if shared.pays {
+            self.paid_order(shared, key, pass, &lines).await
+        } else {
+            self.send(shared, "order", "/api/v1/orders", key, pass, &lines)
+                .await
+        };
+        if answer.status == 201 {
+            shared
+                .live
+                .created
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        (answer, sent.elapsed().as_secs_f64() * 1e3)
+    }
+
+    /// A hold under `key` with `pass`, paid for, then confirmed with `pass`; the first
+    /// answer that did not go on.
+    async fn paid_order(
+        &self,
+        shared: &Shared,
+        key: &str,
+        pass: Option<&str>,
+        lines: &Value,
+    ) -> Answer {
+        let hold = self
+            .send(shared, "hold", "/api/v1/holds", key, pass, lines)
+            .await;
+        let Some(id) = hold.id.clone().filter(|_| hold.status == 201) else {
+            return hold;
+        };
+        let card = json!({ "payment_method": "pm_card_visa" });
+        let paid = self
+            .send(
+                shared,
+                "pay",
+                &format!("/api/v1/holds/{id}/payment"),
+                &id,
+                None,
+                &card,
+            )
+            .await;
+        if paid.outcome != "paid" {
+            return paid;
+        }
+        let confirm = format!("/api/v1/holds/{id}/confirm");
+        self.send(shared, "confirm", &confirm, &id, pass, &json!({}))
+            .await
+    }
+
+    /// POSTs `body` to `path` under `key`, with `pass` if any; logged for the checker (a
+    /// refused order must have left no order: I5).
+    async fn send(
+        &self,
+        shared: &Shared,
+        kind: &str,
+        path: &str,
+        key: &str,
+        pass: Option<&str>,
+        body: &Value,
+    ) -> Answer {
         let (target, base) = self.base(shared);
         let mut request = shared
             .client
-            .post(format!("{base}/api/v1/orders"))
+            .post(format!("{base}{path}"))
             .bearer_auth(&self.key)
             .header("Idempotency-Key", key)
-            .json(&json!({ "lines": [{ "sku": shared.sku, "quantity": 1 }] }));
+            .json(body);
         if let Some(pass) = pass {
             request = request.header("Drop-Pass", pass);
         }
         let sent = Instant::now();
         let answer = send(request).await;
-        let latency_ms = sent.elapsed().as_secs_f64() * 1e3;
-        let live = &shared.live;
-        live.requests
+        shared
+            .live
+            .requests
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if answer.status == 201 {
-            live.created
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
         shared.log.lock().expect("log lock").push(LogEntry {
             at_ms: sent.duration_since(shared.started).as_secs_f64() * 1e3,
             buyer: self.index,
@@ -166,15 +227,15 @@ impl Shopper {
                 .ok()
                 .and_then(|v| v.as_str().map(str::to_string))
                 .unwrap_or_default(),
-            kind: "order".into(),
+            kind: kind.into(),
             key: key.to_string(),
             status: answer.status,
             outcome: answer.outcome.to_string(),
             id: answer.id.clone(),
-            latency_ms,
+            latency_ms: sent.elapsed().as_secs_f64() * 1e3,
             target,
         });
-        (answer, latency_ms)
+        answer
     }
 
     /// Tries an order the drop must refuse; counts it.

@@ -47,3 +47,58 @@ async fn a_paying_flash_sale_charges_each_order_once_and_nothing_else() {
     assert_eq!(shop.captured().await.len(), 15);
     shop.assert_invariants().await;
 }
+
+#[tokio::test]
+async fn a_paying_drop_charges_each_admitted_shopper_once_and_refuses_every_misuse() {
+    // Every shopper comes from 127.0.0.1: no cap on places per address.
+    let shop: PayingShop = super::paying_shop_with(|s| s.drop_places_per_address = 0).await;
+    let url = shop.stripe.url();
+    let args = crate::loadtest::args(
+        &shop.app,
+        std::slice::from_ref(&shop.app.address),
+        &[
+            "--scenario",
+            "drop",
+            "--queueing",
+            "fifo",
+            "--payments",
+            "--stripe-api-base",
+            &url,
+            "--stripe-secret-key",
+            "sk_test_stockade",
+            "--publishable-key",
+            "pk_test_stockade",
+            "--stock",
+            "20",
+            "--prequeue-seconds",
+            "2",
+            "--prequeue-shoppers",
+            "30",
+            "--later-shoppers",
+            "10",
+            "--join-rate",
+            "20",
+            "--admit-per-minute",
+            "2400",
+            "--misbehave-share",
+            "0.2",
+            "--duration",
+            "30",
+        ],
+    );
+    let report = stockade::loadtest::run_report(&args).await.unwrap();
+    let run = &report.runs[0];
+    assert!(run.passed(), "{:#?}", run.verdicts);
+    assert!(run.verdicts.iter().any(|v| v.id == "I9" && v.pass));
+    assert!(run.verdicts.iter().any(|v| v.id == "I8" && v.pass));
+    let drop = run.drop.as_ref().expect("a drop section");
+    let summary = stockade::loadtest::drop::summary(&run.strategy, drop);
+    // Every unit sold to an admitted shopper who paid; every misuse refused at the hold.
+    assert_eq!(drop.orders, 20, "{summary}");
+    assert!(drop.misuse_tried >= 2, "{summary}");
+    assert_eq!(drop.misuse_accepted, 0, "{summary}");
+    let tally = run.payments.as_ref().expect("the payments' figures");
+    assert_eq!((tally.paid_orders, tally.captured), (20, 20), "{tally:?}");
+    assert_eq!(shop.captured().await.len(), 20);
+    shop.assert_invariants().await;
+}
