@@ -50,7 +50,6 @@ pub struct PaymentAnswer {
     /// `requires_action` (3-D Secure: confirm with Stripe.js and the client secret),
     /// `requires_capture` (authorized: confirm the hold), `succeeded` (charged),
     /// `canceled` (released, nothing charged).
-    #[schema(value_type = String)]
     pub status: Status,
 }
 
