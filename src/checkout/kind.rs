@@ -61,8 +61,12 @@ impl Want {
         let customer_name = draft.request.name().map(str::to_string);
         let inserted = match self {
             Self::Order => {
+                let [number] = crate::orders::db::draw_numbers(tx, 1).await?[..] else {
+                    unreachable!("one number drawn");
+                };
                 let order = Order {
                     id: draft.id,
+                    number,
                     status: OrderStatus::Placed,
                     total_cents: draft.total_cents,
                     lines: draft.lines,

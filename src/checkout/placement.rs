@@ -270,6 +270,7 @@ mod tests {
         let at = chrono::DateTime::from_timestamp_micros(1_700_000_000_123_456).unwrap();
         let order = Made::Order(Order {
             id: Uuid::new_v4(),
+            number: 1001,
             status: OrderStatus::Placed,
             lines: vec![line()],
             total_cents: 300,

@@ -25,6 +25,9 @@ use crate::config::Settings;
 #[derive(Debug, Clone, serde::Deserialize)]
 pub struct Receipt {
     pub id: Uuid,
+    /// The order's number (absent from events recorded before orders had numbers).
+    #[serde(default)]
+    pub number: i64,
     pub status: String,
     pub lines: Vec<ReceiptLine>,
     pub total_cents: i64,
@@ -43,9 +46,14 @@ pub struct ReceiptLine {
 }
 
 impl Receipt {
-    /// The order's short reference for people: the first 8 characters of its id.
+    /// The order's number as people read it, `#1001` (as `orders::reference` words it;
+    /// events read nothing of `orders`): for an event from before orders had numbers, the
+    /// first 8 characters of its id.
     pub fn reference(&self) -> String {
-        self.id.simple().to_string()[..8].to_uppercase()
+        match self.number {
+            0 => self.id.simple().to_string()[..8].to_uppercase(),
+            n => format!("#{n}"),
+        }
     }
 
     pub fn total(&self) -> String {

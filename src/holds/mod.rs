@@ -265,8 +265,12 @@ pub async fn confirm(
         return Err(HoldError::OverLimit(refusal));
     }
 
+    let [number] = crate::orders::db::draw_numbers(&mut tx, 1).await?[..] else {
+        unreachable!("one number drawn");
+    };
     let order = Order {
         id: order_id,
+        number,
         status: OrderStatus::Placed,
         lines: hold.lines.clone(),
         total_cents: hold.total_cents,

@@ -51,8 +51,8 @@ pub async fn insert_order(
     sqlx::query!(
         r#"insert into orders
              (id, status, customer_name, email, total_cents, idempotency_scope, idempotency_key,
-              created_at, shopper)
-           values ($1, $2, $3, $4, $5, $6, $7, $8, $9)"#,
+              created_at, shopper, number)
+           values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"#,
         order.id,
         order.status.as_str(),
         order.customer_name.as_deref(),
@@ -62,6 +62,7 @@ pub async fn insert_order(
         key,
         order.created_at,
         shopper,
+        order.number,
     )
     .execute(&mut *conn)
     .await?;
@@ -123,6 +124,7 @@ pub async fn bought_by(
 
 struct OrderRow {
     id: Uuid,
+    number: i64,
     status: OrderStatus,
     total_cents: i64,
     email: Option<String>,
@@ -135,8 +137,8 @@ struct OrderRow {
 pub async fn find_order(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<Order>> {
     let Some(row) = sqlx::query_as!(
         OrderRow,
-        r#"select id, status as "status: OrderStatus", total_cents, email, customer_name,
-                  created_at
+        r#"select id, number, status as "status: OrderStatus", total_cents, email,
+                  customer_name, created_at
              from orders where id = $1"#,
         id,
     )
@@ -157,6 +159,7 @@ pub async fn find_order(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<Order>> 
     .await?;
     Ok(Some(Order {
         id: row.id,
+        number: row.number,
         status: row.status,
         lines,
         total_cents: row.total_cents,
@@ -165,6 +168,17 @@ pub async fn find_order(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<Order>> 
         created_at: row.created_at,
         payment: None,
     }))
+}
+
+/// `n` order numbers, drawn from the shop's one sequence: never the same twice, whichever
+/// process draws them (a number drawn by a transaction that rolls back is skipped).
+pub async fn draw_numbers(conn: &mut PgConnection, n: usize) -> sqlx::Result<Vec<i64>> {
+    sqlx::query_scalar!(
+        r#"select nextval('order_numbers') as "number!" from generate_series(1, $1)"#,
+        n as i32,
+    )
+    .fetch_all(conn)
+    .await
 }
 
 /// The order placed under an idempotency key, if any.
@@ -232,16 +246,23 @@ pub async fn set_cancelled(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<()
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct OrderSummary {
     pub id: Uuid,
+    pub number: i64,
     pub status: OrderStatus,
     pub total_cents: i64,
     pub email: Option<String>,
     pub customer_name: Option<String>,
     pub created_at: chrono::DateTime<chrono::Utc>,
     pub units: i64,
-    pub skus: String,
+    /// Each product's name and SKU, as "Enamel mug (MUG-1)", by SKU.
+    pub products: String,
 }
 
 impl OrderSummary {
+    /// The order's number as people read it: `#1001`.
+    pub fn reference(&self) -> String {
+        super::reference(self.number, self.id)
+    }
+
     pub fn total(&self) -> String {
         crate::catalog::format_cents(self.total_cents)
     }
@@ -250,26 +271,34 @@ impl OrderSummary {
 /// Filters for the admin order list; empty fields match everything.
 #[derive(Debug, Clone, Default)]
 pub struct OrderFilter {
+    /// What the admin typed to find: an order number (`#1001`, `1001`), an email (or part
+    /// of one), or part of a product's name or SKU.
+    pub search: Option<String>,
     pub status: Option<OrderStatus>,
     pub sku: Option<String>,
     pub date: Option<chrono::NaiveDate>,
 }
 
 /// The parts of a group-commit write that place its orders, on parameters `$6`–`$19`
-/// ([`OrderRows`]), after [`crate::inventory::group::stock_sql`]'s `go`: every order, line
-/// and ledger row, or nothing. Their `order.placed` events (`$20`) follow, as
+/// ([`OrderRows`]) and the orders' numbers (the parameter given, bound last by the
+/// statement's caller: [`OrderRows::numbers`]), after
+/// [`crate::inventory::group::stock_sql`]'s `go`: every order, line and ledger row, or
+/// nothing. Their `order.placed` events (`$20`) follow, as
 /// `events_sql!("placed_events", "order.placed", "$20")`.
 macro_rules! order_rows_sql {
-    () => {
-        r#", placed as (
+    ($numbers:literal) => {
+        concat!(
+            r#", placed as (
                insert into orders
                       (id, status, customer_name, email, total_cents, idempotency_scope,
-                       idempotency_key, created_at, shopper)
+                       idempotency_key, created_at, shopper, number)
                select id, 'placed', name, email, total, scope, key, created,
-                      string_to_array(shopper, E'\n')
+                      string_to_array(shopper, E'\n'), number
                  from unnest($6::uuid[], $7::text[], $8::text[], $9::bigint[], $10::text[],
-                             $11::text[], $12::timestamptz[], $13::text[])
-                      as u(id, name, email, total, scope, key, created, shopper)
+                             $11::text[], $12::timestamptz[], $13::text[], "#,
+            $numbers,
+            r#"::bigint[])
+                      as u(id, name, email, total, scope, key, created, shopper, number)
                 where (select go from go)
            ), lines as (
                insert into order_lines (order_id, sku, quantity, unit_price_cents)
@@ -284,6 +313,7 @@ macro_rules! order_rows_sql {
                       as u(id, sku, quantity, reserved_delta, actor)
                 where (select go from go)
            )"#
+        )
     };
 }
 pub(crate) use order_rows_sql;
@@ -293,6 +323,8 @@ pub(crate) use order_rows_sql;
 pub struct OrderRows {
     /// One entry per order.
     pub ids: Vec<Uuid>,
+    /// Bound by the statement's caller, on the parameter it gave `order_rows_sql!`.
+    pub numbers: Vec<i64>,
     pub names: Vec<Option<String>>,
     pub emails: Vec<Option<String>>,
     pub totals: Vec<i64>,
@@ -327,6 +359,7 @@ impl OrderRows {
         actor: &str,
     ) {
         self.ids.push(order.id);
+        self.numbers.push(order.number);
         self.names.push(order.customer_name.clone());
         self.emails.push(order.email.clone());
         self.totals.push(order.total_cents);

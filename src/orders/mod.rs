@@ -104,6 +104,10 @@ text_column!(OrderStatus);
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Order {
     pub id: Uuid,
+    /// The order's number for people (#1001, #1002 …): one per order, never repeated.
+    /// (Absent only from answers recorded before orders had numbers.)
+    #[serde(default)]
+    pub number: i64,
     pub status: OrderStatus,
     pub lines: Vec<OrderLine>,
     pub total_cents: i64,
@@ -129,6 +133,15 @@ pub struct PaymentSummary {
     /// What was refunded (an order cancelled after it was charged).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refunded_cents: Option<i64>,
+}
+
+/// Order `number` as people read it (`#1001`); for an answer recorded before orders had
+/// numbers, the first 8 characters of `id`.
+pub fn reference(number: i64, id: Uuid) -> String {
+    match number {
+        0 => id.simple().to_string()[..8].to_uppercase(),
+        n => format!("#{n}"),
+    }
 }
 
 /// `order.placed`, built here so that [`crate::events`] needs nothing of this module.
@@ -158,9 +171,9 @@ impl Order {
         format_cents(self.total_cents)
     }
 
-    /// A short reference for people: the first 8 characters of the id.
+    /// The order's number as people read it: `#1001`.
     pub fn reference(&self) -> String {
-        self.id.simple().to_string()[..8].to_uppercase()
+        reference(self.number, self.id)
     }
 }
 

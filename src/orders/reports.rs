@@ -35,9 +35,11 @@ pub async fn list(
 ) -> sqlx::Result<(Vec<OrderSummary>, i64)> {
     // Runtime SQL, not `query_as!`: the conditions depend on which filters are set.
     let mut rows = QueryBuilder::new(
-        r#"select o.id, o.status, o.total_cents, o.email, o.customer_name, o.created_at,
+        r#"select o.id, o.number, o.status, o.total_cents, o.email, o.customer_name, o.created_at,
                   coalesce((select sum(l.quantity) from order_lines l where l.order_id = o.id), 0)::bigint as units,
-                  coalesce((select string_agg(l.sku, ', ' order by l.sku) from order_lines l where l.order_id = o.id), '') as skus
+                  coalesce((select string_agg(p.name || ' (' || l.sku || ')', ', ' order by l.sku)
+                              from order_lines l join products p on p.sku = l.sku
+                             where l.order_id = o.id), '') as products
              from orders o"#,
     );
     push_filter(&mut rows, filter);
@@ -52,9 +54,47 @@ pub async fn list(
     Ok((rows, total))
 }
 
+/// The condition for what the admin typed: an order number (`#1001` or `1001`), an email
+/// or part of one (it has an `@`), else part of a product's name or SKU. Case does not
+/// matter; `%` and `_` are matched as themselves.
+fn push_search(query: &mut QueryBuilder<Postgres>, search: &str) {
+    let digits = search.strip_prefix('#').unwrap_or(search);
+    if let Ok(number) = digits.parse::<i64>()
+        && digits.bytes().all(|b| b.is_ascii_digit())
+    {
+        query.push("o.number = ").push_bind(number);
+        return;
+    }
+    let pattern = format!(
+        "%{}%",
+        search
+            .replace('\\', "\\\\")
+            .replace('%', "\\%")
+            .replace('_', "\\_")
+    );
+    if search.contains('@') {
+        query.push("o.email ilike ").push_bind(pattern);
+        return;
+    }
+    query
+        .push(
+            "exists (select 1 from order_lines x join products p on p.sku = x.sku
+                      where x.order_id = o.id and (p.name ilike ",
+        )
+        .push_bind(pattern.clone())
+        .push(" or x.sku ilike ")
+        .push_bind(pattern)
+        .push("))");
+}
+
 /// ` where …` with one bound condition per filter that is set (nothing when none is).
 fn push_filter(query: &mut QueryBuilder<Postgres>, filter: &OrderFilter) {
     let mut joiner = " where ";
+    if let Some(search) = filter.search.as_deref() {
+        query.push(joiner);
+        push_search(query, search);
+        joiner = " and ";
+    }
     if let Some(status) = filter.status {
         query.push(joiner).push("o.status = ").push_bind(status);
         joiner = " and ";

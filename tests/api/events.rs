@@ -644,7 +644,12 @@ async fn a_receipt_is_written_to_the_mail_folder_and_listed_for_the_admin() {
             .await
             .unwrap();
     let eml = std::fs::read_to_string(dir.path().join(format!("{event_id}.eml"))).unwrap();
-    let reference = id.replace('-', "")[..8].to_uppercase();
+    let number: i64 = sqlx::query_scalar("select number from orders where id = $1::uuid")
+        .bind(&id)
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    let reference = format!("#{number}");
     assert!(
         eml.contains("To: \"Ada Lovelace\" <ada@example.com>"),
         "{eml}"

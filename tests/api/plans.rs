@@ -37,7 +37,7 @@ async fn present(conn: &mut PgConnection, keys: &[(&str, &str)], batch_read: boo
     }
     let scopes: Vec<&str> = keys.iter().map(|(s, _)| *s).collect();
     let names: Vec<&str> = keys.iter().map(|(_, k)| *k).collect();
-    let rows = stockade::checkout::batch::db::read(&mut *conn, &["PLAN-1"], &scopes, &names)
+    let rows = stockade::checkout::batch::db::read(&mut *conn, &["PLAN-1"], &scopes, &names, 0)
         .await
         .unwrap();
     let recorded = &rows[0].recorded;

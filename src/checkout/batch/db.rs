@@ -30,6 +30,9 @@ pub struct Row {
     pub recorded: Vec<i64>,
     /// The database's clock, which hold expiries are set by (the one the sweeper reads).
     pub now: chrono::DateTime<chrono::Utc>,
+    /// Order numbers drawn for the batch's orders (as many as it may place); the same on
+    /// every row.
+    pub numbers: Vec<i64>,
 }
 
 /// The batch's read: stock and product rows, which keys have a record, the time.
@@ -41,7 +44,9 @@ macro_rules! read_sql {
                           from unnest($2::text[], $3::text[]) with ordinality as u(scope, key, i)
                          where exists (select 1 from idempotency_keys k
                                         where k.scope = u.scope and k.key = u.key)) as recorded,
-                  now() as now
+                  now() as now,
+                  array(select nextval('order_numbers')
+                          from generate_series(1, $4::int)) as numbers
              from stock s
              join products p on p.sku = s.sku
             where s.sku = any($1)
@@ -49,15 +54,16 @@ macro_rules! read_sql {
     };
 }
 
-/// The stock and product rows of `skus`, and which of the keys (`scopes[i]`, `keys[i]`)
-/// have a record already, by one statement. Reads without locking; see [`write`].
+/// The stock and product rows of `skus`, which of the keys (`scopes[i]`, `keys[i]`)
+/// have a record already, and `orders` order numbers, by one statement. Reads without locking; see [`write`].
 pub async fn read(
     conn: &mut PgConnection,
     skus: &[&str],
     scopes: &[&str],
     keys: &[&str],
+    orders: usize,
 ) -> sqlx::Result<Vec<Row>> {
-    read_with(conn, read_sql!(), skus, scopes, keys).await
+    read_with(conn, read_sql!(), skus, scopes, keys, orders).await
 }
 
 /// [`read`], locking the stock rows for the rest of the transaction, in SKU order (as
@@ -68,9 +74,10 @@ pub async fn read_locking(
     skus: &[&str],
     scopes: &[&str],
     keys: &[&str],
+    orders: usize,
 ) -> sqlx::Result<Vec<Row>> {
     let sql = concat!(read_sql!(), " for update of s");
-    read_with(conn, sql, skus, scopes, keys).await
+    read_with(conn, sql, skus, scopes, keys, orders).await
 }
 
 async fn read_with(
@@ -79,6 +86,7 @@ async fn read_with(
     skus: &[&str],
     scopes: &[&str],
     keys: &[&str],
+    orders: usize,
 ) -> sqlx::Result<Vec<Row>> {
     // A runtime query, planned afresh each time (`persistent(false)`, which the macros do
     // not offer): a plan kept from when `idempotency_keys` was small joins the keys by
@@ -87,6 +95,7 @@ async fn read_with(
         .bind(skus)
         .bind(scopes)
         .bind(keys)
+        .bind(orders as i32)
         .persistent(false)
         .fetch_all(conn)
         .await
@@ -136,7 +145,7 @@ pub struct PlacedHolds<'a> {
 /// its holds and its keys' answers.
 const WRITE_SQL: &str = concat!(
     crate::inventory::group::stock_sql!(),
-    crate::orders::db::order_rows_sql!(),
+    crate::orders::db::order_rows_sql!("$40"),
     crate::events::db::events_sql!("placed_events", "order.placed", "$20"),
     r#", held as (
            insert into holds
@@ -203,6 +212,7 @@ pub async fn write(conn: &mut PgConnection, d: &Decided<'_>) -> sqlx::Result<boo
         .bind(&d.statuses)
         .bind(&d.bodies)
         .bind(Uuid::new_v4())
+        .bind(&d.orders.numbers)
         .fetch_one(conn)
         .await
 }

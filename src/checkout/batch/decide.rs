@@ -65,6 +65,7 @@ pub(super) async fn transact(
     skus.dedup();
     let scopes: Vec<&str> = jobs.iter().map(|j| j.scope.as_str()).collect();
     let keys: Vec<&str> = jobs.iter().map(|j| j.key.as_str()).collect();
+    let orders = jobs.iter().filter(|j| j.want == Want::Order).count();
     let mut conn = db.acquire().await?;
     // A hold is counted with its shopper's other holds ([`crate::holds::cap`]), which
     // may be placed without a lease (the breaker open, another process's strategy): a
@@ -74,13 +75,13 @@ pub(super) async fn transact(
         // The lease keeps every other batch of these SKUs out, and the write re-checks
         // stock and fence. A purchase limit also counts holds and orders of several SKUs,
         // which take no lease: batches with a limited SKU lock their rows instead.
-        let rows = db::read(&mut conn, &skus, &scopes, &keys).await?;
+        let rows = db::read(&mut conn, &skus, &scopes, &keys, orders).await?;
         if !rows.iter().any(|r| r.purchase_limit.is_some()) {
             return decide(&mut conn, jobs, rows, fence, hold_ttl, caps).await;
         }
     }
     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-    let rows = db::read_locking(&mut tx, &skus, &scopes, &keys).await?;
+    let rows = db::read_locking(&mut tx, &skus, &scopes, &keys, orders).await?;
     let applied = decide(&mut tx, jobs, rows, fence, hold_ttl, caps).await?;
     if matches!(applied, Applied::Done(_)) {
         tx.commit().await?;
@@ -115,6 +116,12 @@ async fn decide(
         .first()
         .map(|r| r.recorded.iter().map(|i| (*i - 1) as usize).collect())
         .unwrap_or_default();
+    // One drawn number per order job, used in turn by the orders placed.
+    let mut numbers = rows
+        .first()
+        .map(|r| r.numbers.clone())
+        .unwrap_or_default()
+        .into_iter();
     let mut stocked: HashMap<String, Stocked> = rows
         .into_iter()
         .filter(|r| r.active)
@@ -301,6 +308,9 @@ async fn decide(
         each.push(BatchAnswer::Made(match job.want {
             Want::Order => Made::Order(Order {
                 id: crate::orders::new_id(),
+                number: numbers
+                    .next()
+                    .expect("a number was drawn for every order job"),
                 status: crate::orders::OrderStatus::Placed,
                 total_cents,
                 lines,

@@ -104,7 +104,7 @@ pub(super) async fn dashboard(state: &AppState) -> Result<Dashboard, AppError> {
 
 fn recent_order(o: OrderSummary) -> RecentOrder {
     RecentOrder {
-        reference: o.id.simple().to_string()[..8].to_uppercase(),
+        reference: o.reference(),
         id: o.id,
         status: o.status.to_string(),
         total: format_cents(o.total_cents),

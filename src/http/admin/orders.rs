@@ -23,6 +23,7 @@ use crate::orders::{self, Cancelled, Order, OrderStatus};
 struct OrdersPage {
     chrome: Chrome,
     orders: Vec<OrderSummary>,
+    search: String,
     status: String,
     sku: String,
     date: String,
@@ -33,6 +34,7 @@ struct OrdersPage {
 
 #[derive(Deserialize)]
 pub struct OrdersQuery {
+    q: Option<String>,
     status: Option<String>,
     sku: Option<String>,
     date: Option<String>,
@@ -73,8 +75,10 @@ pub async fn get_orders(
             )?),
             None => None,
         };
+    let search = text(&query.q).map(|q| q.chars().take(200).collect::<String>());
     let page = Page::of(query.page, PAGE);
     let filter = OrderFilter {
+        search: search.clone(),
         status,
         sku: sku.clone(),
         date,
@@ -82,7 +86,8 @@ pub async fn get_orders(
     let (orders, total) =
         orders::reports::list(&state.db, &filter, page.size, page.offset()).await?;
     let query_string = format!(
-        "status={}&sku={}&date={}",
+        "q={}&status={}&sku={}&date={}",
+        crate::error::percent_encode(search.as_deref().unwrap_or_default()),
         status.map(OrderStatus::as_str).unwrap_or_default(),
         sku.clone().unwrap_or_default(),
         date.map(|d| d.to_string()).unwrap_or_default()
@@ -90,6 +95,7 @@ pub async fn get_orders(
     let page = OrdersPage {
         chrome: page_chrome(&req, &admin),
         orders,
+        search: search.unwrap_or_default(),
         status: status.map(OrderStatus::as_str).unwrap_or_default().into(),
         sku: sku.unwrap_or_default(),
         date: date.map(|d| d.to_string()).unwrap_or_default(),

@@ -6,6 +6,7 @@
 
 mod keys;
 mod leases;
+mod numbers;
 mod sold_out;
 
 use std::time::{Duration, Instant};

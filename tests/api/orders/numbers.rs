@@ -1,0 +1,146 @@
+//! Order numbers: one per order, never repeated, whichever process places it and however
+//! many orders share a millisecond.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+
+use crate::helpers::{post_lines, post_order_to, serve_app, spawn_app};
+
+#[tokio::test]
+async fn orders_placed_in_the_same_millisecond_by_two_processes_get_different_numbers() {
+    let app = spawn_app().await;
+    // One SKU per process: orders of one SKU take turns under its lease, while two SKUs'
+    // batches run side by side, as two processes' orders of different products do.
+    const SKUS: [&str; 2] = ["NUM-1", "NUM-2"];
+    app.add_product(SKUS[0], "Numbered thing", 1_000, 100_000)
+        .await;
+    app.add_product(SKUS[1], "Other numbered thing", 1_000, 100_000)
+        .await;
+    let servers = [
+        serve_app(&app, &[], &[]).await,
+        serve_app(&app, &[], &[]).await,
+    ];
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(200)
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    // (number, process, the millisecond it was placed in) of every order answered.
+    let mut placed: Vec<(i64, usize, String)> = Vec::new();
+    let mut shared_millisecond = false;
+    for round in 0..10 {
+        // Orders, and holds confirmed into orders (the confirmation lots' path), at once
+        // on both processes.
+        let orders = join_all((0..120).map(|i| {
+            let (client, base) = (client.clone(), servers[i % 2].address.clone());
+            async move {
+                let res = post_order_to(
+                    &client,
+                    &base,
+                    &format!("n-{round}-{i}"),
+                    &[(SKUS[i % 2], 1)],
+                )
+                .await;
+                assert_eq!(res.status().as_u16(), 201);
+                (i % 2, res.json::<serde_json::Value>().await.unwrap())
+            }
+        }));
+        let holds = join_all((0..40).map(|i| {
+            let (client, base) = (client.clone(), servers[i % 2].address.clone());
+            async move {
+                let url = format!("{base}/api/v1/holds");
+                let res = post_lines(
+                    &client,
+                    &url,
+                    &format!("h-{round}-{i}"),
+                    &[(SKUS[i % 2], 1)],
+                )
+                .await;
+                assert_eq!(res.status().as_u16(), 201);
+                let hold: serde_json::Value = res.json().await.unwrap();
+                let res = client
+                    .post(format!(
+                        "{base}/api/v1/holds/{}/confirm",
+                        hold["id"].as_str().unwrap()
+                    ))
+                    .json(&serde_json::json!({}))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(res.status().as_u16(), 201);
+                (i % 2, res.json::<serde_json::Value>().await.unwrap())
+            }
+        }));
+        let (orders, holds) = tokio::join!(orders, holds);
+        for (process, order) in orders.into_iter().chain(holds) {
+            let number = order["number"]
+                .as_i64()
+                .expect("every order answer has its number");
+            let at = order["created_at"].as_str().unwrap();
+            let millisecond = chrono::DateTime::parse_from_rfc3339(at)
+                .unwrap()
+                .format("%Y-%m-%dT%H:%M:%S%.3f")
+                .to_string();
+            placed.push((number, process, millisecond));
+        }
+        let mut by_millisecond: BTreeMap<&str, BTreeSet<usize>> = BTreeMap::new();
+        for (_, process, millisecond) in &placed {
+            by_millisecond
+                .entry(millisecond)
+                .or_default()
+                .insert(*process);
+        }
+        if by_millisecond
+            .values()
+            .any(|processes| processes.len() == 2)
+        {
+            shared_millisecond = true;
+            break;
+        }
+    }
+    assert!(
+        shared_millisecond,
+        "in ten rounds of 160 orders at once, no millisecond held orders of both processes"
+    );
+    let numbers: BTreeSet<i64> = placed.iter().map(|(n, _, _)| *n).collect();
+    assert_eq!(
+        numbers.len(),
+        placed.len(),
+        "two orders answered with one number"
+    );
+    // The database agrees, with its own guard.
+    let distinct = app.count("select count(distinct number) from orders").await;
+    let all = app.count("select count(*) from orders").await;
+    assert_eq!((distinct, all), (placed.len() as i64, placed.len() as i64));
+    let constraint = app
+        .count("select count(*) from pg_constraint where conname = 'orders_number_key' and contype = 'u'")
+        .await;
+    assert_eq!(
+        constraint, 1,
+        "the database refuses a repeated number itself"
+    );
+    // Numbers a person reads start at 1001.
+    assert!(numbers.first().is_some_and(|n| *n >= 1001));
+    // The order's page shows the number, and the admin finds the order by it.
+    let (number, _, _) = &placed[0];
+    let id: uuid::Uuid = sqlx::query_scalar("select id from orders where number = $1")
+        .bind(number)
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    let (status, page) = app.get_text(&format!("/orders/{id}")).await;
+    assert_eq!(status, 200);
+    assert!(page.contains(&format!("Order #{number}")), "{page}");
+    app.login_admin().await;
+    let (status, list) = app.get_text(&format!("/admin/orders?q=%23{number}")).await;
+    assert_eq!(status, 200);
+    assert!(list.contains(&format!(">#{number}</a>")), "{list}");
+    let rows = list.matches("<a href=\"/admin/orders/").count();
+    assert_eq!(rows, 1, "one order found: {list}");
+    assert!(
+        list.contains("Numbered thing (NUM-1)"),
+        "the product by name: {list}"
+    );
+}
