@@ -4,6 +4,8 @@
 //! [`checkout`] places orders and holds, [`inventory`] guards stock, [`catalog`] describes what is for sale.
 #![forbid(unsafe_code)]
 
+/// Shipping addresses, checked field by field, and the countries they may name.
+pub mod address;
 /// Admins: accounts, password hashes, sessions, login throttling.
 pub mod admin;
 /// `stockade bench`: the app's rates next to PostgreSQL's own (pgbench), one machine, one run.
@@ -24,6 +26,7 @@ pub mod clients;
 pub mod cluster;
 /// Settings: defaults in code, then `STOCKADE_*` environment variables.
 pub mod config;
+
 #[cfg(test)]
 mod doc_paths;
 /// Drops: a product released at a set time through a waiting room.

@@ -72,6 +72,7 @@ impl Want {
                     lines: draft.lines,
                     email,
                     customer_name,
+                    shipping_address: draft.request.shipping_address().cloned().map(Box::new),
                     created_at: draft.now,
                     payment: None,
                 };

@@ -276,6 +276,7 @@ mod tests {
             total_cents: 300,
             email: Some("a@b.co".into()),
             customer_name: None,
+            shipping_address: None,
             created_at: at,
             payment: None,
         });

@@ -4,8 +4,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::address::{AddressInput, ShippingAddress};
 use crate::catalog::Sku;
 use crate::idempotency::Fingerprint;
+use crate::orders::Contact;
 
 /// Units of one SKU in one order: a whole number from 1 to the configured cap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -59,8 +61,9 @@ pub struct RequestLine {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct OrderRequest {
     lines: Vec<RequestLine>,
-    email: Option<String>,
-    name: Option<String>,
+    /// Serialized as its fields, as `email` and `name` were before addresses existed.
+    #[serde(flatten)]
+    contact: Contact,
     /// Who is asking; not part of the request's fingerprint.
     #[serde(skip)]
     shopper: Shopper,
@@ -162,6 +165,7 @@ impl OrderRequest {
         lines: Vec<(Sku, i64)>,
         email: Option<&str>,
         name: Option<&str>,
+        address: Option<&AddressInput>,
         max_quantity: i32,
     ) -> Result<Self, InvalidOrder> {
         if lines.is_empty() {
@@ -187,7 +191,7 @@ impl OrderRequest {
             .collect::<Result<Vec<_>, InvalidOrder>>()?;
         Ok(Self {
             lines,
-            ..Self::check_contact(email, name)?
+            ..Self::check_contact(email, name, address)?
         })
     }
 
@@ -224,11 +228,35 @@ impl OrderRequest {
                 Some(_) => Err(InvalidOrder(format!("\"{field}\" must be a string"))),
             }
         };
-        Self::new(lines, text("email")?, text("name")?, max_quantity)
+        let address = match obj.get("shipping_address") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(raw) if !raw.is_object() => {
+                return Err(InvalidOrder(
+                    "the shipping address must be a JSON object: \"name\", \"line1\", \
+                     \"city\" and \"country\", and optionally \"line2\" and \"postal_code\""
+                        .into(),
+                ));
+            }
+            Some(raw) => Some(
+                AddressInput::deserialize(raw)
+                    .map_err(|e| InvalidOrder(format!("in shipping_address, {e}")))?,
+            ),
+        };
+        Self::new(
+            lines,
+            text("email")?,
+            text("name")?,
+            address.as_ref(),
+            max_quantity,
+        )
     }
 
     /// Checks contact details alone (for confirming a hold); the result has no lines.
-    pub fn check_contact(email: Option<&str>, name: Option<&str>) -> Result<Self, InvalidOrder> {
+    pub fn check_contact(
+        email: Option<&str>,
+        name: Option<&str>,
+        address: Option<&AddressInput>,
+    ) -> Result<Self, InvalidOrder> {
         let text = |field, value: Option<&str>| {
             value
                 .map_or(Ok(()), |v| crate::text::single_line(field, v))
@@ -246,17 +274,24 @@ impl OrderRequest {
         {
             return Err(InvalidOrder("name must be at most 200 characters".into()));
         }
+        let shipping_address = address
+            .map(AddressInput::parse)
+            .transpose()
+            .map_err(|e| InvalidOrder(e.to_string()))?;
         Ok(Self {
             lines: Vec::new(),
-            email: email.map(str::to_string),
-            name: name.map(str::to_string),
+            contact: Contact {
+                email: email.map(str::to_string),
+                name: name.map(str::to_string),
+                shipping_address,
+            },
             shopper: Shopper::default(),
         })
     }
 
     /// The request as placed by `shopper` (whose identities gain the email, if given).
     pub fn placed_by(mut self, shopper: Shopper) -> Self {
-        self.shopper = match &self.email {
+        self.shopper = match &self.contact.email {
             Some(email) => shopper.with(crate::orders::limits::email_identity(email)),
             None => shopper,
         };
@@ -277,11 +312,20 @@ impl OrderRequest {
     }
 
     pub fn email(&self) -> Option<&str> {
-        self.email.as_deref()
+        self.contact.email.as_deref()
     }
 
     pub fn name(&self) -> Option<&str> {
-        self.name.as_deref()
+        self.contact.name.as_deref()
+    }
+
+    pub fn shipping_address(&self) -> Option<&ShippingAddress> {
+        self.contact.shipping_address.as_ref()
+    }
+
+    /// The email, name and address given.
+    pub fn contact(&self) -> &Contact {
+        &self.contact
     }
 
     /// The hash under which an idempotency key remembers this request.
@@ -324,6 +368,7 @@ mod tests {
             vec![(sku("B-2"), 1), (sku("A-1"), 2), (sku("B-2"), 3)],
             None,
             None,
+            None,
             10,
         )
         .unwrap();
@@ -334,14 +379,20 @@ mod tests {
             .collect();
         assert_eq!(lines, [("A-1", 2), ("B-2", 4)]);
         // Merged lines still respect the cap.
-        assert!(OrderRequest::new(vec![(sku("A-1"), 6), (sku("A-1"), 6)], None, None, 10).is_err());
+        assert!(
+            OrderRequest::new(vec![(sku("A-1"), 6), (sku("A-1"), 6)], None, None, None, 10)
+                .is_err()
+        );
     }
 
     #[test]
     fn the_same_order_in_another_line_order_has_the_same_fingerprint() {
-        let a = OrderRequest::new(vec![(sku("A-1"), 1), (sku("B-2"), 2)], None, None, 10).unwrap();
-        let b = OrderRequest::new(vec![(sku("B-2"), 2), (sku("A-1"), 1)], None, None, 10).unwrap();
-        let c = OrderRequest::new(vec![(sku("B-2"), 1), (sku("A-1"), 1)], None, None, 10).unwrap();
+        let a = OrderRequest::new(vec![(sku("A-1"), 1), (sku("B-2"), 2)], None, None, None, 10)
+            .unwrap();
+        let b = OrderRequest::new(vec![(sku("B-2"), 2), (sku("A-1"), 1)], None, None, None, 10)
+            .unwrap();
+        let c = OrderRequest::new(vec![(sku("B-2"), 1), (sku("A-1"), 1)], None, None, None, 10)
+            .unwrap();
         assert_eq!(a.fingerprint(), b.fingerprint());
         assert_ne!(a.fingerprint(), c.fingerprint());
     }

@@ -33,6 +33,8 @@ pub struct Receipt {
     pub total_cents: i64,
     pub email: Option<String>,
     pub customer_name: Option<String>,
+    #[serde(default)]
+    pub shipping_address: Option<crate::address::ShippingAddress>,
     pub created_at: chrono::DateTime<chrono::Utc>,
 }
 

@@ -37,8 +37,7 @@ struct Pending {
     /// The API caller's key prefix the hold must have been placed under (`None`: the
     /// storefront, where the hold's unguessable id is the permission).
     owner: Option<String>,
-    name: Option<String>,
-    email: Option<String>,
+    contact: crate::orders::Contact,
     answer_by: Instant,
     answer: oneshot::Sender<Lot>,
 }
@@ -90,19 +89,17 @@ impl Confirmer {
         self: &Arc<Self>,
         id: Uuid,
         owner: Option<&str>,
-        name: Option<&str>,
-        email: Option<&str>,
+        contact: &crate::orders::Contact,
         answer_by: Instant,
     ) -> Result<Confirmed, HoldError> {
         if !self.in_lots {
-            return self.alone(id, owner, name, email, answer_by).await;
+            return self.alone(id, owner, contact, answer_by).await;
         }
         let (answer, rx) = oneshot::channel();
         self.enqueue(Pending {
             hold: id,
             owner: owner.map(str::to_string),
-            name: name.map(str::to_string),
-            email: email.map(str::to_string),
+            contact: contact.clone(),
             answer_by,
             answer,
         });
@@ -113,7 +110,7 @@ impl Confirmer {
             }),
             Ok(Lot::TooLate) => Err(HoldError::TimedOut),
             // Not for a lot, or a leader that failed: the confirmation runs on its own.
-            Ok(Lot::Alone) | Err(_) => self.alone(id, owner, name, email, answer_by).await,
+            Ok(Lot::Alone) | Err(_) => self.alone(id, owner, contact, answer_by).await,
         }
     }
 
@@ -122,8 +119,7 @@ impl Confirmer {
         &self,
         id: Uuid,
         owner: Option<&str>,
-        name: Option<&str>,
-        email: Option<&str>,
+        contact: &crate::orders::Contact,
         answer_by: Instant,
     ) -> Result<Confirmed, HoldError> {
         if let Some(owner) = owner
@@ -131,7 +127,7 @@ impl Confirmer {
         {
             return Err(HoldError::NotFound);
         }
-        super::confirm(&self.db, id, name, email, answer_by).await
+        super::confirm(&self.db, id, contact, answer_by).await
     }
 
     fn enqueue(self: &Arc<Self>, pending: Pending) {
@@ -224,7 +220,7 @@ async fn apply(
         {
             continue;
         }
-        let email = p.email.as_deref().or(hold.email.as_deref());
+        let email = p.contact.email.as_deref().or(hold.email.as_deref());
         let order = Order {
             id: crate::orders::new_id(),
             number: numbers
@@ -238,7 +234,8 @@ async fn apply(
                 .sum(),
             lines: hold.lines.clone(),
             email: email.map(str::to_string),
-            customer_name: p.name.clone().or(hold.customer_name.clone()),
+            customer_name: p.contact.name.clone().or(hold.customer_name.clone()),
+            shipping_address: p.contact.shipping_address.clone().map(Box::new),
             created_at: now,
             payment: None,
         };

@@ -428,7 +428,7 @@ impl Confirmations {
 /// its holds marked confirmed.
 const CONFIRM_SQL: &str = concat!(
     crate::inventory::group::stock_sql!(),
-    crate::orders::db::order_rows_sql!("$23"),
+    crate::orders::db::order_rows_sql!("$23", "$24"),
     crate::events::db::events_sql!("placed_events", "order.placed", "$20"),
     r#", confirmed as (
            update holds h
@@ -459,6 +459,7 @@ pub(super) async fn confirm_many(conn: &mut PgConnection, w: &Confirmations) -> 
         .bind(&w.hold_ids)
         .bind(&w.confirmed_events)
         .bind(&w.orders.numbers)
+        .bind(&w.orders.addresses)
         .fetch_one(conn)
         .await
 }

@@ -166,8 +166,7 @@ pub struct Confirmed {
 pub async fn confirm(
     db: &PgPool,
     id: Uuid,
-    name: Option<&str>,
-    email: Option<&str>,
+    contact: &crate::orders::Contact,
     answer_by: Instant,
 ) -> Result<Confirmed, HoldError> {
     let conn = db.acquire().await?;
@@ -249,7 +248,7 @@ pub async fn confirm(
     // Purchase limits, counted under the stock rows' locks taken above: for whoever
     // placed the hold and the email given now, leaving out this hold's own units (they
     // are the ones being bought).
-    let email = email.or(hold.email.as_deref());
+    let email = contact.email.as_deref().or(hold.email.as_deref());
     let shopper = limits::with_email(&db::shopper_of(&mut tx, id).await?, email);
     let skus: Vec<_> = hold.lines.iter().map(|l| l.sku.clone()).collect();
     let products = crate::orders::db::products_for(&mut *tx, &skus).await?;
@@ -275,7 +274,8 @@ pub async fn confirm(
         lines: hold.lines.clone(),
         total_cents: hold.total_cents,
         email: email.map(str::to_string),
-        customer_name: name.map(str::to_string).or(hold.customer_name.clone()),
+        customer_name: contact.name.clone().or(hold.customer_name.clone()),
+        shipping_address: contact.shipping_address.clone().map(Box::new),
         created_at: DateTime::from_timestamp_micros(Utc::now().timestamp_micros())
             .expect("now is representable"),
         payment: None,

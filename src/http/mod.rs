@@ -112,15 +112,14 @@ impl AppState {
         &self,
         id: uuid::Uuid,
         owner: Option<&str>,
-        name: Option<&str>,
-        email: Option<&str>,
+        contact: &crate::orders::Contact,
         answer_by: std::time::Instant,
     ) -> Result<crate::holds::Confirmed, crate::payments::flow::PayError> {
         match &self.payments {
-            Some(payments) => payments.confirm(id, owner, name, email, answer_by).await,
+            Some(payments) => payments.confirm(id, owner, contact, answer_by).await,
             None => Ok(self
                 .confirmer
-                .confirm(id, owner, name, email, answer_by)
+                .confirm(id, owner, contact, answer_by)
                 .await?),
         }
     }

@@ -75,6 +75,7 @@ pub const API_KEY_SCHEME: &str = "api_key";
             inputs::SkuInput,
             inputs::Email,
             inputs::CustomerName,
+            inputs::ShippingAddressInput,
             inputs::SearchWords,
             inputs::CategoryFilter,
             inputs::CategoryName,

@@ -3,6 +3,7 @@
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
+use super::address::ShippingAddress;
 use super::{Order, OrderLine, OrderStatus};
 use crate::catalog::Sku;
 
@@ -51,8 +52,8 @@ pub async fn insert_order(
     sqlx::query!(
         r#"insert into orders
              (id, status, customer_name, email, total_cents, idempotency_scope, idempotency_key,
-              created_at, shopper, number)
-           values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"#,
+              created_at, shopper, number, shipping_address)
+           values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"#,
         order.id,
         order.status.as_str(),
         order.customer_name.as_deref(),
@@ -63,6 +64,7 @@ pub async fn insert_order(
         order.created_at,
         shopper,
         order.number,
+        order.shipping_address.as_ref().map(sqlx::types::Json) as _,
     )
     .execute(&mut *conn)
     .await?;
@@ -125,6 +127,7 @@ pub async fn bought_by(
 struct OrderRow {
     id: Uuid,
     number: i64,
+    shipping_address: Option<sqlx::types::Json<ShippingAddress>>,
     status: OrderStatus,
     total_cents: i64,
     email: Option<String>,
@@ -138,7 +141,8 @@ pub async fn find_order(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<Order>> 
     let Some(row) = sqlx::query_as!(
         OrderRow,
         r#"select id, number, status as "status: OrderStatus", total_cents, email,
-                  customer_name, created_at
+                  customer_name, created_at,
+                  shipping_address as "shipping_address: sqlx::types::Json<ShippingAddress>"
              from orders where id = $1"#,
         id,
     )
@@ -165,6 +169,7 @@ pub async fn find_order(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<Order>> 
         total_cents: row.total_cents,
         email: row.email,
         customer_name: row.customer_name,
+        shipping_address: row.shipping_address.map(|a| Box::new(a.0)),
         created_at: row.created_at,
         payment: None,
     }))
@@ -280,25 +285,29 @@ pub struct OrderFilter {
 }
 
 /// The parts of a group-commit write that place its orders, on parameters `$6`–`$19`
-/// ([`OrderRows`]) and the orders' numbers (the parameter given, bound last by the
-/// statement's caller: [`OrderRows::numbers`]), after
+/// ([`OrderRows`]) and the orders' numbers and shipping addresses (the parameters given,
+/// bound last by the statement's caller: [`OrderRows::numbers`], [`OrderRows::addresses`]),
+/// after
 /// [`crate::inventory::group::stock_sql`]'s `go`: every order, line and ledger row, or
 /// nothing. Their `order.placed` events (`$20`) follow, as
 /// `events_sql!("placed_events", "order.placed", "$20")`.
 macro_rules! order_rows_sql {
-    ($numbers:literal) => {
+    ($numbers:literal, $addresses:literal) => {
         concat!(
             r#", placed as (
                insert into orders
                       (id, status, customer_name, email, total_cents, idempotency_scope,
-                       idempotency_key, created_at, shopper, number)
+                       idempotency_key, created_at, shopper, number, shipping_address)
                select id, 'placed', name, email, total, scope, key, created,
-                      string_to_array(shopper, E'\n'), number
+                      string_to_array(shopper, E'\n'), number, address
                  from unnest($6::uuid[], $7::text[], $8::text[], $9::bigint[], $10::text[],
                              $11::text[], $12::timestamptz[], $13::text[], "#,
             $numbers,
-            r#"::bigint[])
-                      as u(id, name, email, total, scope, key, created, shopper, number)
+            "::bigint[], ",
+            $addresses,
+            r#"::jsonb[])
+                      as u(id, name, email, total, scope, key, created, shopper, number,
+                           address)
                 where (select go from go)
            ), lines as (
                insert into order_lines (order_id, sku, quantity, unit_price_cents)
@@ -323,8 +332,9 @@ pub(crate) use order_rows_sql;
 pub struct OrderRows {
     /// One entry per order.
     pub ids: Vec<Uuid>,
-    /// Bound by the statement's caller, on the parameter it gave `order_rows_sql!`.
+    /// Bound by the statement's caller, on the parameters it gave `order_rows_sql!`.
     pub numbers: Vec<i64>,
+    pub addresses: Vec<Option<serde_json::Value>>,
     pub names: Vec<Option<String>>,
     pub emails: Vec<Option<String>>,
     pub totals: Vec<i64>,
@@ -360,6 +370,12 @@ impl OrderRows {
     ) {
         self.ids.push(order.id);
         self.numbers.push(order.number);
+        self.addresses.push(
+            order
+                .shipping_address
+                .as_ref()
+                .map(|a| serde_json::to_value(a).expect("addresses serialise")),
+        );
         self.names.push(order.customer_name.clone());
         self.emails.push(order.email.clone());
         self.totals.push(order.total_cents);

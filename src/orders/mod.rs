@@ -3,6 +3,7 @@
 //! hold, [`crate::holds::confirm`]); this module stores and reads them and knows nothing of
 //! how they were decided.
 
+pub use crate::address;
 pub mod db;
 pub mod limits;
 pub mod reports;
@@ -113,10 +114,24 @@ pub struct Order {
     pub total_cents: i64,
     pub email: Option<String>,
     pub customer_name: Option<String>,
+    /// Where it is shipped, when the shopper gave an address (boxed: most orders in
+    /// flight are answered and dropped, and an order without one stays small).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shipping_address: Option<Box<address::ShippingAddress>>,
     pub created_at: DateTime<Utc>,
     /// Its payment, when the shop takes payments and the order came from a paid hold.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub payment: Option<PaymentSummary>,
+    pub payment: Option<Box<PaymentSummary>>,
+}
+
+/// Who an order is for, as the shopper gave it: an email, a name, and where to ship.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Contact {
+    pub email: Option<String>,
+    pub name: Option<String>,
+    /// Left out when absent, so a request without one keeps the fingerprint it always had.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shipping_address: Option<address::ShippingAddress>,
 }
 
 /// An order's payment, as its JSON carries it.

@@ -257,8 +257,7 @@ impl Payments {
         &self,
         hold: Uuid,
         owner: Option<&str>,
-        name: Option<&str>,
-        email: Option<&str>,
+        contact: &crate::orders::Contact,
         answer_by: Instant,
     ) -> Result<Confirmed, PayError> {
         let found = holds::db::find_hold(&self.db, hold)
@@ -269,7 +268,7 @@ impl Payments {
             // Nothing to pay (a free hold), or an order placed before payments were on:
             // the confirmation as it always was.
             if found.total_cents == 0 || found.order_id.is_some() {
-                return self.confirm_hold(hold, owner, name, email, answer_by).await;
+                return self.confirm_hold(hold, owner, contact, answer_by).await;
             }
             return Err(PayError::NotPaid(None));
         };
@@ -289,10 +288,10 @@ impl Payments {
             if !payment.status.is_paid() {
                 return Err(PayError::NotPaid(Some(payment)));
             }
-            match self.confirm_hold(hold, owner, name, email, answer_by).await {
+            match self.confirm_hold(hold, owner, contact, answer_by).await {
                 Ok(mut confirmed) => {
                     let paid = self.after_order(&payment, confirmed.order.id).await?;
-                    confirmed.order.payment = Some(paid.summary());
+                    confirmed.order.payment = Some(Box::new(paid.summary()));
                     Ok(confirmed)
                 }
                 Err(PayError::Hold(e @ (HoldError::Insufficient(_) | HoldError::Released))) => {
@@ -310,13 +309,12 @@ impl Payments {
         &self,
         hold: Uuid,
         owner: Option<&str>,
-        name: Option<&str>,
-        email: Option<&str>,
+        contact: &crate::orders::Contact,
         answer_by: Instant,
     ) -> Result<Confirmed, PayError> {
         Ok(self
             .confirmer
-            .confirm(hold, owner, name, email, answer_by)
+            .confirm(hold, owner, contact, answer_by)
             .await?)
     }
 

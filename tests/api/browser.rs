@@ -26,6 +26,17 @@ pub async fn save_screenshot(b: &fantoccini::Client, name: &str) {
     }
 }
 
+/// Fills in the checkout's shipping address (the tests' [`crate::shop::ADDRESS`]).
+pub async fn fill_address(b: &fantoccini::Client) {
+    for (field, value) in crate::shop::ADDRESS {
+        let element = b.find(Locator::Id(field)).await.unwrap();
+        match field {
+            "country" => element.select_by_value(value).await.unwrap(),
+            _ => element.send_keys(value).await.unwrap(),
+        }
+    }
+}
+
 /// The visible text of the page.
 async fn body_text(b: &fantoccini::Client) -> String {
     b.find(Locator::Css("body"))

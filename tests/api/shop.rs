@@ -30,6 +30,21 @@ async fn snapshot(app: &TestApp) -> Snapshot {
     }
 }
 
+/// Where the checkout tests ship to, as the checkout form's fields.
+pub(crate) const ADDRESS: [(&str, &str); 4] = [
+    ("line1", "12 St James's Square"),
+    ("city", "London"),
+    ("postal_code", "SW1Y 4JH"),
+    ("country", "GB"),
+];
+
+/// The checkout form of Ada, at [`ADDRESS`].
+pub(crate) fn ada_details() -> String {
+    let mut pairs = vec![("name", "Ada"), ("email", "ada@example.com")];
+    pairs.extend(ADDRESS);
+    form(&pairs)
+}
+
 pub(crate) fn form(pairs: &[(&str, &str)]) -> String {
     pairs
         .iter()
@@ -282,6 +297,46 @@ async fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
             "email address",
         ),
         (
+            &confirm,
+            "no street",
+            None,
+            Body::Form(vec![
+                ("name", "A"),
+                ("email", "a@b.co"),
+                ("city", "X"),
+                ("country", "GB"),
+            ]),
+            422,
+            "street and number",
+        ),
+        (
+            &confirm,
+            "no country",
+            None,
+            Body::Form(vec![
+                ("name", "A"),
+                ("email", "a@b.co"),
+                ("line1", "1 Road"),
+                ("city", "X"),
+            ]),
+            422,
+            "choose the country",
+        ),
+        (
+            &confirm,
+            "unknown country",
+            None,
+            Body::Form(vec![
+                ("name", "A"),
+                ("email", "a@b.co"),
+                ("line1", "1 Road"),
+                ("city", "X"),
+                ("country", "XX"),
+            ]),
+            422,
+            "must be a country code",
+        ),
+        (
             "/checkout/not-a-hold/confirm",
             "malformed hold",
             None,
@@ -504,7 +559,7 @@ async fn checkout_pressed_twice_holds_once_and_placing_the_order_twice_orders_on
     assert!(page.contains("Held for you for"), "{page}");
 
     // "Place order", sent five times at once, and once more later (a refreshed POST).
-    let details = form(&[("name", "Ada"), ("email", "ada@example.com")]);
+    let details = ada_details();
     let confirm = format!("{hold_page}/confirm");
     let answers = join_all((0..5).map(|_| post_form(&app, &confirm, &details))).await;
     let order_page = &answers[0].1;
@@ -523,6 +578,18 @@ async fn checkout_pressed_twice_holds_once_and_placing_the_order_twice_orders_on
     assert_eq!(status, 200);
     assert!(page.contains("Thank you, Ada!"), "{page}");
     assert!(page.contains("$72.50"));
+    // Shipped where the form said, and stored on the order.
+    assert!(
+        page.contains("Ada<br>12 St James&#39;s Square<br>SW1Y 4JH London<br>United Kingdom")
+            || page
+                .contains("Ada<br>12 St James&#x27;s Square<br>SW1Y 4JH London<br>United Kingdom"),
+        "{page}"
+    );
+    let country: String = sqlx::query_scalar("select shipping_address->>'country' from orders")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(country, "GB");
     assert_eq!(app.stock("MG-STONE-350").await, (78, 0));
     // The hold page now leads to the order.
     assert_eq!(
@@ -595,7 +662,7 @@ async fn cancelling_checkout_puts_the_items_back_on_sale() {
         post_form(&app, &format!("{hold_page}/cancel"), "").await.0,
         303
     );
-    let details = form(&[("name", "Ada"), ("email", "ada@example.com")]);
+    let details = ada_details();
     assert_eq!(
         post_form(&app, &format!("{hold_page}/confirm"), &details)
             .await

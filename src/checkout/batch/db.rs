@@ -145,7 +145,7 @@ pub struct PlacedHolds<'a> {
 /// its holds and its keys' answers.
 const WRITE_SQL: &str = concat!(
     crate::inventory::group::stock_sql!(),
-    crate::orders::db::order_rows_sql!("$40"),
+    crate::orders::db::order_rows_sql!("$40", "$41"),
     crate::events::db::events_sql!("placed_events", "order.placed", "$20"),
     r#", held as (
            insert into holds
@@ -213,6 +213,7 @@ pub async fn write(conn: &mut PgConnection, d: &Decided<'_>) -> sqlx::Result<boo
         .bind(&d.bodies)
         .bind(Uuid::new_v4())
         .bind(&d.orders.numbers)
+        .bind(&d.orders.addresses)
         .fetch_one(conn)
         .await
 }

@@ -316,6 +316,7 @@ async fn decide(
                 lines,
                 email,
                 customer_name,
+                shipping_address: job.request.shipping_address().cloned().map(Box::new),
                 created_at: now,
                 payment: None,
             }),

@@ -116,6 +116,9 @@ pub struct ConfirmBody {
     email: Option<String>,
     #[schema(value_type = Option<crate::http::contract::inputs::CustomerName>)]
     name: Option<String>,
+    /// Where to ship the order; stored on it and shown with it.
+    #[schema(value_type = Option<crate::http::contract::inputs::ShippingAddressInput>)]
+    shipping_address: Option<crate::address::AddressInput>,
 }
 
 /// Confirms a hold the caller placed into an order; confirming again answers the same
@@ -165,7 +168,11 @@ pub async fn post_hold_confirm(
     let owner = caller.hold_owner();
     // The body is optional; when present it is JSON by the rule every body follows.
     let body: ConfirmBody = json::optional(&req, &body)?.unwrap_or_default();
-    let details = OrderRequest::check_contact(body.email.as_deref(), body.name.as_deref())?;
+    let details = OrderRequest::check_contact(
+        body.email.as_deref(),
+        body.name.as_deref(),
+        body.shipping_address.as_ref(),
+    )?;
     // A hold placed before its product's drop bound it: only with this caller's pass (a
     // `Drop-Shopper` this caller may not send names nobody, and no pass is theirs).
     // A malformed `Drop-Shopper` is refused whatever the hold holds, as the contract says.
@@ -196,7 +203,7 @@ pub async fn post_hold_confirm(
     let answer_by = answer_by(&req, state.settings.request_budget);
     let shared = state.clone().into_inner();
     let confirmed = detached(state.confirm_limit(), async move {
-        (shared.confirm_hold(id, Some(&owner), details.name(), details.email(), answer_by)).await
+        (shared.confirm_hold(id, Some(&owner), details.contact(), answer_by)).await
     })
     .await?;
     match confirmed {

@@ -73,7 +73,7 @@ pub async fn get_order(
         .ok_or_else(not_found)?;
     if state.payments.is_some() {
         let payment = crate::payments::for_order(&state.db, id).await?;
-        order.payment = payment.map(|p| p.summary());
+        order.payment = payment.map(|p| Box::new(p.summary()));
     }
     Ok(HttpResponse::Ok().json(order))
 }

@@ -9,7 +9,7 @@ use crate::checkout::{self, Made, OrderRequest, Outcome, Shopper, Want};
 use crate::clients::Caller;
 use crate::drops::registry::RequireError;
 use crate::error::AppError;
-use crate::http::contract::inputs::{CustomerName, Email, SkuInput};
+use crate::http::contract::inputs::{CustomerName, Email, ShippingAddressInput, SkuInput};
 use crate::http::json::Json;
 use crate::http::limits::{self, limit_placement};
 use crate::http::middleware::{answer_by, problem_response};
@@ -31,6 +31,8 @@ pub(super) struct OrderBody {
     lines: Vec<LineBody>,
     email: Option<Email>,
     name: Option<CustomerName>,
+    /// Where to ship it; stored on the order and shown with it.
+    shipping_address: Option<ShippingAddressInput>,
 }
 
 /// One line of an order.
@@ -102,6 +104,13 @@ pub(super) async fn place(
     };
     let request =
         OrderRequest::from_json(&body, state.settings.max_line_quantity)?.placed_by(shopper);
+    if want == Want::Hold && request.shipping_address().is_some() {
+        return Err(AppError::Unprocessable(
+            "shipping_address is given when the hold is confirmed \
+             (POST /api/v1/holds/{id}/confirm), not when it is placed."
+                .into(),
+        ));
+    }
     // A product in a drop: only with this caller's pass from its queue (a retry under a
     // key that has a record is answered from it). Who the caller is counts only there: a
     // `Drop-Shopper` that is not allowed is refused only for a product in a drop; one that

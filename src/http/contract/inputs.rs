@@ -214,6 +214,39 @@ input!(
         .min_properties(Some(1))
         .additional_properties(Some(AdditionalProperties::<Schema>::FreeForm(false)))
 );
+input!(
+    /// Where an order is shipped.
+    ShippingAddressInput => {
+        use crate::address::{MAX_CITY, MAX_LINE, MAX_POSTAL_CODE};
+        let text = |min, max, what: &str| string(plain_line(min, max), what);
+        let maybe = |min, max, what: &str| {
+            text(min, max, what).schema_type(SchemaType::from_iter([Type::String, Type::Null]))
+        };
+        let countries = crate::address::countries::COUNTRIES.iter().map(|(code, _)| *code);
+        ObjectBuilder::new()
+            .property("name", text(1, MAX_LINE, "Who receives it: one line, at most 200 \
+                characters once trimmed."))
+            .property("line1", text(1, MAX_LINE, "Street and number: one line, at most 200 \
+                characters once trimmed."))
+            .property("line2", maybe(0, MAX_LINE, "Flat, floor, company: optional, at most \
+                200 characters once trimmed."))
+            .property("city", text(1, MAX_CITY, "One line, at most 100 characters once \
+                trimmed."))
+            .property("postal_code", maybe(0, MAX_POSTAL_CODE, "Optional (not every country \
+                has them), at most 20 characters once trimmed."))
+            .property("country", string(one_of(countries, false), "ISO 3166-1 alpha-2, in \
+                capitals: `DE`, `US`, `GB` …"))
+            .required("name")
+            .required("line1")
+            .required("city")
+            .required("country")
+            .additional_properties(Some(AdditionalProperties::<Schema>::FreeForm(false)))
+            .examples([serde_json::json!({
+                "name": "Ada Lovelace", "line1": "12 St James's Square",
+                "city": "London", "postal_code": "SW1Y 4JH", "country": "GB"
+            })])
+    }
+);
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -279,7 +312,7 @@ pub(crate) mod tests {
     fn the_email_pattern_is_the_checkout_rule() {
         agrees(
             &email_pattern(),
-            |s| crate::checkout::OrderRequest::check_contact(Some(s), None).is_ok(),
+            |s| crate::checkout::OrderRequest::check_contact(Some(s), None, None).is_ok(),
             &[
                 "ada@example.com",
                 " ada@example.com ",
@@ -303,7 +336,7 @@ pub(crate) mod tests {
         );
         agrees(
             &email_pattern(),
-            |s| crate::checkout::OrderRequest::check_contact(Some(s), None).is_ok(),
+            |s| crate::checkout::OrderRequest::check_contact(Some(s), None, None).is_ok(),
             TEXTS,
         );
     }
@@ -337,7 +370,64 @@ pub(crate) mod tests {
         );
         agrees(
             &plain_line(0, 200),
-            |s| crate::checkout::OrderRequest::check_contact(None, Some(s)).is_ok(),
+            |s| crate::checkout::OrderRequest::check_contact(None, Some(s), None).is_ok(),
+            &samples,
+        );
+    }
+
+    #[test]
+    fn the_address_patterns_are_the_address_rules() {
+        use crate::address::AddressInput;
+        let long = |n| "x".repeat(n);
+        let mut samples: Vec<String> = TEXTS.iter().map(|s| s.to_string()).collect();
+        for n in [1, 2, 19, 20, 21, 99, 100, 101, 199, 200, 201] {
+            samples.push(long(n));
+            samples.push(format!("  {}\t", long(n)));
+        }
+        samples.extend(["DE", "de", " GB ", "XX", "GBR", ""].map(String::from));
+        let samples: Vec<&str> = samples.iter().map(String::as_str).collect();
+        let valid = || AddressInput {
+            name: Some("Ada".into()),
+            line1: Some("1 Road".into()),
+            line2: None,
+            city: Some("Town".into()),
+            postal_code: None,
+            country: Some("GB".into()),
+        };
+        let with = |change: fn(&mut AddressInput, String), s: &str| {
+            let mut a = valid();
+            change(&mut a, s.to_string());
+            a.parse().is_ok()
+        };
+        agrees(
+            &plain_line(1, 200),
+            |s| with(|a, s| a.name = Some(s), s),
+            &samples,
+        );
+        agrees(
+            &plain_line(1, 200),
+            |s| with(|a, s| a.line1 = Some(s), s),
+            &samples,
+        );
+        agrees(
+            &plain_line(0, 200),
+            |s| with(|a, s| a.line2 = Some(s), s),
+            &samples,
+        );
+        agrees(
+            &plain_line(1, 100),
+            |s| with(|a, s| a.city = Some(s), s),
+            &samples,
+        );
+        agrees(
+            &plain_line(0, 20),
+            |s| with(|a, s| a.postal_code = Some(s), s),
+            &samples,
+        );
+        let countries = crate::address::countries::COUNTRIES.iter().map(|(c, _)| *c);
+        agrees(
+            &one_of(countries, false),
+            |s| with(|a, s| a.country = Some(s), s),
             &samples,
         );
     }

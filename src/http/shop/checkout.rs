@@ -11,6 +11,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::cart::{Cart, cart_conflict, max_quantity};
+use crate::address::AddressInput;
 use crate::checkout::{self, OrderError, OrderRequest, Outcome, Shopper, Want};
 use crate::error::AppError;
 use crate::holds::{self, Hold, HoldError};
@@ -64,7 +65,8 @@ pub async fn post_checkout(
     let shopper = Shopper::default()
         .browser(&form.csrf)
         .address(crate::http::client_addr(&req, &state.settings));
-    let request = OrderRequest::new(lines, None, None, max_quantity(&state))?.placed_by(shopper);
+    let request =
+        OrderRequest::new(lines, None, None, None, max_quantity(&state))?.placed_by(shopper);
     // A product in a drop: only with this browser's pass (without one, to its queue), or
     // when this form's key already has a record (a second press is answered from it).
     let skus = request.skus();
@@ -127,10 +129,13 @@ struct CheckoutPage {
     hold: Hold,
     name: String,
     email: String,
+    /// Where to ship, as typed (the name above is the recipient's).
+    ship: ShipFields,
     /// What went wrong with the checkout as a whole, shown above it.
     error: Option<String>,
     shortages: Vec<Shortage>,
-    /// A field the shopper must correct (`name` or `email`) and why, shown beside it.
+    /// A field the shopper must correct (`name`, `email`, or an address field: `line1`,
+    /// `line2`, `city`, `postal_code`, `country`) and why, shown beside it.
     wrong: Option<(&'static str, String)>,
     /// The card form, when the shop takes payments.
     payment: Option<CardForm>,
@@ -175,6 +180,40 @@ fn checkout_page(
     Ok(res)
 }
 
+/// The address fields of the checkout form, as typed.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ShipFields {
+    #[serde(default)]
+    line1: String,
+    #[serde(default)]
+    line2: String,
+    #[serde(default)]
+    city: String,
+    #[serde(default)]
+    postal_code: String,
+    #[serde(default)]
+    country: String,
+}
+
+impl ShipFields {
+    /// The address to `name`, as typed.
+    fn input(&self, name: &str) -> AddressInput {
+        AddressInput {
+            name: Some(name.to_string()),
+            line1: Some(self.line1.clone()),
+            line2: Some(self.line2.clone()),
+            city: Some(self.city.clone()),
+            postal_code: Some(self.postal_code.clone()),
+            country: Some(self.country.clone()),
+        }
+    }
+
+    /// Every country, to choose from.
+    fn countries(&self) -> &'static [(&'static str, &'static str)] {
+        &crate::address::countries::COUNTRIES
+    }
+}
+
 impl CheckoutPage {
     /// Why `field` was refused, if it was.
     fn wrong(&self, field: &str) -> Option<&str> {
@@ -216,6 +255,7 @@ pub async fn get_checkout_hold(
         chrome: Chrome::new(&req),
         name: hold.customer_name.clone().unwrap_or_default(),
         email: hold.email.clone().unwrap_or_default(),
+        ship: ShipFields::default(),
         hold,
         error: None,
         shortages: Vec::new(),
@@ -233,6 +273,8 @@ pub struct ConfirmForm {
     name: String,
     #[serde(default)]
     email: String,
+    #[serde(flatten)]
+    ship: ShipFields,
 }
 
 /// Places the order: the hold becomes an order once, however often this is sent.
@@ -280,20 +322,28 @@ pub async fn post_checkout_confirm(
         }
         Err(crate::drops::registry::RequireError::Database(e)) => return Err(e.into()),
     }
-    let contact = match OrderRequest::check_contact(Some(&form.email), Some(&form.name)) {
-        Ok(contact) => contact,
-        Err(e) => {
-            let field = match OrderRequest::check_contact(Some(&form.email), None) {
-                Err(_) => "email",
-                Ok(_) => "name",
-            };
-            return wrong(field, &crate::error::sentence(&e.0)).await;
-        }
-    };
+    if let Err(e) = OrderRequest::check_contact(Some(&form.email), Some(&form.name), None) {
+        let field = match OrderRequest::check_contact(Some(&form.email), None, None) {
+            Err(_) => "email",
+            Ok(_) => "name",
+        };
+        return wrong(field, &crate::error::sentence(&e.0)).await;
+    }
+    let address = form.ship.input(&form.name);
+    if let Err(e) = address.parse() {
+        let why = match e.message.as_str() {
+            "is required" if e.field == "country" => "Please choose the country to ship to.".into(),
+            "is required" => format!("Please fill in {}.", ship_label(e.field)),
+            _ => crate::error::sentence(&format!("{} {}", ship_label(e.field), e.message)),
+        };
+        return wrong(e.field, &why).await;
+    }
+    // Each part was checked above, so this refuses nothing.
+    let contact = OrderRequest::check_contact(Some(&form.email), Some(&form.name), Some(&address))?;
     let answer_by = answer_by(&req, state.settings.request_budget);
     let shared = state.clone().into_inner();
     let confirmed = detached(state.confirm_limit(), async move {
-        (shared.confirm_hold(id, None, contact.name(), contact.email(), answer_by)).await
+        (shared.confirm_hold(id, None, contact.contact(), answer_by)).await
     })
     .await?;
     match confirmed {
@@ -364,6 +414,18 @@ pub async fn post_checkout_pay(
     })))
 }
 
+/// How the checkout form labels address field `field`, for its messages.
+fn ship_label(field: &str) -> &'static str {
+    match field {
+        "name" => "your name",
+        "line1" => "the street and number",
+        "line2" => "the second address line",
+        "city" => "the town or city",
+        "postal_code" => "the postal code",
+        _ => "the country",
+    }
+}
+
 /// Why a checkout was shown again.
 enum Problem {
     /// The order could not be placed: why, and the products short.
@@ -390,6 +452,7 @@ async fn checkout_again(
         hold: find_hold(state, id).await?,
         name: form.name.clone(),
         email: form.email.clone(),
+        ship: form.ship.clone(),
         error,
         shortages,
         wrong,

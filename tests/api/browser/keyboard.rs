@@ -164,7 +164,8 @@ async fn a_shopper_checks_out_with_the_keyboard_alone() {
     tab_to(&b, "#checkout").await;
     press(&b, &[Key::Enter.into()]).await;
 
-    // Checkout: a name, an email the server refuses, and Enter.
+    // Checkout: a name, an email the server refuses, an address, and Enter on "Place
+    // order".
     b.wait().for_element(Locator::Id("name")).await.unwrap();
     assert!(
         text_of(&b, "table.lines").await.contains("350\u{a0}ml"),
@@ -175,6 +176,17 @@ async fn a_shopper_checks_out_with_the_keyboard_alone() {
     type_text(&b, "Ada").await;
     tab_to(&b, "#email").await;
     type_text(&b, "ada@localhost").await;
+    // The shipping address, field by field; the country chosen by typing its name.
+    tab_to(&b, "#line1").await;
+    type_text(&b, "12 St James's Square").await;
+    tab_to(&b, "#line2").await;
+    tab_to(&b, "#postal_code").await;
+    type_text(&b, "SW1Y 4JH").await;
+    tab_to(&b, "#city").await;
+    type_text(&b, "London").await;
+    tab_to(&b, "#country").await;
+    type_text(&b, "United Kingdom").await;
+    tab_to(&b, "#place-order").await;
     press(&b, &[Key::Enter.into()]).await;
 
     // Refused: the focus is back on the email field, which is marked invalid and
@@ -207,6 +219,10 @@ async fn a_shopper_checks_out_with_the_keyboard_alone() {
     press(&b, &[Key::End.into()]).await;
     press(&b, &vec![Key::Backspace.into(); "localhost".len()]).await;
     type_text(&b, "example.com").await;
+    // The address came back as typed.
+    for field in ["#line1", "#line2", "#postal_code", "#city", "#country"] {
+        tab_to(&b, field).await;
+    }
     tab_to(&b, "#place-order").await;
     press(&b, &[Key::Space.into()]).await;
 

@@ -42,6 +42,7 @@ async fn to_checkout(shop: &PayingShop, b: &Client) {
         .send_keys("grace@example.com")
         .await
         .unwrap();
+    super::fill_address(b).await;
 }
 
 /// Types a card into the card form (localstripe's stand-in draws plain fields).

@@ -118,6 +118,7 @@ async fn a_shopper_checks_out_double_clicks_goes_back_and_resubmits_yet_orders_o
         .send_keys("grace@example.com")
         .await
         .unwrap();
+    super::fill_address(&b).await;
     save_screenshot(&b, "checkout.png").await;
 
     // Double click: two clicks as fast as the page allows.
@@ -298,6 +299,7 @@ async fn a_hold_counts_down_reserves_the_last_unit_and_releases_it() {
         .send_keys("lin@example.com")
         .await
         .unwrap();
+    super::fill_address(&second).await;
     second
         .find(Locator::Id("place-order"))
         .await

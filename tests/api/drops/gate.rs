@@ -472,7 +472,7 @@ async fn an_expired_checkout_from_before_a_drop_is_sent_to_the_queue_not_ordered
         None,
     )
     .await;
-    let details = crate::shop::form(&[("name", "Ada"), ("email", "ada@example.com")]);
+    let details = crate::shop::ada_details();
     let (status, location) = post_form(&app, &format!("/checkout/{hold}/confirm"), &details).await;
     assert_eq!(status, 303, "{location}");
     assert!(

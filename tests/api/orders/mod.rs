@@ -4,6 +4,7 @@
 //! [`sold_out`], idempotency keys in [`keys`], and leases, their fencing and Redis going
 //! away in [`leases`].
 
+mod address;
 mod keys;
 mod leases;
 mod numbers;
@@ -154,6 +155,7 @@ async fn a_batch_gives_each_request_its_own_answer() {
         vec![(Sku::parse("BATCH-1").unwrap(), 1)],
         None,
         None,
+        None,
         10,
     )
     .unwrap()
@@ -243,6 +245,7 @@ async fn a_batch_whose_key_is_recorded_elsewhere_meanwhile_starts_again_without_
     app.add_product("RACE-1", "Raced", 1_000, 10).await;
     let fingerprint = stockade::checkout::OrderRequest::new(
         vec![(Sku::parse("RACE-1").unwrap(), 1)],
+        None,
         None,
         None,
         10,
