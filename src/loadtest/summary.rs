@@ -22,7 +22,7 @@ pub struct Slice {
 }
 
 /// Everything a run produced.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct RunResult {
     pub wall_seconds: f64,
     pub requests: u64,
@@ -37,6 +37,9 @@ pub struct RunResult {
     pub stock: Vec<(f64, i64)>,
     pub offered_rate: Option<f64>,
     pub achieved_rate: f64,
+    /// Buyers (or shoppers) who started.
+    #[serde(default)]
+    pub buyers: u64,
     #[serde(skip)]
     pub log: Vec<LogEntry>,
 }
@@ -143,6 +146,7 @@ pub(super) fn summarise(plan: &Plan, ran: Ran) -> RunResult {
         stock,
         offered_rate: plan.rate,
         achieved_rate: buyers_started as f64 / dispatch.as_secs_f64().max(1e-9),
+        buyers: buyers_started,
         log,
     }
 }
