@@ -490,3 +490,64 @@ async fn the_email_given_at_confirmation_is_counted_and_recorded() {
     assert_eq!(again.status().as_u16(), 409, "Frank has one of his two");
     app.assert_invariants().await;
 }
+
+#[tokio::test]
+async fn the_cart_holds_no_more_than_a_products_limit_and_says_so_at_the_line() {
+    let app = app_with_a_drop(OrderStrategy::Batched).await;
+    let browser = client();
+    let base = &app.address;
+    let html = browser
+        .get(format!("{base}/products/DROP-1"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let csrf = hidden(&html, "csrf");
+    let post = |path: &str, quantity: &str| {
+        browser
+            .post(format!("{base}{path}"))
+            .form(&[
+                ("csrf", csrf.as_str()),
+                ("sku", "DROP-1"),
+                ("quantity", quantity),
+            ])
+            .send()
+    };
+    // Two asked, one kept: the limit is 1 per customer.
+    assert_eq!(post("/cart/add", "2").await.unwrap().status().as_u16(), 303);
+    let cart = |browser: &reqwest::Client| browser.get(format!("{base}/cart")).send();
+    let page = cart(&browser).await.unwrap().text().await.unwrap();
+    assert!(
+        page.contains("Limit 1 per customer: that is the most you can buy."),
+        "{page}"
+    );
+    assert_eq!(hidden(&page, "lines"), "DROP-1~1");
+    // Adding again, or raising the line, keeps it at the limit.
+    post("/cart/add", "1").await.unwrap();
+    post("/cart/update", "3").await.unwrap();
+    let page = cart(&browser).await.unwrap().text().await.unwrap();
+    assert_eq!(hidden(&page, "lines"), "DROP-1~1");
+    // A limit lowered below what a cart holds: the line says what to do.
+    stockade::catalog::db::set_purchase_limit(
+        &app.db,
+        &stockade::catalog::Sku::parse("DROP-1").unwrap(),
+        Some(3),
+    )
+    .await
+    .unwrap();
+    post("/cart/update", "3").await.unwrap();
+    stockade::catalog::db::set_purchase_limit(
+        &app.db,
+        &stockade::catalog::Sku::parse("DROP-1").unwrap(),
+        Some(2),
+    )
+    .await
+    .unwrap();
+    let page = cart(&browser).await.unwrap().text().await.unwrap();
+    assert!(
+        page.contains("Limit 2 per customer — please lower the quantity to 2."),
+        "{page}"
+    );
+}

@@ -122,7 +122,9 @@ pub async fn post_cart_add(
             "A cart holds at most {MAX_LINES} different products."
         )));
     }
-    cart.set(sku, total.get());
+    // No more than its purchase limit in one cart: the line then says so.
+    let limit = limit_of(&state, &sku).await?;
+    cart.set(sku, limit.map_or(total.get(), |l| total.get().min(l)));
     Ok(HttpResponse::SeeOther()
         .insert_header((header::LOCATION, "/cart"))
         .cookie(cart.cookie(&req))
@@ -142,7 +144,8 @@ pub async fn post_cart_update(
         "0" => 0,
         raw => form_quantity(raw, max_quantity(&state))?.get(),
     };
-    cart.set(sku, quantity);
+    let limit = limit_of(&state, &sku).await?;
+    cart.set(sku, limit.map_or(quantity, |l| quantity.min(l)));
     Ok(HttpResponse::SeeOther()
         .insert_header((header::LOCATION, "/cart"))
         .cookie(cart.cookie(&req))
@@ -162,6 +165,12 @@ fn form_quantity(raw: &str, max: i32) -> Result<Quantity, AppError> {
     Ok(Quantity::new(n, max)?)
 }
 
+/// The purchase limit of product `sku`, if it has one.
+async fn limit_of(state: &AppState, sku: &Sku) -> Result<Option<i32>, AppError> {
+    let products = orders::db::products_for(&state.db, std::slice::from_ref(sku)).await?;
+    Ok(products.first().and_then(|p| p.purchase_limit))
+}
+
 async fn parse_known_sku(state: &AppState, raw: &str) -> Result<Sku, AppError> {
     let sku = Sku::parse(raw).map_err(|e| AppError::Unprocessable(e.to_string()))?;
     crate::catalog::db::find_product(&state.db, &sku)
@@ -177,9 +186,22 @@ pub struct CartLine {
     pub quantity: i32,
     pub price_cents: i64,
     pub available: i32,
+    /// At most this many per customer.
+    pub limit: Option<i32>,
 }
 
 impl CartLine {
+    /// The line holds as many as one customer may buy (or more, when the limit was lowered
+    /// since): the message at the line.
+    pub fn at_limit(&self) -> Option<i32> {
+        self.limit.filter(|l| self.quantity >= *l)
+    }
+
+    /// More than one customer may buy: checkout would refuse it.
+    pub fn over_limit(&self) -> bool {
+        self.limit.is_some_and(|l| self.quantity > l)
+    }
+
     /// The name as shown: numbers and their units kept on one line.
     pub fn display_name(&self) -> String {
         crate::text::keep_units_together(&self.name)
@@ -213,6 +235,7 @@ async fn cart_lines(state: &AppState, cart: &Cart) -> Result<Vec<CartLine>, AppE
                 quantity: *quantity,
                 price_cents: p.price_cents,
                 available: p.available.max(0),
+                limit: p.purchase_limit,
             })
         })
         .collect())
