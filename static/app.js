@@ -59,6 +59,34 @@ document.addEventListener("DOMContentLoaded", () => {
   tick();
 });
 
+// A drop's countdown on its product page: "On sale at 18:00 UTC · in 1:02:03". The time
+// is in the page; the figure left beside it is for sighted shoppers only (a screen reader
+// reads the time, not a number changing every second). At the opening the page loads
+// again, with the queue or the cart as it then stands.
+document.addEventListener("DOMContentLoaded", () => {
+  const countdown = document.getElementById("drop-countdown");
+  if (!countdown) return;
+  const opens = Date.now() + Number(countdown.dataset.seconds) * 1000;
+  const shown = document.getElementById("drop-countdown-left");
+  const left = shown.querySelector(".left");
+  const two = (n) => String(n).padStart(2, "0");
+  const tick = () => {
+    const s = Math.max(0, Math.round((opens - Date.now()) / 1000));
+    const days = Math.floor(s / 86400);
+    const [h, m, sec] = [Math.floor((s % 86400) / 3600), Math.floor((s % 3600) / 60), s % 60];
+    left.textContent = days > 0
+      ? `${days} day${days === 1 ? "" : "s"} ${h}:${two(m)}:${two(sec)}`
+      : `${h}:${two(m)}:${two(sec)}`;
+    shown.hidden = false;
+    if (s === 0) {
+      clearInterval(timer);
+      location.reload();
+    }
+  };
+  const timer = setInterval(tick, 1000);
+  tick();
+});
+
 // Parts of a page that keep themselves current (a drop's queue, the admin's live view of
 // a drop): an element with an id and `data-refresh="N"` is fetched again every N seconds
 // (the server's figure, which each fetch may change; 0 stops) and its content swapped in

@@ -13,7 +13,7 @@
 //! 3. `cart`: `GET /cart` → 200, the "Checkout" form;
 //! 4. `checkout`: `POST /checkout` → 303 to `/checkout/{hold}`: a hold of one unit;
 //! 5. `checkout-page`: `GET /checkout/{hold}` → 200, the "Place order" form;
-//! 6. `place-order`: `POST /checkout/{hold}/confirm`, a name and an email → 303 to
+//! 6. `place-order`: `POST /checkout/{hold}/confirm`, a name, an email and an address → 303 to
 //!    `/orders/{id}`: the checkout is complete.
 //!
 //! A step answered with anything else ends its checkout, which counts with that status (1:
@@ -310,6 +310,10 @@ impl Shopper {
             ("csrf", &hidden(&page.body, "csrf")?),
             ("name", "Bench Shopper"),
             ("email", &email),
+            ("line1", "1 Bench Street"),
+            ("city", "Benchford"),
+            ("postal_code", "BE1 1NC"),
+            ("country", "GB"),
         ]);
         let placed = self
             .step(shopped, live, 5, None, self.post(&confirm, details))

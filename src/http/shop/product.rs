@@ -26,6 +26,11 @@ impl ProductPage {
     fn may_add(&self) -> bool {
         self.drop.as_ref().is_none_or(|d| d.may_buy())
     }
+
+    /// The product's drop has not opened yet: nothing is on sale, so no stock is shown.
+    fn before_opening(&self) -> bool {
+        self.drop.as_ref().is_some_and(|d| d.seconds_to_opening > 0)
+    }
 }
 
 #[tracing::instrument(skip_all, fields(sku = req.match_info().get("sku").unwrap_or_default()))]

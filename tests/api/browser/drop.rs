@@ -76,6 +76,17 @@ async fn a_shopper_queues_sees_the_place_move_and_is_let_in_to_buy_at_phone_and_
         b.goto(&app.url("/products/DROP-KEYS")).await.unwrap();
         let text = body_text(b).await;
         assert!(text.contains("On sale at"), "{width}: {text}");
+        // Nothing is on sale yet: no stock figure, and the time left counts down.
+        assert!(!text.contains("available"), "{width}: {text}");
+        assert!(text.contains("Coming soon"), "{width}: {text}");
+        let left = b
+            .find(Locator::Css("#drop-countdown-left .left"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(left.starts_with("0:00:"), "{width}: {left}");
         // (One selector for either outcome: finding waits for an element to appear.)
         let shown = b
             .find(Locator::Css("#add-to-cart, #join-queue"))
