@@ -740,3 +740,58 @@ async fn storefront_forms_refuse_a_missing_wrong_or_foreign_csrf_token() {
         .unwrap();
     assert_eq!(res.status().as_u16(), 303);
 }
+
+#[tokio::test]
+async fn an_expired_checkout_short_of_stock_says_so_once_and_offers_no_order_button() {
+    let app = spawn_app().await;
+    app.add_product("EXP-1", "Enamel mug 350 ml", 1_200, 2)
+        .await;
+    assert_eq!(add_to_cart(&app, "EXP-1", "2").await.status().as_u16(), 303);
+    let (_, cart) = app.get_text("/cart").await;
+    let start = form(&[
+        ("key", &hidden(&cart, "key")),
+        ("lines", &hidden(&cart, "lines")),
+    ]);
+    let (status, hold_page) = post_form(&app, "/checkout", &start).await;
+    assert_eq!(status, 303, "{hold_page}");
+    // The hold runs out, and one of its two units is sold to someone else meanwhile.
+    sqlx::query("update holds set expires_at = now() - interval '1 second'")
+        .execute(&app.db)
+        .await
+        .unwrap();
+    app.sweep_holds().await;
+    assert_eq!(
+        app.post_order("other", &[("EXP-1", 1)])
+            .await
+            .status()
+            .as_u16(),
+        201
+    );
+    let (status, _) = post_form(&app, &format!("{hold_page}/confirm"), &ada_details()).await;
+    assert_eq!(status, 409);
+    let res = app
+        .client
+        .post(app.url(&format!("{hold_page}/confirm")))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!(
+            "{}&{}",
+            ada_details(),
+            form(&[("csrf", &app.csrf().await)])
+        ))
+        .send()
+        .await
+        .unwrap();
+    let page = res.text().await.unwrap();
+    // One account of what happened, naming the product by its name, and no button to
+    // place an order the stock cannot fill: the way on is the cart.
+    assert!(page.contains("no longer enough stock"), "{page}");
+    assert!(!page.contains("You can still place the order"), "{page}");
+    assert!(!page.contains("sold out"), "{page}");
+    assert!(page.contains("Enamel mug"), "{page}");
+    assert!(page.contains("you asked for 2, only 1 left"), "{page}");
+    assert!(!page.contains("<code>EXP-1</code>"), "{page}");
+    assert!(!page.contains("id=\"place-order\""), "{page}");
+    assert!(page.contains("href=\"/cart\""), "{page}");
+    assert_eq!(app.count("select count(*) from orders").await, 1);
+    app.assert_invariants().await;
+}

@@ -264,6 +264,16 @@ struct CartPage {
     shortages: Vec<Shortage>,
 }
 
+impl CartPage {
+    /// A product of this cart by its name (its SKU, if the cart does not have it).
+    fn name_of(&self, sku: &str) -> String {
+        self.lines
+            .iter()
+            .find(|l| l.sku == sku)
+            .map_or_else(|| sku.to_string(), CartLine::display_name)
+    }
+}
+
 async fn cart_page(
     req: &HttpRequest,
     state: &AppState,

@@ -215,6 +215,15 @@ impl ShipFields {
 }
 
 impl CheckoutPage {
+    /// A product of this checkout by its name (its SKU, if the hold does not have it).
+    fn name_of(&self, sku: &str) -> String {
+        self.hold
+            .lines
+            .iter()
+            .find(|l| l.sku.as_str() == sku)
+            .map_or_else(|| sku.to_string(), |l| l.display_name())
+    }
+
     /// Why `field` was refused, if it was.
     fn wrong(&self, field: &str) -> Option<&str> {
         self.wrong
@@ -353,7 +362,9 @@ pub async fn post_checkout_confirm(
             .finish()),
         Err(PayError::Hold(HoldError::Insufficient(shortages))) => {
             let mut message =
-                "Your reservation expired, and meanwhile these products sold out.".to_string();
+                "Your reservation expired, and there is no longer enough stock to place this \
+                 order."
+                    .to_string();
             if let Some(payments) = &state.payments {
                 message.push_str(payments.not_charged(id).await?);
             }
