@@ -172,8 +172,11 @@ struct RowView {
     errors: u64,
     pgbench: String,
     ratio: String,
-    /// The ratio as a bar width, 0–100.
+    /// The ratio as a bar width, 0–100, on the table's scale (its largest ratio, at least
+    /// 1×), so that 6.66× reads as six times 1×, not as a full 1×.
     bar: u32,
+    /// Where 1× is on that scale, 0–100.
+    one: u32,
     commits: String,
     statements: String,
     wal: String,
@@ -193,6 +196,11 @@ struct ReportPage<'a> {
 
 /// The HTML report.
 pub fn html(report: &BenchReport) -> anyhow::Result<String> {
+    let scale = report
+        .rows
+        .iter()
+        .filter_map(|r| r.ratio_to_pgbench)
+        .fold(1.0_f64, f64::max);
     let rows = report
         .rows
         .iter()
@@ -207,7 +215,8 @@ pub fn html(report: &BenchReport) -> anyhow::Result<String> {
             ratio: opt(r.ratio_to_pgbench, 2),
             bar: r
                 .ratio_to_pgbench
-                .map_or(0, |x| (x * 100.0).clamp(0.0, 100.0) as u32),
+                .map_or(0, |x| (x / scale * 100.0).clamp(0.0, 100.0) as u32),
+            one: (100.0 / scale).round() as u32,
             commits: opt(r.commits_per_request, 2),
             statements: opt(r.statements_per_request, 1),
             wal: opt(r.wal_per_request, 0),
