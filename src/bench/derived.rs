@@ -287,10 +287,7 @@ mod tests {
                 ),
             ]
         );
-        assert!(
-            lines[0].detail.ends_with("target ≥ 1.0×: met"),
-            "{lines:?}"
-        );
+        assert!(lines[0].detail.ends_with("target ≥ 1.0×: met"), "{lines:?}");
         assert!(
             lines[1].detail.ends_with("target ≤ 100 ms: met"),
             "{lines:?}"

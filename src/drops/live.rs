@@ -13,8 +13,13 @@ use crate::locking::Redis;
 pub struct Live {
     pub id: uuid::Uuid,
     pub sku: String,
-    /// `scheduled`, `paused`, `ended` or `sold_out`.
+    /// The product's name.
+    pub name: String,
+    /// `scheduled`, `paused`, `ended` or `sold_out`: as recorded.
     pub status: String,
+    /// Where it stands now, by the clock as well: `scheduled` (the queue not open yet),
+    /// `pre-queue` (joining, not yet selling), `open`, `paused`, `sold out` or `ended`.
+    pub phase: &'static str,
     pub opens_at: chrono::DateTime<Utc>,
     pub queue_opens_at: chrono::DateTime<Utc>,
     /// `fifo` or `lottery`.
@@ -49,10 +54,26 @@ pub async fn live(db: &PgPool, redis: &Redis, drop: &Drop) -> sqlx::Result<Live>
     let since_opening = (Utc::now() - drop.opens_at).num_milliseconds() as f64 / 1000.0;
     let eta = (since_opening > 0.0 && sales.sold > 0 && sales.left > 0)
         .then(|| (sales.left as f64 / (sales.sold as f64 / since_opening)).ceil() as u64);
+    let name = sqlx::query_scalar!("select name from products where sku = $1", drop.sku)
+        .fetch_optional(db)
+        .await?
+        .unwrap_or_else(|| drop.sku.clone());
+    let now = Utc::now();
+    let phase = match drop.status {
+        Status::Paused => "paused",
+        Status::Ended => "ended",
+        Status::SoldOut => "sold out",
+        Status::Scheduled if sales.left <= 0 && now >= drop.opens_at => "sold out",
+        Status::Scheduled if now >= drop.opens_at => "open",
+        Status::Scheduled if now >= drop.prequeue_at() => "pre-queue",
+        Status::Scheduled => "scheduled",
+    };
     Ok(Live {
         id: drop.id,
         sku: drop.sku.clone(),
+        name,
         status: drop.status.as_str().into(),
+        phase,
         opens_at: drop.opens_at,
         queue_opens_at: drop.prequeue_at(),
         queueing: drop.queueing.as_str().into(),

@@ -78,6 +78,10 @@ async fn an_admin_schedules_a_drop_watches_it_live_and_each_button_applies_once(
         .await
         .unwrap();
     assert!(page.contains("id=\"drop-waiting\">2<"), "{page}");
+    // Its product by name, and where it stands by the clock: the queue open, not selling.
+    assert!(page.contains("<h1>Drop of Drop M"), "{page}");
+    assert!(page.contains("id=\"drop-status\">pre-queue<"), "{page}");
+    assert_eq!(live["phase"], "pre-queue", "{live}");
     assert_eq!(
         page.matches("http-equiv=\"refresh\"").count(),
         page.matches("<noscript><meta http-equiv=\"refresh\"")
