@@ -184,6 +184,33 @@ async fn a_shopper_queues_sees_the_place_move_and_is_let_in_to_buy_at_phone_and_
         );
     }
     save_screenshot(&desktop, "drop-cart-desktop.png").await;
+
+    // The admin's view of the drop while it sells: open, by the clock, under its name.
+    app.create_admin().await;
+    desktop
+        .goto(&app.url(&format!("/admin/drops/{}", drop.id)))
+        .await
+        .unwrap();
+    super::log_in(&desktop).await;
+    desktop
+        .wait()
+        .for_element(Locator::Id("drop-status"))
+        .await
+        .unwrap();
+    let status = desktop
+        .find(Locator::Id("drop-status"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(status, "open");
+    assert!(
+        body_text(&desktop)
+            .await
+            .contains("Drop of Numbered Keycap Set")
+    );
+    save_screenshot(&desktop, "admin-drop-open.png").await;
     phone.close().await.unwrap();
     desktop.close().await.unwrap();
 }

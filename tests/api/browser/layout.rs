@@ -65,6 +65,7 @@ async fn every_page_fits_a_phone_and_a_desktop() {
         "/admin/products/KB-ALPINE-75".into(),
         "/admin/products/KB-ALPINE-75/ledger".into(),
         "/admin/orders".into(),
+        "/admin/orders?q=braid".into(),
         format!("/admin/orders/{order}"),
         "/admin/holds".into(),
         "/admin/api-clients".into(),
@@ -87,6 +88,7 @@ async fn every_page_fits_a_phone_and_a_desktop() {
                 "/products/CB-BRAID-2M" => Some("product"),
                 "/cart" => Some("cart"),
                 "/admin" => Some("dashboard"),
+                "/admin/orders?q=braid" => Some("admin-order-search"),
                 checkout if checkout.starts_with("/checkout/") => Some("checkout"),
                 _ => None,
             };
