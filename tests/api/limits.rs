@@ -18,14 +18,19 @@ async fn app_with_a_drop(strategy: OrderStrategy) -> TestApp {
     })
     .await;
     app.add_product("DROP-1", "Numbered Drop", 9_900, 40).await;
+    set_limit(&app, 1).await;
+    app
+}
+
+/// DROP-1 sells at most `limit` per customer.
+async fn set_limit(app: &TestApp, limit: i32) {
     stockade::catalog::db::set_purchase_limit(
         &app.db,
         &stockade::catalog::Sku::parse("DROP-1").unwrap(),
-        Some(1),
+        Some(limit),
     )
     .await
     .unwrap();
-    app
 }
 
 /// One fresh browser (`browser`, a client with a new cookie jar) from `address` at `base`:
@@ -448,13 +453,7 @@ async fn confirming_expired_holds_cannot_buy_past_the_purchase_limit() {
 #[tokio::test]
 async fn the_email_given_at_confirmation_is_counted_and_recorded() {
     let app = app_with_a_drop(OrderStrategy::RedisLock).await;
-    stockade::catalog::db::set_purchase_limit(
-        &app.db,
-        &stockade::catalog::Sku::parse("DROP-1").unwrap(),
-        Some(2),
-    )
-    .await
-    .unwrap();
+    set_limit(&app, 2).await;
     // Dave orders his two units by the API.
     let body = serde_json::json!({
         "lines": [{"sku": "DROP-1", "quantity": 2}], "email": "dave@example.com"
@@ -530,13 +529,7 @@ async fn the_cart_holds_no_more_than_a_products_limit_and_says_so_at_the_line() 
     let page = cart(&browser).await.unwrap().text().await.unwrap();
     assert_eq!(hidden(&page, "lines"), "DROP-1~1");
     // A limit lowered below what a cart holds: the line says what to do.
-    stockade::catalog::db::set_purchase_limit(
-        &app.db,
-        &stockade::catalog::Sku::parse("DROP-1").unwrap(),
-        Some(3),
-    )
-    .await
-    .unwrap();
+    set_limit(&app, 3).await;
     post("/cart/update", "3").await.unwrap();
     stockade::catalog::db::set_purchase_limit(
         &app.db,

@@ -3,21 +3,28 @@
 
 use super::{PayingShop, paying_shop};
 
+/// The load test's arguments against `shop`, paying through its localstripe, then `more`.
+fn paying(shop: &PayingShop, more: &[&str]) -> stockade::loadtest::LoadtestArgs {
+    let url = shop.stripe.url();
+    let mut all = vec![
+        "--payments",
+        "--stripe-api-base",
+        &url,
+        "--stripe-secret-key",
+        "sk_test_stockade",
+        "--publishable-key",
+        "pk_test_stockade",
+    ];
+    all.extend(more);
+    crate::loadtest::args(&shop.app, std::slice::from_ref(&shop.app.address), &all)
+}
+
 #[tokio::test]
 async fn a_paying_flash_sale_charges_each_order_once_and_nothing_else() {
     let shop: PayingShop = paying_shop().await;
-    let url = shop.stripe.url();
-    let args = crate::loadtest::args(
-        &shop.app,
-        std::slice::from_ref(&shop.app.address),
+    let args = paying(
+        &shop,
         &[
-            "--payments",
-            "--stripe-api-base",
-            &url,
-            "--stripe-secret-key",
-            "sk_test_stockade",
-            "--publishable-key",
-            "pk_test_stockade",
             "--declined-share",
             "0.2",
             "--3ds-share",
@@ -52,22 +59,13 @@ async fn a_paying_flash_sale_charges_each_order_once_and_nothing_else() {
 async fn a_paying_drop_charges_each_admitted_shopper_once_and_refuses_every_misuse() {
     // Every shopper comes from 127.0.0.1: no cap on places per address.
     let shop: PayingShop = super::paying_shop_with(|s| s.drop_places_per_address = 0).await;
-    let url = shop.stripe.url();
-    let args = crate::loadtest::args(
-        &shop.app,
-        std::slice::from_ref(&shop.app.address),
+    let args = paying(
+        &shop,
         &[
             "--scenario",
             "drop",
             "--queueing",
             "fifo",
-            "--payments",
-            "--stripe-api-base",
-            &url,
-            "--stripe-secret-key",
-            "sk_test_stockade",
-            "--publishable-key",
-            "pk_test_stockade",
             "--stock",
             "20",
             "--prequeue-seconds",
