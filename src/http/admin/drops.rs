@@ -104,6 +104,29 @@ struct DropsPage {
     drops: Vec<drops::Drop>,
     key: String,
     notice: Option<String>,
+    /// The new-drop form as typed (a refused one comes back filled in).
+    form: DropFormText,
+    /// Why the form was refused, shown at the form.
+    error: Option<String>,
+}
+
+impl DropsPage {
+    async fn of(
+        req: &HttpRequest,
+        admin: &Admin,
+        state: &AppState,
+        form: DropFormText,
+        error: Option<String>,
+    ) -> Result<Self, AppError> {
+        Ok(Self {
+            chrome: page_chrome(req, admin),
+            drops: drops::db::recent(&state.db, 50).await?,
+            key: new_form_key(),
+            notice: None,
+            form,
+            error,
+        })
+    }
 }
 
 pub async fn get_drops(
@@ -112,12 +135,8 @@ pub async fn get_drops(
     state: web::Data<AppState>,
     query: web::Query<DoneQuery>,
 ) -> Result<HttpResponse, AppError> {
-    let page = DropsPage {
-        chrome: page_chrome(&req, &admin),
-        drops: drops::db::recent(&state.db, 50).await?,
-        key: new_form_key(),
-        notice: done_notice(&state, &admin, "/admin/drops", query.done.as_deref()).await?,
-    };
+    let mut page = DropsPage::of(&req, &admin, &state, DropFormText::default(), None).await?;
+    page.notice = done_notice(&state, &admin, "/admin/drops", query.done.as_deref()).await?;
     html(StatusCode::OK, &page)
 }
 
@@ -132,14 +151,18 @@ pub struct NewDropForm {
 }
 
 /// The form's fields as sent (empty fields are "not given").
-#[derive(Deserialize, serde::Serialize)]
+#[derive(Clone, Deserialize, serde::Serialize)]
 // Every field defaults to empty, so a form missing one is refused by the CSRF check or
 // by `form()` in words, not by the extractor.
 pub struct DropFormText {
     #[serde(default)]
     sku: String,
+    /// `+SECONDS` from now, or RFC 3339.
     #[serde(default)]
     opens_at: String,
+    /// The date-and-time field (`2026-12-24T18:00`, UTC), which wins when given.
+    #[serde(default)]
+    opens_at_local: String,
     #[serde(default)]
     prequeue_seconds: String,
     #[serde(default)]
@@ -168,8 +191,12 @@ impl DropFormText {
         };
         Ok(DropForm {
             sku: self.sku.clone(),
-            // A person's typing: spaces around the time are let go here, not in the API.
-            opens_at: self.opens_at.trim().to_string(),
+            // A person's typing: spaces around the time are let go here, not in the API;
+            // the date-and-time field's value is a time in UTC, written as RFC 3339.
+            opens_at: match self.opens_at_local.trim() {
+                "" => self.opens_at.trim().to_string(),
+                local => local_time(local)?,
+            },
             prequeue_seconds: number(&self.prequeue_seconds, "The pre-queue")?,
             queueing: self.queueing.clone(),
             admit_per_minute: number(&self.admit_per_minute, "Shoppers let in per minute")?
@@ -182,15 +209,70 @@ impl DropFormText {
     }
 }
 
-/// Schedules a drop from the form; applied once per form.
+impl Default for DropFormText {
+    /// The form as first shown: five minutes from now, a five-minute pre-queue, 120 a
+    /// minute for ten minutes each.
+    fn default() -> Self {
+        Self {
+            sku: String::new(),
+            opens_at: "+300".into(),
+            opens_at_local: String::new(),
+            prequeue_seconds: "300".into(),
+            queueing: "lottery".into(),
+            admit_per_minute: "120".into(),
+            max_active: String::new(),
+            session_seconds: "600".into(),
+        }
+    }
+}
+
+/// A `datetime-local` field's value (`2026-12-24T18:00`, seconds optional) as RFC 3339 in
+/// UTC, the shop's time.
+fn local_time(raw: &str) -> Result<String, AppError> {
+    ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S"]
+        .iter()
+        .find_map(|f| chrono::NaiveDateTime::parse_from_str(raw, f).ok())
+        .map(|t| {
+            t.and_utc()
+                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        })
+        .ok_or_else(|| {
+            AppError::Unprocessable(format!(
+                "{} is not a date and time like 2026-12-24T18:00.",
+                crate::text::quoted(raw)
+            ))
+        })
+}
+
+/// Schedules a drop from the form; applied once per form. A form refused for what it says
+/// comes back filled in, with the reason at the form.
 pub async fn post_drops(
+    req: HttpRequest,
     admin: Admin,
     state: web::Data<AppState>,
     form: web::Form<NewDropForm>,
 ) -> Result<HttpResponse, AppError> {
     csrf::check_admin(&admin, &form.csrf)?;
     let key = form_key(&form.key)?;
-    let new = form.drop.form()?.parse()?;
+    let new = match form.drop.form().and_then(|f| f.parse()) {
+        Ok(new) => new,
+        Err(AppError::Unprocessable(why)) => {
+            let page = DropsPage::of(&req, &admin, &state, form.drop.clone(), Some(why)).await?;
+            return html(StatusCode::UNPROCESSABLE_ENTITY, &page);
+        }
+        Err(e) => return Err(e),
+    };
+    // A mistyped SKU is the likeliest slip: said at the form, which keeps what was typed.
+    let sku =
+        crate::catalog::Sku::parse(&new.sku).map_err(|e| AppError::Unprocessable(e.to_string()))?;
+    if crate::catalog::db::find_product(&state.db, &sku)
+        .await?
+        .is_none()
+    {
+        let why = DropError::NoProduct(new.sku.clone()).to_string();
+        let page = DropsPage::of(&req, &admin, &state, form.drop.clone(), Some(why)).await?;
+        return html(StatusCode::UNPROCESSABLE_ENTITY, &page);
+    }
     let shared = state.clone().into_inner();
     apply_form_apart(
         &state,

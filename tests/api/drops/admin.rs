@@ -223,3 +223,58 @@ async fn the_drop_api_and_form_refuse_what_their_contract_refuses() {
         }
     }
 }
+
+#[tokio::test]
+async fn the_drop_form_takes_a_date_and_time_and_comes_back_filled_in_when_refused() {
+    let app = spawn_app().await;
+    app.add_product("DROP-F", "Drop F", 1000, 10).await;
+    app.login_admin().await;
+    let csrf = app.admin_csrf().await;
+    let post = |fields: Vec<(&'static str, String)>| {
+        let mut form = vec![
+            ("csrf", csrf.clone()),
+            ("key", Uuid::new_v4().to_string()),
+            ("queueing", "fifo".to_string()),
+            ("admit_per_minute", "60".to_string()),
+            ("prequeue_seconds", "120".to_string()),
+        ];
+        form.extend(fields);
+        app.client.post(app.url("/admin/drops")).form(&form).send()
+    };
+    // A mistyped SKU and a bad time: the form again, as typed, with the reason at it.
+    let res = post(vec![
+        ("sku", "DROP-G".into()),
+        ("opens_at", "+300+40".into()),
+    ])
+    .await
+    .unwrap();
+    assert_eq!(res.status().as_u16(), 422);
+    let page = res.text().await.unwrap();
+    assert!(page.contains("id=\"drop-form-error\""), "{page}");
+    assert!(page.contains("+300+40"), "the time as typed: {page}");
+    assert!(page.contains("value=\"DROP-G\""), "{page}");
+    assert!(page.contains("value=\"60\""), "{page}");
+    let res = post(vec![("sku", "DROP-G".into()), ("opens_at", "+300".into())])
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 422);
+    let page = res.text().await.unwrap();
+    assert!(page.contains("DROP-G"), "{page}");
+    assert!(page.contains("id=\"drop-form-error\""), "{page}");
+    assert_eq!(app.count("select count(*) from drops").await, 0);
+    // A date and time (the browser's datetime-local field), taken as UTC.
+    let res = post(vec![
+        ("sku", "DROP-F".into()),
+        ("opens_at", "+300".into()),
+        ("opens_at_local", "2030-12-24T18:00".into()),
+    ])
+    .await
+    .unwrap();
+    assert_eq!(res.status().as_u16(), 303);
+    let opens: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("select opens_at from drops where sku = 'DROP-F'")
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
+    assert_eq!(opens.to_rfc3339(), "2030-12-24T18:00:00+00:00");
+}
