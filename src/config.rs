@@ -344,6 +344,13 @@ environment {
         }
         Ok(v)
     };
+    /// The shop's time zone (an IANA name, e.g. Europe/Berlin): every time a person reads
+    /// is shown in it, with its abbreviation, and the drop form's date and time is in it.
+    time_zone: chrono_tz::Tz, "STOCKADE_TIME_ZONE" = "UTC", |var, v| {
+        v.trim().parse::<chrono_tz::Tz>().map_err(|_| {
+            malformed(var, v, "expected an IANA time zone name, e.g. Europe/Berlin or UTC")
+        })
+    };
     /// Starting to pay extends the hold once, to at least this long from then.
     payment_extension: Duration, "STOCKADE_PAYMENT_EXTENSION_SECONDS" = "900",
         |var, v| bounded(var, v, 1, 3_600).map(Duration::from_secs);

@@ -21,10 +21,12 @@ pub mod children;
 pub mod cli;
 /// API clients: their keys, rate-limit overrides, and what each may read.
 pub mod clients;
+/// Settings: defaults in code, then `STOCKADE_*` environment variables.
+/// The shop's time zone, in which people read times.
+pub mod clock;
 /// `stockade cluster`: HAProxy, app processes, PgBouncer, a PostgreSQL replica, Redis
 /// with Sentinel, all as child processes.
 pub mod cluster;
-/// Settings: defaults in code, then `STOCKADE_*` environment variables.
 pub mod config;
 
 #[cfg(test)]

@@ -40,6 +40,7 @@ impl Application {
     /// `settings.database_url` and `settings.redis_url` must be set; local mode fills them in.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
         crate::catalog::set_currency(&settings.currency);
+        crate::clock::set_zone(settings.time_zone);
         migrate(&settings).await?;
         let (main, theirs) = Leaders::split(&settings);
         let db = connect_database_with(&settings, main).await?;

@@ -272,3 +272,17 @@ fn holds_are_kept_at_least_as_long_as_their_keys() {
         "{err}"
     );
 }
+
+#[test]
+fn the_time_zone_is_an_iana_name() {
+    assert_eq!(Settings::default().time_zone, chrono_tz::UTC);
+    let s = Settings::from_vars(vars(&[("STOCKADE_TIME_ZONE", " Europe/Berlin ")])).unwrap();
+    assert_eq!(s.time_zone, chrono_tz::Europe::Berlin);
+    for bad in ["Mars/Olympus", "CET+1"] {
+        let err = Settings::from_vars(vars(&[("STOCKADE_TIME_ZONE", bad)])).unwrap_err();
+        assert!(
+            err.to_string().contains("an IANA time zone name"),
+            "{bad:?}: {err}"
+        );
+    }
+}

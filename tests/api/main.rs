@@ -34,3 +34,4 @@ mod retention;
 mod security;
 mod shop;
 mod webhooks;
+mod zone;

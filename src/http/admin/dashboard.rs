@@ -109,7 +109,7 @@ fn recent_order(o: OrderSummary) -> RecentOrder {
         status: o.status.to_string(),
         total: format_cents(o.total_cents),
         units: o.units,
-        at: o.created_at.format("%H:%M:%S").to_string(),
+        at: crate::clock::show(o.created_at, "%H:%M:%S"),
     }
 }
 

@@ -160,7 +160,8 @@ pub struct DropFormText {
     /// `+SECONDS` from now, or RFC 3339.
     #[serde(default)]
     opens_at: String,
-    /// The date-and-time field (`2026-12-24T18:00`, UTC), which wins when given.
+    /// The date-and-time field (`2026-12-24T18:00`, in the shop's zone), which wins when
+    /// given.
     #[serde(default)]
     opens_at_local: String,
     #[serde(default)]
@@ -226,22 +227,26 @@ impl Default for DropFormText {
     }
 }
 
-/// A `datetime-local` field's value (`2026-12-24T18:00`, seconds optional) as RFC 3339 in
-/// UTC, the shop's time.
+/// A `datetime-local` field's value (`2026-12-24T18:00`, seconds optional), a time in the
+/// shop's zone, as RFC 3339 in UTC.
 fn local_time(raw: &str) -> Result<String, AppError> {
-    ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S"]
+    let local = ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S"]
         .iter()
         .find_map(|f| chrono::NaiveDateTime::parse_from_str(raw, f).ok())
-        .map(|t| {
-            t.and_utc()
-                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-        })
         .ok_or_else(|| {
             AppError::Unprocessable(format!(
                 "{} is not a date and time like 2026-12-24T18:00.",
                 crate::text::quoted(raw)
             ))
-        })
+        })?;
+    let at = crate::clock::from_local(local).ok_or_else(|| {
+        AppError::Unprocessable(format!(
+            "{raw} happens twice or not at all in {} (the clocks change then): choose \
+             another time.",
+            crate::clock::zone()
+        ))
+    })?;
+    Ok(at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
 }
 
 /// Schedules a drop from the form; applied once per form. A form refused for what it says

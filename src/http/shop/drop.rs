@@ -53,18 +53,16 @@ impl DropBox {
     }
 
     pub fn opens(&self) -> String {
-        self.opens_at.format("%Y-%m-%d %H:%M:%S UTC").to_string()
+        crate::clock::date_time_seconds(self.opens_at)
     }
 
     pub fn queue_opens(&self) -> String {
-        self.queue_opens_at
-            .format("%Y-%m-%d %H:%M:%S UTC")
-            .to_string()
+        crate::clock::date_time_seconds(self.queue_opens_at)
     }
 
     pub fn pass_ends(&self) -> String {
         self.pass_until
-            .map(|t| t.format("%H:%M:%S UTC").to_string())
+            .map(crate::clock::time_seconds)
             .unwrap_or_default()
     }
 }
@@ -134,17 +132,14 @@ impl QueuePage {
     }
 
     fn opens(&self) -> String {
-        self.drop
-            .opens_at
-            .format("%Y-%m-%d %H:%M:%S UTC")
-            .to_string()
+        crate::clock::date_time_seconds(self.drop.opens_at)
     }
 
     fn pass_ends(&self) -> String {
         self.ticket
             .as_ref()
             .and_then(|t| t.pass_expires_at)
-            .map(|t| t.format("%H:%M:%S UTC").to_string())
+            .map(crate::clock::time_seconds)
             .unwrap_or_default()
     }
 }
