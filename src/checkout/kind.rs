@@ -61,9 +61,7 @@ impl Want {
         let customer_name = draft.request.name().map(str::to_string);
         let inserted = match self {
             Self::Order => {
-                let [number] = crate::orders::db::draw_numbers(tx, 1).await?[..] else {
-                    unreachable!("one number drawn");
-                };
+                let number = crate::orders::db::draw_number(tx).await?;
                 let order = Order {
                     id: draft.id,
                     number,

@@ -264,9 +264,7 @@ pub async fn confirm(
         return Err(HoldError::OverLimit(refusal));
     }
 
-    let [number] = crate::orders::db::draw_numbers(&mut tx, 1).await?[..] else {
-        unreachable!("one number drawn");
-    };
+    let number = crate::orders::db::draw_number(&mut tx).await?;
     let order = Order {
         id: order_id,
         number,

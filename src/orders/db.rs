@@ -186,6 +186,13 @@ pub async fn draw_numbers(conn: &mut PgConnection, n: usize) -> sqlx::Result<Vec
     .await
 }
 
+/// One order number, as [`draw_numbers`] draws them.
+pub async fn draw_number(conn: &mut PgConnection) -> sqlx::Result<i64> {
+    sqlx::query_scalar!(r#"select nextval('order_numbers') as "number!""#)
+        .fetch_one(conn)
+        .await
+}
+
 /// The order placed under an idempotency key, if any.
 #[tracing::instrument(skip_all)]
 pub async fn order_for_key(pool: &PgPool, scope: &str, key: &str) -> sqlx::Result<Option<Uuid>> {

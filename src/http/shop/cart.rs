@@ -106,7 +106,7 @@ pub async fn post_cart_add(
     form: web::Form<CartForm>,
 ) -> Result<HttpResponse, AppError> {
     csrf::check_storefront(&req, &form.csrf)?;
-    let sku = parse_known_sku(&state, &form.sku).await?;
+    let (sku, limit) = parse_known_sku(&state, &form.sku).await?;
     let mut cart = Cart::from_request(&req);
     let quantity = form_quantity(&form.quantity, max_quantity(&state))?;
     let total = cart.quantity_of(&sku) + quantity.get();
@@ -123,7 +123,6 @@ pub async fn post_cart_add(
         )));
     }
     // No more than its purchase limit in one cart: the line then says so.
-    let limit = limit_of(&state, &sku).await?;
     cart.set(sku, limit.map_or(total.get(), |l| total.get().min(l)));
     Ok(HttpResponse::SeeOther()
         .insert_header((header::LOCATION, "/cart"))
@@ -171,12 +170,13 @@ async fn limit_of(state: &AppState, sku: &Sku) -> Result<Option<i32>, AppError> 
     Ok(products.first().and_then(|p| p.purchase_limit))
 }
 
-async fn parse_known_sku(state: &AppState, raw: &str) -> Result<Sku, AppError> {
+/// The SKU of a product the shop has, and its purchase limit (read once, with the product).
+async fn parse_known_sku(state: &AppState, raw: &str) -> Result<(Sku, Option<i32>), AppError> {
     let sku = Sku::parse(raw).map_err(|e| AppError::Unprocessable(e.to_string()))?;
-    crate::catalog::db::find_product(&state.db, &sku)
+    let product = crate::catalog::db::find_product(&state.db, &sku)
         .await?
         .ok_or_else(|| AppError::not_found(format!("We have no product with SKU {sku}.")))?;
-    Ok(sku)
+    Ok((sku, product.purchase_limit))
 }
 
 /// A cart line as the cart and checkout pages show it.
