@@ -193,7 +193,7 @@ impl DropFormText {
         Ok(DropForm {
             sku: self.sku.clone(),
             // A person's typing: spaces around the time are let go here, not in the API;
-            // the date-and-time field's value is a time in UTC, written as RFC 3339.
+            // the date-and-time field's value, a time in the shop's zone, as RFC 3339 in UTC.
             opens_at: match self.opens_at_local.trim() {
                 "" => self.opens_at.trim().to_string(),
                 local => local_time(local)?,
