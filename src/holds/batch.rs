@@ -203,9 +203,6 @@ async fn apply(
         .expect("now is representable");
     let mut w = super::db::Confirmations::default();
     let mut made = BTreeMap::new();
-    let mut numbers = crate::orders::db::draw_numbers(&mut tx, holds.len())
-        .await?
-        .into_iter();
     for p in lot {
         // The first confirmation of a hold sent twice in one lot is the one.
         if made.contains_key(&p.hold) {
@@ -223,9 +220,7 @@ async fn apply(
         let email = p.contact.email.as_deref().or(hold.email.as_deref());
         let order = Order {
             id: crate::orders::new_id(),
-            number: numbers
-                .next()
-                .expect("a number was drawn for every live hold"),
+            number: hold.number,
             status: OrderStatus::Placed,
             total_cents: hold
                 .lines

@@ -345,7 +345,9 @@ pub(super) fn owns(owner: &str, scope: &str, key: &str) -> bool {
 
 /// The live holds among `ids` (active, unexpired by the database's clock) that hold no
 /// product with a purchase limit, locked in id order until the transaction ends, with
-/// their lines: what a lot of confirmations may confirm together ([`super::batch`]).
+/// their lines and an order number drawn for each: what a lot of confirmations may
+/// confirm together ([`super::batch`]). A hold left unconfirmed leaves its number unused,
+/// as a rolled-back order does.
 #[tracing::instrument(skip_all, fields(holds = ids.len()))]
 pub(super) async fn lock_live(
     conn: &mut PgConnection,
@@ -353,7 +355,7 @@ pub(super) async fn lock_live(
 ) -> sqlx::Result<Vec<LiveHold>> {
     let rows = sqlx::query!(
         r#"select h.id, h.email, h.customer_name, h.shopper, h.idempotency_scope,
-                  h.idempotency_key
+                  h.idempotency_key, nextval('order_numbers') as "number!"
              from holds h
             where h.id = any($1::uuid[]) and h.state = 'active' and h.expires_at > now()
               and not exists (select 1 from hold_lines l join products p on p.sku = l.sku
@@ -383,6 +385,7 @@ pub(super) async fn lock_live(
             shopper: r.shopper,
             scope: r.idempotency_scope,
             key: r.idempotency_key,
+            number: r.number,
             lines: lines
                 .extract_if(.., |l| l.hold_id == r.id)
                 .map(|l| OrderLine {
@@ -517,5 +520,7 @@ pub struct LiveHold {
     /// Its idempotency scope and key: whose it is.
     pub scope: String,
     pub key: String,
+    /// The number its order takes.
+    pub number: i64,
     pub lines: Vec<OrderLine>,
 }

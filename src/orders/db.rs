@@ -175,18 +175,9 @@ pub async fn find_order(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<Order>> 
     }))
 }
 
-/// `n` order numbers, drawn from the shop's one sequence: never the same twice, whichever
-/// process draws them (a number drawn by a transaction that rolls back is skipped).
-pub async fn draw_numbers(conn: &mut PgConnection, n: usize) -> sqlx::Result<Vec<i64>> {
-    sqlx::query_scalar!(
-        r#"select nextval('order_numbers') as "number!" from generate_series(1, $1)"#,
-        n as i32,
-    )
-    .fetch_all(conn)
-    .await
-}
-
-/// One order number, as [`draw_numbers`] draws them.
+/// One order number, drawn from the shop's one sequence: never the same twice, whichever
+/// process draws it (a number drawn by a transaction that rolls back is skipped). Batches
+/// draw theirs with `nextval('order_numbers')` in the read they already make.
 pub async fn draw_number(conn: &mut PgConnection) -> sqlx::Result<i64> {
     sqlx::query_scalar!(r#"select nextval('order_numbers') as "number!""#)
         .fetch_one(conn)
