@@ -160,6 +160,7 @@ impl Application {
         let mut server = HttpServer::new(move || {
             App::new()
                 .wrap(from_fn(around_request))
+                .wrap(from_fn(http::shown::redirect_form_answers))
                 .app_data(app_state.clone())
                 .app_data(
                     web::JsonConfig::default()

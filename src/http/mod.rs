@@ -19,6 +19,7 @@ pub mod openapi;
 pub mod params;
 pub mod paths;
 pub mod shop;
+pub mod shown;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -337,6 +338,7 @@ fn public_routes() -> Vec<(Method, &'static str, actix_web::Route)> {
             web::post().to(shop::checkout::post_checkout_cancel),
         ),
         (M::GET, "/orders/{id}", get().to(shop::order::get_order)),
+        (M::GET, "/shown/{id}", get().to(shown::get_shown)),
         (
             M::GET,
             "/api/v1/products",

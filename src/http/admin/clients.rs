@@ -96,8 +96,8 @@ fn limit_of(form: &NewClientForm) -> Result<Limit, String> {
     }
 }
 
-/// Makes a client and shows its key, this once (answered directly, not redirected, so the
-/// key is never in a URL or kept anywhere).
+/// Makes a client and shows its key, this once (answered directly, not redirected and
+/// not kept as other answers to forms are, so the key is never in a URL or kept anywhere).
 pub async fn post_api_clients(
     req: HttpRequest,
     admin: Admin,
@@ -119,6 +119,7 @@ pub async fn post_api_clients(
             let notice = format!("Client {} (id {}) is ready.", client.name, client.id);
             let page = page(&req, &admin, &state, Some((notice, false)), Some(key)).await?;
             let mut res = html(StatusCode::CREATED, &page)?;
+            res.extensions_mut().insert(crate::http::shown::NotKept);
             res.headers_mut().insert(
                 actix_web::http::header::CACHE_CONTROL,
                 actix_web::http::header::HeaderValue::from_static("no-store"),

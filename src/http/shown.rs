@@ -1,0 +1,178 @@
+//! Post/Redirect/Get for every form: a page that answers a form (a refused field, a sold-out
+//! line, a 403) is kept for a while and the browser is sent to it with 303, so the page it
+//! shows sits at a GET address. Back and reload then never send the form again; reload
+//! shows the same answer, with the same status (422 stays 422).
+//!
+//! The page is kept in Redis (any process behind the proxy serves it), for
+//! [`KEPT_FOR`], and only for the browser that sent the form: its CSRF cookie, which every
+//! form needs, is the page's key. When Redis does not answer, the page is answered at the
+//! form's address as before.
+
+use actix_web::body::{BoxBody, MessageBody};
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::{Method, StatusCode, header};
+use actix_web::middleware::Next;
+use actix_web::{HttpRequest, HttpResponse, web};
+use sha2::Digest;
+
+use super::AppState;
+use crate::error::AppError;
+
+/// How long an answer to a form stays to be shown again.
+pub const KEPT_FOR: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+
+/// Marks a response to be answered where it stands, never kept: a page showing a secret
+/// once (a new API key) must not sit in Redis or at an address.
+pub struct NotKept;
+
+/// Wraps every request, outside [`super::middleware::around_request`] so that it sees the
+/// finished page with its headers.
+pub async fn redirect_form_answers(
+    req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
+    let binding = is_form_post(&req)
+        .then(|| browser(req.request()))
+        .flatten();
+    let res = next.call(req).await?.map_into_boxed_body();
+    let Some(binding) = binding else {
+        return Ok(res);
+    };
+    let is_page = res
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/html"));
+    if !is_page || res.status().is_redirection() || res.response().extensions().contains::<NotKept>()
+    {
+        return Ok(res);
+    }
+    let Some(state) = res.request().app_data::<web::Data<AppState>>().cloned() else {
+        return Ok(res);
+    };
+    let (req, res) = res.into_parts();
+    let (head, body) = res.into_parts();
+    // Pages are rendered whole into memory; reading one back cannot wait or fail.
+    let body = actix_web::body::to_bytes(body)
+        .await
+        .map_err(|e| AppError::Internal(anyhow::anyhow!("reading a page back: {e}")))?;
+    let id = crate::admin::random_token();
+    let kept = format!("{}\n{binding}\n", head.status().as_u16());
+    let mut value = kept.into_bytes();
+    value.extend_from_slice(&body);
+    let mut cmd = redis::cmd("SET");
+    cmd.arg(key(&state, &id))
+        .arg(value)
+        .arg("PX")
+        .arg(KEPT_FOR.as_millis() as u64);
+    let mut conn = state.redis.conn();
+    let stored = state
+        .redis
+        .call("keeping a form's answer", cmd.query_async::<()>(&mut conn))
+        .await
+        .is_some();
+    if !stored {
+        return Ok(ServiceResponse::new(req, head.set_body(BoxBody::new(body))));
+    }
+    let mut redirect = HttpResponse::SeeOther().finish();
+    for (name, value) in head.headers() {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            redirect.headers_mut().append(name.clone(), value.clone());
+        }
+    }
+    redirect.headers_mut().insert(
+        header::LOCATION,
+        header::HeaderValue::from_str(&format!("/shown/{id}")).expect("hex is a header value"),
+    );
+    Ok(ServiceResponse::new(req, redirect))
+}
+
+/// `GET /shown/{id}`: the page that answered this browser's form.
+pub async fn get_shown(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    id: web::Path<String>,
+) -> Result<HttpResponse, AppError> {
+    let gone = || {
+        AppError::not_found(format!(
+            "This page answered a form and is kept for {} minutes, for the browser that sent \
+             it; it is no longer here. Go back to the page with the form and send it again.",
+            KEPT_FOR.as_secs() / 60
+        ))
+    };
+    if id.len() != 64 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(gone());
+    }
+    let mut cmd = redis::cmd("GET");
+    cmd.arg(key(&state, &id));
+    let mut conn = state.redis.conn();
+    let kept = state
+        .redis
+        .call(
+            "reading a form's answer",
+            cmd.query_async::<Option<Vec<u8>>>(&mut conn),
+        )
+        .await
+        .ok_or_else(|| AppError::Unavailable {
+            message: "This page cannot be read back right now. Please reload in a moment."
+                .into(),
+            retry_after: 1,
+        })?
+        .ok_or_else(gone)?;
+    let (status, binding, body) = split(&kept).ok_or_else(gone)?;
+    if browser(&req).is_none_or(|b| !super::csrf::same(&b, binding)) {
+        return Err(gone());
+    }
+    Ok(HttpResponse::build(status)
+        .content_type("text/html; charset=utf-8")
+        .insert_header((header::CACHE_CONTROL, "no-store"))
+        .body(body.to_vec()))
+}
+
+/// A form sent by a browser page (not the JSON API, not a provider's webhook).
+fn is_form_post(req: &ServiceRequest) -> bool {
+    let form = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.starts_with("application/x-www-form-urlencoded")
+                || v.starts_with("multipart/form-data")
+        });
+    req.method() == Method::POST
+        && form
+        && !super::is_api(req.path())
+        && !super::is_webhook(req.path())
+}
+
+/// Who may see a kept page: a digest of the browser's CSRF cookie, which only it sends.
+fn browser(req: &HttpRequest) -> Option<String> {
+    let cookie = req.cookie(super::cookie_name(req, super::csrf::CSRF_COOKIE))?;
+    Some(hex::encode(sha2::Sha256::digest(cookie.value().as_bytes())))
+}
+
+fn key(state: &AppState, id: &str) -> String {
+    state.redis.key(&format!("shown:{id}"))
+}
+
+/// A kept page's status, binding and body.
+fn split(kept: &[u8]) -> Option<(StatusCode, &str, &[u8])> {
+    let mut parts = kept.splitn(3, |&b| b == b'\n');
+    let status = std::str::from_utf8(parts.next()?).ok()?.parse().ok()?;
+    let binding = std::str::from_utf8(parts.next()?).ok()?;
+    Some((StatusCode::from_u16(status).ok()?, binding, parts.next()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kept_page_splits_into_status_binding_and_body() {
+        let (status, binding, body) = split(b"422\nabc\n<p>one\ntwo</p>").unwrap();
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(binding, "abc");
+        assert_eq!(body, b"<p>one\ntwo</p>");
+        assert!(split(b"nope").is_none());
+    }
+}
