@@ -30,6 +30,7 @@ pub mod load;
 mod paid;
 pub mod pgbench;
 mod phases;
+mod plot;
 mod progress;
 pub mod report;
 pub mod rows;

@@ -190,6 +190,8 @@ struct ReportPage<'a> {
     rows: Vec<RowView>,
     /// Per workload measured in steps (the storefront, the paid checkout): its steps.
     step_tables: Vec<StepTable>,
+    /// Per workload: its rows' latency by percentile.
+    plots: Vec<super::plot::Plot>,
     parameters: String,
     failures: Vec<String>,
 }
@@ -244,6 +246,7 @@ pub fn html(report: &BenchReport) -> anyhow::Result<String> {
         report,
         rows,
         step_tables: step_tables(report),
+        plots: super::plot::plots(&report.rows),
         parameters: serde_json::to_string_pretty(&report.parameters)?,
         failures,
     };

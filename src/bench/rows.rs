@@ -9,6 +9,17 @@ use super::Workload;
 use super::load::Measured;
 use crate::loadtest::check::Verdict;
 
+/// The quantiles every row's latency is read at, with the names the report gives them.
+pub const QUANTILES: [(f64, &str); 7] = [
+    (0.5, "p50"),
+    (0.75, "p75"),
+    (0.9, "p90"),
+    (0.95, "p95"),
+    (0.99, "p99"),
+    (0.999, "p99.9"),
+    (1.0, "max"),
+];
+
 /// The database server everything ran on.
 #[derive(Debug, Clone, Serialize)]
 pub struct PostgresInfo {
@@ -37,6 +48,9 @@ pub struct Row {
     pub p90_ms: f64,
     pub p99_ms: f64,
     pub max_ms: f64,
+    /// Latency in milliseconds at each of [`QUANTILES`] (empty when nothing
+    /// was answered).
+    pub percentiles: Vec<f64>,
     /// Answers with another status, or none.
     pub errors: u64,
     /// Answers by status (`0`: no answer).
@@ -112,6 +126,10 @@ impl Row {
             p90_ms: m.ms(0.9),
             p99_ms: m.ms(0.99),
             max_ms: m.ms(1.0),
+            percentiles: match m.latency.is_empty() {
+                true => Vec::new(),
+                false => QUANTILES.iter().map(|(q, _)| m.ms(*q)).collect(),
+            },
             errors: m.requests() - expected,
             statuses: m
                 .statuses

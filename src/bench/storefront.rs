@@ -343,7 +343,18 @@ impl Shopper {
             .body(Full::new(body))
             .expect("storefront requests are well formed");
         let sent = since.unwrap_or_else(Instant::now);
-        let answer = self.connection.fetch(request, TIMEOUT).await;
+        let mut answer = self.connection.fetch(request, TIMEOUT).await;
+        // A refused form is answered on a page of its own (Post/Redirect/Get), which a
+        // browser then loads: the step's answer is that page's.
+        if let Some(shown) = answer.as_ref().and_then(|(head, _)| shown_at(head)) {
+            let (request, body) = get(&shown);
+            let request = request
+                .header(header::HOST, self.connection.authority())
+                .header(header::COOKIE, self.cookie_header())
+                .body(Full::new(body))
+                .expect("storefront requests are well formed");
+            answer = self.connection.fetch(request, TIMEOUT).await;
+        }
         let took = sent.elapsed();
         let status = answer.as_ref().map_or(0, |(head, _)| head.status.as_u16());
         lock(shopped).steps[step].record(status, took);
@@ -438,6 +449,13 @@ fn form(pairs: &[(&str, &str)]) -> String {
         .map(|(k, v)| format!("{}={}", escape(k), escape(v)))
         .collect::<Vec<_>>()
         .join("&")
+}
+
+/// Where a form's answer was put to be shown, when it was (`/shown/…`).
+fn shown_at(head: &hyper::http::response::Parts) -> Option<String> {
+    let location = head.headers.get(header::LOCATION)?.to_str().ok()?;
+    (head.status == hyper::StatusCode::SEE_OTHER && location.starts_with("/shown/"))
+        .then(|| location.to_string())
 }
 
 #[cfg(test)]

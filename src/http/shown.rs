@@ -5,8 +5,14 @@
 //!
 //! The page is kept in Redis (any process behind the proxy serves it), for
 //! [`KEPT_FOR`], and only for the browser that sent the form: its CSRF cookie, which every
-//! form needs, is the page's key. When Redis does not answer, the page is answered at the
-//! form's address as before.
+//! form needs, is the page's key. What all kept pages may take is bounded
+//! ([`BUDGET_BYTES`] per [`KEPT_FOR`], so at most twice that at once, however many forms
+//! are sent); past it, or when Redis does not answer, the page is answered at the form's
+//! address as before.
+//!
+//! Refusals made before a form is read stay where they are: a forged or cross-site post
+//! (403), a body too large or too slow (413, 408), throttling (429) and the server's own
+//! trouble (5xx), where reloading is the retry the page asks for.
 
 use actix_web::body::{BoxBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
@@ -19,7 +25,22 @@ use super::AppState;
 use crate::error::AppError;
 
 /// How long an answer to a form stays to be shown again.
-pub const KEPT_FOR: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+pub const KEPT_FOR: std::time::Duration = std::time::Duration::from_secs(10 * 60);
+
+/// The bytes of pages kept per [`KEPT_FOR`].
+pub const BUDGET_BYTES: usize = 32 << 20;
+
+/// Keeps a page (`KEYS[1]`: the page, `KEYS[2]`: the bytes kept in this window) for
+/// `ARGV[2]` ms when the window's `ARGV[3]` bytes allow it; 1 if kept.
+const KEEP: &str = r"
+local used = tonumber(redis.call('GET', KEYS[2]) or '0')
+if used + #ARGV[1] > tonumber(ARGV[3]) then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+if redis.call('INCRBY', KEYS[2], #ARGV[1]) == #ARGV[1] then
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+end
+return 1
+";
 
 /// Marks a response to be answered where it stands, never kept: a page showing a secret
 /// once (a new API key) must not sit in Redis or at an address.
@@ -31,9 +52,7 @@ pub async fn redirect_form_answers(
     req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
-    let binding = is_form_post(&req)
-        .then(|| browser(req.request()))
-        .flatten();
+    let binding = is_form_post(&req).then(|| browser(req.request())).flatten();
     let res = next.call(req).await?.map_into_boxed_body();
     let Some(binding) = binding else {
         return Ok(res);
@@ -43,8 +62,7 @@ pub async fn redirect_form_answers(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/html"));
-    if !is_page || res.status().is_redirection() || res.response().extensions().contains::<NotKept>()
-    {
+    if !is_page || !kept_status(res.status()) || res.response().extensions().contains::<NotKept>() {
         return Ok(res);
     }
     let Some(state) = res.request().app_data::<web::Data<AppState>>().cloned() else {
@@ -60,17 +78,22 @@ pub async fn redirect_form_answers(
     let kept = format!("{}\n{binding}\n", head.status().as_u16());
     let mut value = kept.into_bytes();
     value.extend_from_slice(&body);
-    let mut cmd = redis::cmd("SET");
-    cmd.arg(key(&state, &id))
+    static SCRIPT: std::sync::LazyLock<redis::Script> =
+        std::sync::LazyLock::new(|| redis::Script::new(KEEP));
+    let mut keep = SCRIPT.key(key(&state, &id));
+    keep.key(state.redis.key("shown-bytes"))
         .arg(value)
-        .arg("PX")
-        .arg(KEPT_FOR.as_millis() as u64);
+        .arg(KEPT_FOR.as_millis() as u64)
+        .arg(BUDGET_BYTES);
     let mut conn = state.redis.conn();
     let stored = state
         .redis
-        .call("keeping a form's answer", cmd.query_async::<()>(&mut conn))
+        .call(
+            "keeping a form's answer",
+            keep.invoke_async::<i64>(&mut conn),
+        )
         .await
-        .is_some();
+        == Some(1);
     if !stored {
         return Ok(ServiceResponse::new(req, head.set_body(BoxBody::new(body))));
     }
@@ -114,8 +137,7 @@ pub async fn get_shown(
         )
         .await
         .ok_or_else(|| AppError::Unavailable {
-            message: "This page cannot be read back right now. Please reload in a moment."
-                .into(),
+            message: "This page cannot be read back right now. Please reload in a moment.".into(),
             retry_after: 1,
         })?
         .ok_or_else(gone)?;
@@ -127,6 +149,19 @@ pub async fn get_shown(
         .content_type("text/html; charset=utf-8")
         .insert_header((header::CACHE_CONTROL, "no-store"))
         .body(body.to_vec()))
+}
+
+/// Whether an answer with `status` is kept and redirected to: the pages a form's handler
+/// made (a refused field, a conflict, a wrong password, a page with the result), not the
+/// refusals made before the form was read nor the server's own trouble.
+fn kept_status(status: StatusCode) -> bool {
+    let before_the_form = [
+        StatusCode::FORBIDDEN,
+        StatusCode::REQUEST_TIMEOUT,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        StatusCode::TOO_MANY_REQUESTS,
+    ];
+    !status.is_redirection() && !status.is_server_error() && !before_the_form.contains(&status)
 }
 
 /// A form sent by a browser page (not the JSON API, not a provider's webhook).

@@ -1,6 +1,7 @@
 //! Pages in a real headless Chromium.
 
 mod admin;
+mod answers;
 mod axe;
 mod drop;
 mod keyboard;

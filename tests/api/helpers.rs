@@ -244,10 +244,22 @@ pub fn csrf_in(html: &str) -> String {
     html[start..start + 64].to_string()
 }
 
+/// Stops at every redirect, so tests see where it points, but for the one a browser takes
+/// after every form: to the page that answers it (`/shown/…`, Post/Redirect/Get), whose
+/// status and page the test then sees as a browser would.
+pub fn redirects() -> reqwest::redirect::Policy {
+    reqwest::redirect::Policy::custom(
+        |attempt| match attempt.url().path().starts_with("/shown/") {
+            true => attempt.follow(),
+            false => attempt.stop(),
+        },
+    )
+}
+
 pub fn client() -> reqwest::Client {
     stockade::install_tls_provider();
     reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
+        .redirect(redirects())
         .cookie_store(true)
         .timeout(Duration::from_secs(30))
         // Under the servers' keep-alive (actix's 5 s): a connection idle longer may be

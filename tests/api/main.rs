@@ -2,6 +2,7 @@
 //! [`helpers`].
 
 mod admin;
+mod answers;
 mod audit_search;
 mod backups;
 mod bench;

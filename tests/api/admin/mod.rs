@@ -438,6 +438,10 @@ async fn guesses_sent_all_at_once_are_throttled_like_guesses_in_a_row() {
     settings.login_max_failures = 3;
     let app = spawn_app_with(settings).await;
     app.create_admin().await;
+    // The browser has its CSRF cookie before it guesses (from the login page), as every
+    // browser does; otherwise the first pages' new cookies would replace each other
+    // while the guesses' answers are still being read back.
+    app.csrf().await;
     let answers = join_all((0..20).map(|i| {
         let app = &app;
         async move {
