@@ -216,9 +216,13 @@ impl OrderRequest {
             let quantity = line
                 .get("quantity")
                 .ok_or_else(|| at("\"quantity\" is required"))?;
-            let n = quantity
-                .as_i64()
-                .ok_or_else(|| at(&format!("quantity must be a whole number (got {quantity})")))?;
+            let n = quantity.as_i64().ok_or_else(|| match quantity.as_f64() {
+                Some(f) if f.fract() == 0.0 => at(&format!(
+                    "quantity must be written as a whole number, without a decimal point or \
+                     exponent (got {quantity})"
+                )),
+                _ => at(&format!("quantity must be a whole number (got {quantity})")),
+            })?;
             lines.push((sku, n));
         }
         let text = |field: &str| -> Result<Option<&str>, InvalidOrder> {

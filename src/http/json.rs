@@ -6,8 +6,10 @@
 //!   (`{"lines": […], "lines": […]}`): parsers disagree on which one counts (serde keeps
 //!   the last, others the first), so an ambiguous body is refused rather than guessed at;
 //! - well-formed JSON that does not fit the request (not an object, a missing or mistyped
-//!   field, a fraction where a whole number goes) is 422; a whole-valued number (`1.0`) is
-//!   the integer it equals, as JSON Schema counts it.
+//!   field, a fraction where a whole number goes) is 422. A whole number is written as
+//!   one: `1.0` and `1e0` are refused where a whole number goes, as they always were here.
+//!   (JSON Schema counts them as integers and cannot say otherwise, so the API document
+//!   says it in words.)
 //!
 //! Handlers take [`Json<T>`] instead of actix's `web::Json`, whose `serde_json::Value`
 //! silently keeps the last of two members of one name.
@@ -166,6 +168,7 @@ pub fn plain(e: &serde_json::Error) -> String {
     let message = message.strip_suffix(&position).unwrap_or(&message);
     let mut message = message.replace('`', "\"");
     for (rust, words) in [
+        ("floating point", "number with a decimal point or exponent"),
         ("expected i64", "expected a whole number"),
         ("expected i32", "expected a whole number"),
         ("expected u64", "expected a whole number"),
@@ -209,13 +212,6 @@ impl<'de> Visitor<'de> for StrictVisitor {
     }
 
     fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
-        // A whole-valued number (`1.0`, `1e2`) is the integer it equals, as JSON Schema
-        // counts it: a field that wants a whole number takes it, and `1.5` stays a fraction
-        // it refuses. (Beyond i64 it stays as written, and is out of every field's range.)
-        let beyond = 2f64.powi(63);
-        if v.fract() == 0.0 && (-beyond..beyond).contains(&v) {
-            return Ok(Value::from(v as i64));
-        }
         // JSON has no NaN or infinity, so every number read is finite.
         Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
     }

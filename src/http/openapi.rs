@@ -39,7 +39,9 @@ pub const API_KEY_SCHEME: &str = "api_key";
             documents (`application/problem+json`). Orders and holds need an API client's key \
             (`Authorization: Bearer sk_…`) and an `Idempotency-Key`: a retried request with \
             the same key and body is answered from the first one and never orders twice. \
-            A method an address does not take is answered 405 with `Allow`."
+            A method an address does not take is answered 405 with `Allow`. A whole number \
+            (a quantity, a count, a rate) is written as one: `1.0` and `1e0` are refused with \
+            422 where JSON Schema's `integer` alone would take them."
     ),
     paths(
         api::products::get_products,

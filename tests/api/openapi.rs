@@ -77,8 +77,23 @@ def before_call(ctx, case, **kwargs):
             case.body["url"] = url.replace(":", "")
 
 
+def integral_float(value):
+    if isinstance(value, float):
+        return value.is_integer()
+    if isinstance(value, dict):
+        return any(integral_float(v) for v in value.values())
+    if isinstance(value, list):
+        return any(integral_float(v) for v in value)
+    return False
+
+
 @schemathesis.hook
 def filter_failure(ctx, failure, case, response):
+    # JSON Schema's `integer` takes `1.0`; the API refuses it where a whole number goes and
+    # says so in the document's description, which JSON Schema cannot state as a rule. A 422
+    # for a body holding such a number is excused (test `edges::a_whole_number_written_…`).
+    if response.status_code == 422 and integral_float(case.body):
+        return False
     # Lines naming one SKU are merged, and the sum must be within the cap: a rule across
     # items that JSON Schema cannot state. Only a 422 for a body that breaks it is excused.
     cap = CAPS.get(case.operation.path)
@@ -88,10 +103,8 @@ def filter_failure(ctx, failure, case, response):
     for line in case.body.get("lines") or []:
         if isinstance(line, dict) and isinstance(line.get("sku"), str):
             sku, quantity = line["sku"].strip().upper(), line.get("quantity")
-            # A whole-valued number (`2.0`) is the integer it equals, to the server too.
-            if isinstance(quantity, (int, float)) and not isinstance(quantity, bool) \
-                    and float(quantity).is_integer():
-                totals[sku] = totals.get(sku, 0) + int(quantity)
+            if isinstance(quantity, int) and not isinstance(quantity, bool):
+                totals[sku] = totals.get(sku, 0) + quantity
     return not any(total > cap for total in totals.values())
 "#;
 
