@@ -12,7 +12,8 @@
 //!
 //! Refusals made before a form is read stay where they are: a forged or cross-site post
 //! (403), a body too large or too slow (413, 408), throttling (429) and the server's own
-//! trouble (5xx), where reloading is the retry the page asks for.
+//! trouble (5xx), and any page that asks to be sent again (`Retry-After`): reloading is
+//! the retry such a page asks for.
 
 use actix_web::body::{BoxBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
@@ -62,7 +63,14 @@ pub async fn redirect_form_answers(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/html"));
-    if !is_page || !kept_status(res.status()) || res.response().extensions().contains::<NotKept>() {
+    // A page that asks to be sent again (`Retry-After`: the first send still running, the
+    // database busy) stays at the form's address, where reloading is that retry.
+    let retry = res.headers().contains_key(header::RETRY_AFTER);
+    if !is_page
+        || retry
+        || !kept_status(res.status())
+        || res.response().extensions().contains::<NotKept>()
+    {
         return Ok(res);
     }
     let Some(state) = res.request().app_data::<web::Data<AppState>>().cloned() else {
