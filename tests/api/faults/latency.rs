@@ -146,10 +146,11 @@ async fn a_lone_buyer_behind_a_slow_network_waits_a_few_round_trips_per_order() 
         "batched, default settings, +{delay:?} each way: {per_order:?} per order, {round_trips:.1} \
          round trips"
     );
-    // The batch's transaction (begin, its read, its write, commit: 3.7 measured here), and
-    // nothing of the request's own: a claim or a lookup of its own would be one more.
+    // The batch's transaction (begin, its read, its write, commit: 3.6 to 4.3 measured
+    // here, the rest the app's own time and the probes sharing the network), and nothing
+    // of the request's own: two round trips of its own (a claim, a lookup) would pass 5.5.
     assert!(
-        (2.5..4.6).contains(&round_trips),
+        (2.5..5.5).contains(&round_trips),
         "{per_order:?} per order: {round_trips:.1} round trips"
     );
     app.assert_invariants().await;
