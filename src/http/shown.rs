@@ -23,6 +23,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use sha2::Digest;
 
 use super::AppState;
+use super::paths::{IdPath, Names};
 use crate::error::AppError;
 
 /// How long an answer to a form stays to be shown again.
@@ -118,22 +119,39 @@ pub async fn redirect_form_answers(
     Ok(ServiceResponse::new(req, redirect))
 }
 
-/// `GET /shown/{id}`: the page that answered this browser's form.
-pub async fn get_shown(
-    req: HttpRequest,
-    state: web::Data<AppState>,
-    id: web::Path<String>,
-) -> Result<HttpResponse, AppError> {
-    let gone = || {
+/// The address of a kept page: `/shown/{id}`, 64 hex digits.
+pub struct KeptPage;
+
+/// A kept page's id, as its address names it.
+pub struct KeptId(String);
+
+impl std::str::FromStr for KeptId {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        let hex = s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit());
+        hex.then(|| KeptId(s.to_string())).ok_or(())
+    }
+}
+
+impl Names for KeptPage {
+    type Id = KeptId;
+    fn missing(_: &str) -> AppError {
         AppError::not_found(format!(
             "This page answered a form and is kept for {} minutes, for the browser that sent \
              it; it is no longer here. Go back to the page with the form and send it again.",
             KEPT_FOR.as_secs() / 60
         ))
-    };
-    if id.len() != 64 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(gone());
     }
+}
+
+/// `GET /shown/{id}`: the page that answered this browser's form.
+pub async fn get_shown(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    address: IdPath<KeptPage>,
+) -> Result<HttpResponse, AppError> {
+    let gone = || KeptPage::missing("");
+    let KeptId(id) = address.id()?;
     let mut cmd = redis::cmd("GET");
     cmd.arg(key(&state, &id));
     let mut conn = state.redis.conn();

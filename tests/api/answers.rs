@@ -20,16 +20,17 @@ async fn token(app: &crate::helpers::TestApp, client: &reqwest::Client) -> Strin
     crate::helpers::csrf_in(&page)
 }
 
+/// A checkout of 11 units, where 10 is the cap: refused.
 async fn checkout_of_eleven(
     app: &crate::helpers::TestApp,
     client: &reqwest::Client,
+    csrf: &str,
 ) -> reqwest::Response {
-    let csrf = token(app, client).await;
     client
         .post(app.url("/checkout"))
         .header("content-type", "application/x-www-form-urlencoded")
         .body(form(&[
-            ("csrf", &csrf),
+            ("csrf", csrf),
             ("key", "k-1"),
             ("lines", "GOOD-1~11"),
         ]))
@@ -43,7 +44,8 @@ async fn a_refused_form_is_answered_at_an_address_that_reloads_and_only_for_its_
     let app = spawn_app().await;
     app.add_product("GOOD-1", "Good", 1_000, 50).await;
     let shopper = stopping_client();
-    let res = checkout_of_eleven(&app, &shopper).await;
+    let csrf = token(&app, &shopper).await;
+    let res = checkout_of_eleven(&app, &shopper, &csrf).await;
     assert_eq!(res.status(), 303, "a refused form is redirected");
     let location = res.headers()["location"].to_str().unwrap().to_string();
     let id = location
@@ -95,17 +97,7 @@ async fn without_redis_a_refused_form_is_answered_where_it_was_sent() {
     let shopper = stopping_client();
     let csrf = token(&app, &shopper).await;
     app.stop_redis();
-    let res = shopper
-        .post(app.url("/checkout"))
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(form(&[
-            ("csrf", &csrf),
-            ("key", "k-1"),
-            ("lines", "GOOD-1~11"),
-        ]))
-        .send()
-        .await
-        .unwrap();
+    let res = checkout_of_eleven(&app, &shopper, &csrf).await;
     assert_eq!(res.status(), 422);
     assert!(res.text().await.unwrap().contains("at most 10"));
     assert_eq!(app.count("select count(*) from holds").await, 0);

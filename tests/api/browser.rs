@@ -27,6 +27,15 @@ pub async fn save_screenshot(b: &fantoccini::Client, name: &str) {
     }
 }
 
+/// Fills in the checkout's name, `email` and shipping address.
+pub async fn fill_details(b: &fantoccini::Client, email: &str) {
+    for (field, value) in [("name", "Grace"), ("email", email)] {
+        let element = b.find(Locator::Id(field)).await.unwrap();
+        element.send_keys(value).await.unwrap();
+    }
+    fill_address(b).await;
+}
+
 /// Fills in the checkout's shipping address (the tests' [`crate::shop::ADDRESS`]).
 pub async fn fill_address(b: &fantoccini::Client) {
     for (field, value) in crate::shop::ADDRESS {

@@ -16,15 +16,15 @@ use crate::http::{AppState, csrf, html, see_other};
 /// A product's thumbnail, on sale or not (`/admin/products/{sku}/thumb`). Like every
 /// admin answer it is `no-store` (`http::middleware`), so a replaced picture shows at once
 /// under the same address.
-#[tracing::instrument(skip_all, fields(sku = %path))]
+#[tracing::instrument(skip_all, fields(sku = req.match_info().get("sku").unwrap_or_default()))]
 pub async fn get_product_thumb(
     req: HttpRequest,
     _admin: Admin,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    address: SkuPath,
 ) -> Result<HttpResponse, AppError> {
     let (size, shown) = (images::Size::Thumb, images::Shown::Any);
-    crate::http::shop::product::picture(&req, &state, &path, size, shown).await
+    crate::http::shop::product::picture(&req, &state, address, size, shown).await
 }
 
 /// Uploads a product's picture (a multipart form: `csrf`, then `image`). A refused file

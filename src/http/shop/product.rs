@@ -5,7 +5,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
 use askama_web::WebTemplate;
 
-use crate::catalog::{ProductView, Sku, images};
+use crate::catalog::{ProductView, images};
 use crate::error::AppError;
 use crate::http::paths::SkuPath;
 use crate::http::{AppState, Chrome};
@@ -50,25 +50,25 @@ pub async fn get_product(
 }
 
 /// A product's picture (`/products/{sku}/image`).
-#[tracing::instrument(skip_all, fields(sku = %path))]
+#[tracing::instrument(skip_all, fields(sku = req.match_info().get("sku").unwrap_or_default()))]
 pub async fn get_product_image(
     req: HttpRequest,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    address: SkuPath,
 ) -> Result<HttpResponse, AppError> {
     let shown = images::Shown::OnSale;
-    picture(&req, &state, &path, images::Size::Full, shown).await
+    picture(&req, &state, address, images::Size::Full, shown).await
 }
 
 /// A product's thumbnail (`/products/{sku}/thumb`), for the catalogue.
-#[tracing::instrument(skip_all, fields(sku = %path))]
+#[tracing::instrument(skip_all, fields(sku = req.match_info().get("sku").unwrap_or_default()))]
 pub async fn get_product_thumb(
     req: HttpRequest,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    address: SkuPath,
 ) -> Result<HttpResponse, AppError> {
     let shown = images::Shown::OnSale;
-    picture(&req, &state, &path, images::Size::Thumb, shown).await
+    picture(&req, &state, address, images::Size::Thumb, shown).await
 }
 
 /// The stored bytes with their ETag; 304 when the client already has them. Pages link
@@ -77,17 +77,18 @@ pub async fn get_product_thumb(
 pub(crate) async fn picture(
     req: &HttpRequest,
     state: &AppState,
-    raw: &str,
+    address: SkuPath,
     size: images::Size,
     shown: images::Shown,
 ) -> Result<HttpResponse, AppError> {
     let not_found = || {
+        let raw = req.match_info().get("sku").unwrap_or_default();
         AppError::not_found(format!(
             "No picture for a product with SKU {}.",
             crate::text::quoted(raw)
         ))
     };
-    let sku = Sku::parse(raw).map_err(|_| not_found())?;
+    let sku = address.sku().map_err(|_| not_found())?;
     let stored = images::find(&state.db, &sku, size, shown)
         .await?
         .ok_or_else(not_found)?;

@@ -30,19 +30,7 @@ async fn to_checkout(shop: &PayingShop, b: &Client) {
         .for_element(Locator::Css("#card-element input"))
         .await
         .unwrap();
-    b.find(Locator::Id("name"))
-        .await
-        .unwrap()
-        .send_keys("Grace")
-        .await
-        .unwrap();
-    b.find(Locator::Id("email"))
-        .await
-        .unwrap()
-        .send_keys("grace@example.com")
-        .await
-        .unwrap();
-    super::fill_address(b).await;
+    super::fill_details(b, "grace@example.com").await;
 }
 
 /// Types a card into the card form (localstripe's stand-in draws plain fields).

@@ -106,19 +106,7 @@ async fn a_shopper_checks_out_double_clicks_goes_back_and_resubmits_yet_orders_o
         .for_element(Locator::Id("place-order"))
         .await
         .unwrap();
-    b.find(Locator::Id("name"))
-        .await
-        .unwrap()
-        .send_keys("Grace")
-        .await
-        .unwrap();
-    b.find(Locator::Id("email"))
-        .await
-        .unwrap()
-        .send_keys("grace@example.com")
-        .await
-        .unwrap();
-    super::fill_address(&b).await;
+    super::fill_details(&b, "grace@example.com").await;
     save_screenshot(&b, "checkout.png").await;
 
     // Double click: two clicks as fast as the page allows.
