@@ -191,6 +191,8 @@ impl Cli {
             }
         };
         telemetry::init(settings.log_format, &settings.log_filter);
+        // What the commands list for an operator shows times in the shop's zone, as pages do.
+        crate::clock::set_zone(settings.time_zone);
         let runtime = match tokio::runtime::Runtime::new() {
             Ok(rt) => rt,
             Err(e) => {
@@ -540,17 +542,17 @@ async fn api_key_command(settings: Settings, command: ApiKeyCommand) -> anyhow::
         }
         ApiKeyCommand::List => {
             println!(
-                "{:>6}  {:<24} {:<14} {:<12} {:<17} state",
-                "id", "name", "key", "rate limit", "created (UTC)"
+                "{:>6}  {:<24} {:<14} {:<12} {:<22} state",
+                "id", "name", "key", "rate limit", "created"
             );
             for c in clients::list(&db).await? {
                 println!(
-                    "{:>6}  {:<24} {:<14} {:<12} {:<17} {}",
+                    "{:>6}  {:<24} {:<14} {:<12} {:<22} {}",
                     c.id,
                     c.name,
                     format!("{}…", c.key_prefix),
                     c.limit().to_string(),
-                    c.created_at.format("%Y-%m-%d %H:%M"),
+                    crate::clock::date_time(c.created_at),
                     if c.is_revoked() { "revoked" } else { "live" }
                 );
             }

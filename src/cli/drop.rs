@@ -102,15 +102,15 @@ pub async fn run(settings: Settings, command: DropCommand) -> anyhow::Result<()>
         }
         DropCommand::List => {
             println!(
-                "{:<36}  {:<16} {:<20} {:<8} {:>8}  status",
-                "id", "sku", "opens (UTC)", "queueing", "per min"
+                "{:<36}  {:<16} {:<25} {:<8} {:>8}  status",
+                "id", "sku", "opens", "queueing", "per min"
             );
             for d in db::recent(&db, 50).await? {
                 println!(
-                    "{:<36}  {:<16} {:<20} {:<8} {:>8}  {}",
+                    "{:<36}  {:<16} {:<25} {:<8} {:>8}  {}",
                     d.id,
                     d.sku,
-                    d.opens_at.format("%Y-%m-%d %H:%M:%S"),
+                    crate::clock::date_time_seconds(d.opens_at),
                     d.queueing.as_str(),
                     d.admit_per_minute,
                     d.status.as_str()

@@ -67,4 +67,18 @@ async fn a_shop_in_berlin_shows_its_times_in_berlin_and_reads_the_drop_form_ther
         .await
         .unwrap();
     assert_eq!(opens, Utc.with_ymd_and_hms(2030, 12, 24, 17, 0, 0).unwrap());
+
+    // The operator's listing says the same time, in the same zone.
+    let listed = crate::helpers::processes::clean_stockade_command()
+        .args(["drop", "list"])
+        .env(
+            "DATABASE_URL",
+            app.settings.database_url.as_deref().unwrap(),
+        )
+        .env("STOCKADE_TIME_ZONE", "Europe/Berlin")
+        .env("STOCKADE_LOG", "error")
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert!(listed.contains("2030-12-24 18:00:00 CET"), "{listed}");
 }
