@@ -65,7 +65,9 @@ use std::time::Duration;
 
 pub use batch::Batcher;
 pub use placement::{Deps, Made, OrderError, Outcome, Want, stale_after};
-pub use request::{InvalidOrder, MAX_LINES, OrderRequest, Quantity, RequestLine, Shopper};
+pub use request::{
+    InvalidOrder, MAX_LINES, OrderRequest, PlacementBody, Quantity, RequestLine, Shopper,
+};
 
 use crate::config::{OrderStrategy, Settings};
 use crate::idempotency::{IdempotencyKey, Scope};

@@ -156,6 +156,79 @@ impl Shopper {
     }
 }
 
+/// An order's or a hold's JSON body as read: each field of the right type, before the
+/// shop's caps and the contact rules apply ([`OrderRequest::from_body`]).
+#[derive(Debug)]
+pub struct PlacementBody {
+    lines: Vec<(Sku, i64)>,
+    email: Option<String>,
+    name: Option<String>,
+    shipping_address: Option<AddressInput>,
+}
+
+impl PlacementBody {
+    /// Reads the API body `{"lines": [{"sku", "quantity"}], "email"?, "name"?,
+    /// "shipping_address"?}`, each field in its own words; the caps come after
+    /// ([`OrderRequest::from_body`]).
+    pub fn parse(body: &serde_json::Value) -> Result<Self, InvalidOrder> {
+        let obj = body
+            .as_object()
+            .ok_or_else(|| InvalidOrder("the body must be a JSON object".into()))?;
+        let raw_lines = obj
+            .get("lines")
+            .ok_or_else(|| InvalidOrder("\"lines\" is required".into()))?
+            .as_array()
+            .ok_or_else(|| InvalidOrder("\"lines\" must be an array".into()))?;
+        let mut lines = Vec::with_capacity(raw_lines.len());
+        for (i, line) in raw_lines.iter().enumerate() {
+            let at = |msg: &str| InvalidOrder(format!("lines[{i}]: {msg}"));
+            let sku = line
+                .get("sku")
+                .and_then(|s| s.as_str())
+                .ok_or_else(|| at("\"sku\" must be a string"))?;
+            let sku = Sku::parse(sku).map_err(|e| at(&e.to_string()))?;
+            let quantity = line
+                .get("quantity")
+                .ok_or_else(|| at("\"quantity\" is required"))?;
+            let n = quantity.as_i64().ok_or_else(|| match quantity.as_f64() {
+                Some(f) if f.fract() == 0.0 => at(&format!(
+                    "quantity must be written as a whole number, without a decimal point or \
+                     exponent (got {quantity})"
+                )),
+                _ => at(&format!("quantity must be a whole number (got {quantity})")),
+            })?;
+            lines.push((sku, n));
+        }
+        let text = |field: &str| -> Result<Option<String>, InvalidOrder> {
+            match obj.get(field) {
+                None | Some(serde_json::Value::Null) => Ok(None),
+                Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
+                Some(_) => Err(InvalidOrder(format!("\"{field}\" must be a string"))),
+            }
+        };
+        let address = match obj.get("shipping_address") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(raw) if !raw.is_object() => {
+                return Err(InvalidOrder(
+                    "the shipping address must be a JSON object: \"name\", \"line1\", \
+                     \"city\" and \"country\", and optionally \"line2\" and \"postal_code\""
+                        .into(),
+                ));
+            }
+            Some(raw) => Some(
+                AddressInput::deserialize(raw)
+                    .map_err(|e| InvalidOrder(format!("in shipping_address, {e}")))?,
+            ),
+        };
+        Ok(Self {
+            lines,
+            email: text("email")?,
+            name: text("name")?,
+            shipping_address: address,
+        })
+    }
+}
+
 /// Most distinct products in one order.
 pub const MAX_LINES: usize = 50;
 
@@ -195,62 +268,13 @@ impl OrderRequest {
         })
     }
 
-    /// Parses the API body `{"lines": [{"sku", "quantity"}], "email"?, "name"?}`.
-    pub fn from_json(body: &serde_json::Value, max_quantity: i32) -> Result<Self, InvalidOrder> {
-        let obj = body
-            .as_object()
-            .ok_or_else(|| InvalidOrder("the body must be a JSON object".into()))?;
-        let raw_lines = obj
-            .get("lines")
-            .ok_or_else(|| InvalidOrder("\"lines\" is required".into()))?
-            .as_array()
-            .ok_or_else(|| InvalidOrder("\"lines\" must be an array".into()))?;
-        let mut lines = Vec::with_capacity(raw_lines.len());
-        for (i, line) in raw_lines.iter().enumerate() {
-            let at = |msg: &str| InvalidOrder(format!("lines[{i}]: {msg}"));
-            let sku = line
-                .get("sku")
-                .and_then(|s| s.as_str())
-                .ok_or_else(|| at("\"sku\" must be a string"))?;
-            let sku = Sku::parse(sku).map_err(|e| at(&e.to_string()))?;
-            let quantity = line
-                .get("quantity")
-                .ok_or_else(|| at("\"quantity\" is required"))?;
-            let n = quantity.as_i64().ok_or_else(|| match quantity.as_f64() {
-                Some(f) if f.fract() == 0.0 => at(&format!(
-                    "quantity must be written as a whole number, without a decimal point or \
-                     exponent (got {quantity})"
-                )),
-                _ => at(&format!("quantity must be a whole number (got {quantity})")),
-            })?;
-            lines.push((sku, n));
-        }
-        let text = |field: &str| -> Result<Option<&str>, InvalidOrder> {
-            match obj.get(field) {
-                None | Some(serde_json::Value::Null) => Ok(None),
-                Some(serde_json::Value::String(s)) => Ok(Some(s)),
-                Some(_) => Err(InvalidOrder(format!("\"{field}\" must be a string"))),
-            }
-        };
-        let address = match obj.get("shipping_address") {
-            None | Some(serde_json::Value::Null) => None,
-            Some(raw) if !raw.is_object() => {
-                return Err(InvalidOrder(
-                    "the shipping address must be a JSON object: \"name\", \"line1\", \
-                     \"city\" and \"country\", and optionally \"line2\" and \"postal_code\""
-                        .into(),
-                ));
-            }
-            Some(raw) => Some(
-                AddressInput::deserialize(raw)
-                    .map_err(|e| InvalidOrder(format!("in shipping_address, {e}")))?,
-            ),
-        };
+    /// The request a placement's body asks for, under the shop's cap per line.
+    pub fn from_body(body: PlacementBody, max_quantity: i32) -> Result<Self, InvalidOrder> {
         Self::new(
-            lines,
-            text("email")?,
-            text("name")?,
-            address.as_ref(),
+            body.lines,
+            body.email.as_deref(),
+            body.name.as_deref(),
+            body.shipping_address.as_ref(),
             max_quantity,
         )
     }
@@ -404,7 +428,7 @@ mod tests {
     #[test]
     fn json_bodies_are_checked_field_by_field() {
         let ok = serde_json::json!({"lines": [{"sku": "a-1", "quantity": 2}], "email": "a@b.co"});
-        let req = OrderRequest::from_json(&ok, 10).unwrap();
+        let req = OrderRequest::from_body(PlacementBody::parse(&ok).unwrap(), 10).unwrap();
         assert_eq!(req.lines()[0].sku.as_str(), "A-1");
         for (body, needle) in [
             (serde_json::json!([]), "JSON object"),
@@ -443,7 +467,9 @@ mod tests {
                 "email",
             ),
         ] {
-            let err = OrderRequest::from_json(&body, 10).unwrap_err();
+            let err = PlacementBody::parse(&body)
+                .and_then(|b| OrderRequest::from_body(b, 10))
+                .unwrap_err();
             assert!(err.0.contains(needle), "{body}: {err}");
         }
     }

@@ -85,6 +85,29 @@ impl<T: FromBody + 'static> FromRequest for Body<T> {
     }
 }
 
+/// A JSON body read by the rule above at once (400, 413, 415), and checked by `T` when the
+/// handler asks ([`Checked::into_inner`]): after it has checked who is asking, so a caller
+/// without a key hears 401 before anything about the body's fields.
+#[derive(Debug)]
+pub struct Checked<T>(Result<T, AppError>);
+
+impl<T> Checked<T> {
+    /// The body as `T`, or 422 in its words.
+    pub fn into_inner(self) -> Result<T, AppError> {
+        self.0
+    }
+}
+
+impl<T: FromBody + 'static> FromRequest for Checked<T> {
+    type Error = AppError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self, AppError>>>>;
+
+    fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
+        let value = strict_body(req, payload);
+        Box::pin(async move { Ok(Checked(T::from_body(value.await?))) })
+    }
+}
+
 /// `value` as `T`, or 422 saying the body must be `shape`, with serde's reason in words.
 pub fn shaped<T: DeserializeOwned>(value: Value, shape: &str) -> Result<T, AppError> {
     serde_json::from_value(value)

@@ -6,12 +6,12 @@ use uuid::Uuid;
 
 use super::place::{HoldBody, insufficient, place};
 use super::{IdempotencyKeyHeader, REPLAYED_HEADER};
-use crate::checkout::OrderRequest;
+use crate::checkout::{OrderRequest, PlacementBody};
 use crate::clients;
 use crate::error::AppError;
 use crate::holds;
 use crate::http::contract::{ConfirmErrors, OwnLookupErrors, PlaceErrors, ReleaseErrors};
-use crate::http::json::{self, Json};
+use crate::http::json::{self, Checked};
 use crate::http::limits;
 use crate::http::middleware::answer_by;
 use crate::http::paths::{IdPath, Names};
@@ -50,7 +50,7 @@ use crate::payments::flow::PayError;
 pub async fn post_holds(
     req: HttpRequest,
     state: web::Data<AppState>,
-    body: Json<serde_json::Value>,
+    body: Checked<PlacementBody>,
 ) -> Result<HttpResponse, AppError> {
     place(req, state, body, crate::checkout::Want::Hold).await
 }

@@ -5,11 +5,12 @@ use uuid::Uuid;
 
 use super::IdempotencyKeyHeader;
 use super::place::{OrderBody, place};
+use crate::checkout::PlacementBody;
 use crate::clients;
 use crate::error::AppError;
 use crate::http::AppState;
 use crate::http::contract::{OwnLookupErrors, PlaceErrors};
-use crate::http::json::Json;
+use crate::http::json::Checked;
 use crate::http::limits;
 use crate::http::paths::{IdPath, Names};
 use crate::orders;
@@ -40,7 +41,7 @@ use crate::orders;
 pub async fn post_orders(
     req: HttpRequest,
     state: web::Data<AppState>,
-    body: Json<serde_json::Value>,
+    body: Checked<PlacementBody>,
 ) -> Result<HttpResponse, AppError> {
     place(req, state, body, crate::checkout::Want::Order).await
 }

@@ -5,12 +5,12 @@
 use actix_web::http::{StatusCode, header};
 use actix_web::{HttpRequest, HttpResponse, web};
 
-use crate::checkout::{self, Made, OrderRequest, Outcome, Shopper, Want};
+use crate::checkout::{self, Made, OrderRequest, Outcome, PlacementBody, Shopper, Want};
 use crate::clients::Caller;
 use crate::drops::registry::RequireError;
 use crate::error::AppError;
 use crate::http::contract::inputs::{CustomerName, Email, ShippingAddressInput, SkuInput};
-use crate::http::json::Json;
+use crate::http::json::{Checked, FromBody};
 use crate::http::limits::{self, limit_placement};
 use crate::http::middleware::{answer_by, problem_response};
 use crate::http::{AppState, detached};
@@ -23,7 +23,7 @@ use crate::orders::Shortage;
     "lines": [{"sku": "KB-ALPINE-75", "quantity": 1}],
     "email": "ada@example.com"
 }))]
-#[allow(dead_code)] // read as JSON by `OrderRequest::from_json`; this is its shape
+#[allow(dead_code)] // read by `PlacementBody::parse`, in its own words; this is its shape
 pub(super) struct OrderBody {
     /// One line per SKU, at most 50 SKUs (`MAX_LINES`). A SKU named twice is one line of
     /// the sum, which must be within the cap too.
@@ -70,12 +70,18 @@ pub(super) struct HoldLineBody {
     quantity: i64,
 }
 
+impl FromBody for PlacementBody {
+    fn from_body(value: serde_json::Value) -> Result<Self, AppError> {
+        Ok(PlacementBody::parse(&value)?)
+    }
+}
+
 /// An order or a hold from a JSON body, under the API's keys of each (`Scope::Api`,
 /// `Scope::ApiHold`).
 pub(super) async fn place(
     req: HttpRequest,
     state: web::Data<AppState>,
-    body: Json<serde_json::Value>,
+    body: Checked<PlacementBody>,
     want: Want,
 ) -> Result<HttpResponse, AppError> {
     let scope = match want {
@@ -102,8 +108,8 @@ pub(super) async fn place(
         Caller::Client(client) => shopper.client(&client.id.to_string()),
         Caller::Anonymous => shopper,
     };
-    let request =
-        OrderRequest::from_json(&body, state.settings.max_line_quantity)?.placed_by(shopper);
+    let cap = state.settings.max_line_quantity;
+    let request = OrderRequest::from_body(body.into_inner()?, cap)?.placed_by(shopper);
     if want == Want::Hold && request.shipping_address().is_some() {
         return Err(AppError::Unprocessable(
             "shipping_address is given when the hold is confirmed \
