@@ -32,12 +32,18 @@ document.addEventListener("DOMContentLoaded", guardForms);
 document.addEventListener("DOMContentLoaded", () => {
   const countdown = document.getElementById("countdown");
   if (!countdown) return;
-  const deadline = Date.now() + Number(countdown.dataset.seconds) * 1000;
+  // The seconds left when the page was made, counted from now, unless the page is older
+  // than that (a refused form's answer, reloaded minutes later): then the hold's own
+  // deadline, which never shows more time than is left.
+  const deadline = Math.min(
+    Date.now() + Number(countdown.dataset.seconds) * 1000,
+    Number(countdown.dataset.until),
+  );
   const label = document.getElementById("time-left");
   const spoken = document.getElementById("minutes-left");
   const status = document.getElementById("countdown-status");
   const words = (minutes) => (minutes === 1 ? "1 minute" : `${minutes} minutes`);
-  let minutes = Math.ceil(Number(countdown.dataset.seconds) / 60);
+  let minutes = Math.ceil((deadline - Date.now()) / 60000);
   const tick = () => {
     const left = Math.max(0, Math.round((deadline - Date.now()) / 1000));
     label.textContent = `${Math.floor(left / 60)}:${String(left % 60).padStart(2, "0")}`;

@@ -346,7 +346,11 @@ impl Shopper {
         let mut answer = self.connection.fetch(request, TIMEOUT).await;
         // A refused form is answered on a page of its own (Post/Redirect/Get), which a
         // browser then loads: the step's answer is that page's.
-        if let Some(shown) = answer.as_ref().and_then(|(head, _)| shown_at(head)) {
+        if let Some((head, shown)) = answer
+            .as_ref()
+            .and_then(|(head, _)| Some((head, shown_at(head)?)))
+        {
+            self.keep_cookies(&head.headers);
             let (request, body) = get(&shown);
             let request = request
                 .header(header::HOST, self.connection.authority())

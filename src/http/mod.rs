@@ -162,8 +162,11 @@ impl AppState {
     }
 }
 
+/// The admin session's cookie (named here with the others, for [`cookie_name`]).
+pub const ADMIN_SESSION_COOKIE: &str = "stockade_admin";
+
 /// The name of cookie `name` (one of [`csrf::CSRF_COOKIE`], [`shop::CART_COOKIE`],
-/// [`admin::SESSION_COOKIE`]): with `STOCKADE_SECURE_COOKIES`, the `__Host-` prefixed one,
+/// [`ADMIN_SESSION_COOKIE`]): with `STOCKADE_SECURE_COOKIES`, the `__Host-` prefixed one,
 /// which browsers accept only with Secure, Path=/ and no Domain, so no subdomain or
 /// plain-http page can set or shadow it. Reading and writing both go through here.
 pub fn cookie_name(req: &HttpRequest, name: &'static str) -> &'static str {
@@ -174,7 +177,7 @@ pub fn cookie_name(req: &HttpRequest, name: &'static str) -> &'static str {
         (false, _) => name,
         (true, csrf::CSRF_COOKIE) => "__Host-csrf",
         (true, shop::CART_COOKIE) => "__Host-cart",
-        (true, admin::SESSION_COOKIE) => "__Host-stockade_admin",
+        (true, ADMIN_SESSION_COOKIE) => "__Host-stockade_admin",
         (true, other) => other,
     }
 }

@@ -1,19 +1,21 @@
 //! Post/Redirect/Get for every form: a page that answers a form (a refused field, a sold-out
-//! line, a 403) is kept for a while and the browser is sent to it with 303, so the page it
-//! shows sits at a GET address. Back and reload then never send the form again; reload
-//! shows the same answer, with the same status (422 stays 422).
+//! line, a wrong password) is kept for a while and the browser is sent to it with 303, so
+//! the page it shows sits at a GET address. Back and reload then never send the form again;
+//! reload shows the same answer, with the same status (422 stays 422) and the page's own
+//! Content-Security-Policy.
 //!
-//! The page is kept in Redis (any process behind the proxy serves it), for
-//! [`KEPT_FOR`], and only for the browser that sent the form: its CSRF cookie, which every
-//! form needs, is the page's key. What all kept pages may take is bounded
-//! ([`BUDGET_BYTES`] per [`KEPT_FOR`], so at most twice that at once, however many forms
-//! are sent); past it, or when Redis does not answer, the page is answered at the form's
-//! address as before.
+//! The page is kept in Redis (any process behind the proxy serves it), for [`KEPT_FOR`],
+//! and only for the browser that sent the form: its CSRF cookie, which every form needs,
+//! and its admin session, if any, are the page's key (so an admin's page is gone at
+//! logout). What all kept pages may take is bounded ([`BUDGET_BYTES`] per [`KEPT_FOR`], so
+//! at most twice that at once, however many forms are sent); past it, or when Redis does
+//! not answer, the page is answered at the form's address as before.
 //!
-//! Refusals made before a form is read stay where they are: a forged or cross-site post
-//! (403), a body too large or too slow (413, 408), throttling (429) and the server's own
-//! trouble (5xx), and any page that asks to be sent again (`Retry-After`): reloading is
-//! the retry such a page asks for.
+//! Refusals made before a form is read stay where they are: an unreadable form (400), a
+//! forged or cross-site post (403), an address no route takes (404, 405), a body too large
+//! or too slow (413, 408), throttling (429) and the server's own trouble (5xx), and any
+//! page that asks to be sent again (`Retry-After`): reloading is the retry such a page
+//! asks for.
 
 use actix_web::body::{BoxBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
@@ -38,9 +40,8 @@ const KEEP: &str = r"
 local used = tonumber(redis.call('GET', KEYS[2]) or '0')
 if used + #ARGV[1] > tonumber(ARGV[3]) then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-if redis.call('INCRBY', KEYS[2], #ARGV[1]) == #ARGV[1] then
-  redis.call('PEXPIRE', KEYS[2], ARGV[2])
-end
+redis.call('INCRBY', KEYS[2], #ARGV[1])
+if redis.call('PTTL', KEYS[2]) < 0 then redis.call('PEXPIRE', KEYS[2], ARGV[2]) end
 return 1
 ";
 
@@ -54,7 +55,12 @@ pub async fn redirect_form_answers(
     req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
-    let binding = is_form_post(&req).then(|| browser(req.request())).flatten();
+    // Only a form a route takes: a post to no route (404, 405) is not worth keeping, and
+    // costs the budget nothing.
+    let routed = req.match_pattern().is_some();
+    let binding = (routed && is_form_post(&req))
+        .then(|| browser(req.request()))
+        .flatten();
     let res = next.call(req).await?.map_into_boxed_body();
     let Some(binding) = binding else {
         return Ok(res);
@@ -84,7 +90,14 @@ pub async fn redirect_form_answers(
         .await
         .map_err(|e| AppError::Internal(anyhow::anyhow!("reading a page back: {e}")))?;
     let id = crate::admin::random_token();
-    let kept = format!("{}\n{binding}\n", head.status().as_u16());
+    // The page's own policy (the checkout's lets the payment provider's script in) comes
+    // back with it; every other header is the GET's own.
+    let policy = head
+        .headers()
+        .get(header::CONTENT_SECURITY_POLICY)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    let kept = format!("{}\n{binding}\n{policy}\n", head.status().as_u16());
     let mut value = kept.into_bytes();
     value.extend_from_slice(&body);
     static SCRIPT: std::sync::LazyLock<redis::Script> =
@@ -167,22 +180,29 @@ pub async fn get_shown(
             retry_after: 1,
         })?
         .ok_or_else(gone)?;
-    let (status, binding, body) = split(&kept).ok_or_else(gone)?;
-    if browser(&req).is_none_or(|b| !super::csrf::same(&b, binding)) {
+    let page = split(&kept).ok_or_else(gone)?;
+    if browser(&req).is_none_or(|b| !super::csrf::same(&b, page.binding)) {
         return Err(gone());
     }
-    Ok(HttpResponse::build(status)
-        .content_type("text/html; charset=utf-8")
-        .insert_header((header::CACHE_CONTROL, "no-store"))
-        .body(body.to_vec()))
+    let mut res = HttpResponse::build(page.status);
+    res.content_type("text/html; charset=utf-8")
+        .insert_header((header::CACHE_CONTROL, "no-store"));
+    if !page.policy.is_empty() {
+        res.insert_header((header::CONTENT_SECURITY_POLICY, page.policy));
+    }
+    Ok(res.body(page.body.to_vec()))
 }
 
 /// Whether an answer with `status` is kept and redirected to: the pages a form's handler
 /// made (a refused field, a conflict, a wrong password, a page with the result), not the
-/// refusals made before the form was read nor the server's own trouble.
+/// refusals made before the form was read (unreadable, forged, unknown address, too large,
+/// too slow, throttled) nor the server's own trouble.
 fn kept_status(status: StatusCode) -> bool {
     let before_the_form = [
+        StatusCode::BAD_REQUEST,
         StatusCode::FORBIDDEN,
+        StatusCode::NOT_FOUND,
+        StatusCode::METHOD_NOT_ALLOWED,
         StatusCode::REQUEST_TIMEOUT,
         StatusCode::PAYLOAD_TOO_LARGE,
         StatusCode::TOO_MANY_REQUESTS,
@@ -206,22 +226,47 @@ fn is_form_post(req: &ServiceRequest) -> bool {
         && !super::is_webhook(req.path())
 }
 
-/// Who may see a kept page: a digest of the browser's CSRF cookie, which only it sends.
+/// Who may see a kept page: a digest of the browser's CSRF cookie, which only it sends
+/// (one the app would replace is no binding: the page is answered where it stands), and of
+/// its admin session, if any: an admin's page is gone once its session is (logout).
 fn browser(req: &HttpRequest) -> Option<String> {
-    let cookie = req.cookie(super::cookie_name(req, super::csrf::CSRF_COOKIE))?;
-    Some(hex::encode(sha2::Sha256::digest(cookie.value().as_bytes())))
+    let csrf = req.cookie(super::cookie_name(req, super::csrf::CSRF_COOKIE))?;
+    let csrf = csrf.value();
+    if csrf.len() != 64 || !csrf.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let session = req.cookie(super::cookie_name(req, super::ADMIN_SESSION_COOKIE));
+    let mut digest = sha2::Sha256::new();
+    digest.update(csrf.as_bytes());
+    digest.update(b"\n");
+    digest.update(session.as_ref().map_or("", |c| c.value()).as_bytes());
+    Some(hex::encode(digest.finalize()))
 }
 
 fn key(state: &AppState, id: &str) -> String {
     state.redis.key(&format!("shown:{id}"))
 }
 
-/// A kept page's status, binding and body.
-fn split(kept: &[u8]) -> Option<(StatusCode, &str, &[u8])> {
-    let mut parts = kept.splitn(3, |&b| b == b'\n');
-    let status = std::str::from_utf8(parts.next()?).ok()?.parse().ok()?;
-    let binding = std::str::from_utf8(parts.next()?).ok()?;
-    Some((StatusCode::from_u16(status).ok()?, binding, parts.next()?))
+/// A kept page, as read back.
+struct Kept<'a> {
+    status: StatusCode,
+    binding: &'a str,
+    policy: &'a str,
+    body: &'a [u8],
+}
+
+/// A kept page's status, binding, policy and body (a line each, then the body).
+fn split(kept: &[u8]) -> Option<Kept<'_>> {
+    let mut parts = kept.splitn(4, |&b| b == b'\n');
+    let mut line = || std::str::from_utf8(parts.next()?).ok();
+    let status = StatusCode::from_u16(line()?.parse().ok()?).ok()?;
+    let (binding, policy) = (line()?, line()?);
+    Some(Kept {
+        status,
+        binding,
+        policy,
+        body: parts.next()?,
+    })
 }
 
 #[cfg(test)]
@@ -229,11 +274,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_kept_page_splits_into_status_binding_and_body() {
-        let (status, binding, body) = split(b"422\nabc\n<p>one\ntwo</p>").unwrap();
-        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
-        assert_eq!(binding, "abc");
-        assert_eq!(body, b"<p>one\ntwo</p>");
+    fn a_kept_page_splits_into_status_binding_policy_and_body() {
+        let kept = split(b"422\nabc\nscript-src 'self'\n<p>one\ntwo</p>").unwrap();
+        assert_eq!(kept.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(kept.binding, "abc");
+        assert_eq!(kept.policy, "script-src 'self'");
+        assert_eq!(kept.body, b"<p>one\ntwo</p>");
         assert!(split(b"nope").is_none());
+        assert!(split(b"422\nabc\n").is_none());
     }
 }

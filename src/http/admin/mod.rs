@@ -40,7 +40,7 @@ use crate::admin::{self, Admin};
 use crate::error::AppError;
 
 /// The admin session cookie (its name: [`super::cookie_name`]).
-pub const SESSION_COOKIE: &str = "stockade_admin";
+pub const SESSION_COOKIE: &str = super::ADMIN_SESSION_COOKIE;
 /// Rows per page in admin lists.
 const PAGE: i64 = 25;
 /// Pages beyond this are shown as this one.

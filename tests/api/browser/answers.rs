@@ -138,3 +138,53 @@ async fn an_expired_checkout_short_of_stock_says_once_what_is_left_to_do() {
     app.assert_invariants().await;
     b.close().await.unwrap();
 }
+
+/// Waits (up to 10 s) until the browser is at a path starting with `prefix`.
+async fn wait_for_path(b: &Client, prefix: &str) -> String {
+    let since = std::time::Instant::now();
+    loop {
+        let at = path(b).await;
+        if at.starts_with(prefix) {
+            return at;
+        }
+        assert!(
+            since.elapsed() < std::time::Duration::from_secs(10),
+            "the browser stayed at {at}, not {prefix}…"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_wrong_password_reloaded_is_not_guessed_again() {
+    let app = spawn_app().await;
+    app.create_admin().await;
+    let b = browser().await;
+    b.goto(&app.url("/admin/login")).await.unwrap();
+    for (id, text) in [
+        ("username", crate::helpers::ADMIN_USER),
+        ("password", "not the password"),
+    ] {
+        let field = b.find(Locator::Id(id)).await.unwrap();
+        field.send_keys(text).await.unwrap();
+    }
+    click(&b, "log-in").await;
+    let answer = wait_for_path(&b, "/shown/").await;
+    b.wait().for_element(Locator::Id("log-in")).await.unwrap();
+    // Each guess the server judges leaves rows; a form sent again would leave more.
+    let failures = app.count("select count(*) from login_failures").await;
+    assert!(failures > 0);
+    for _ in 0..2 {
+        b.refresh().await.unwrap();
+        b.wait().for_element(Locator::Id("log-in")).await.unwrap();
+        assert_eq!(path(&b).await, answer);
+    }
+    assert_eq!(
+        app.count("select count(*) from login_failures").await,
+        failures,
+        "reloading sent the password again"
+    );
+    b.back().await.unwrap();
+    wait_for_path(&b, "/admin/login").await;
+    b.close().await.unwrap();
+}
