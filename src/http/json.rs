@@ -47,21 +47,25 @@ impl<T> Json<T> {
 
 impl<T: DeserializeOwned + 'static> FromRequest for Json<T> {
     type Error = AppError;
-    type Future = Pin<Box<dyn Future<Output = Result<Self, AppError>>>>;
+    type Future = Read<Self>;
 
     fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
-        let value = strict_body(req, payload);
-        Box::pin(async move { fit(value.await?).map(Json) })
+        read(req, payload, |value| fit(value).map(Json))
     }
 }
 
-/// The body as one unambiguous JSON document, by the rule above (415, 413, 400).
-fn strict_body(
+/// What each extractor here returns: the body, read and then judged.
+pub type Read<T> = Pin<Box<dyn Future<Output = Result<T, AppError>>>>;
+
+/// The body as one unambiguous JSON document, by the rule above (415, 413, 400), then as
+/// `judge` makes it.
+fn read<T: 'static>(
     req: &HttpRequest,
     payload: &mut Payload,
-) -> impl Future<Output = Result<Value, AppError>> + 'static {
+    judge: impl FnOnce(Value) -> Result<T, AppError> + 'static,
+) -> Read<T> {
     let body = JsonBody::<Strict>::new(req, payload, None, true).limit(JSON_LIMIT);
-    async move { body.await.map(|Strict(value)| value).map_err(payload_error) }
+    Box::pin(async move { judge(body.await.map_err(payload_error)?.0) })
 }
 
 /// A request body that checks itself on the way in, in its own words (see [`Body`]).
@@ -77,11 +81,10 @@ pub struct Body<T>(pub T);
 
 impl<T: FromBody + 'static> FromRequest for Body<T> {
     type Error = AppError;
-    type Future = Pin<Box<dyn Future<Output = Result<Self, AppError>>>>;
+    type Future = Read<Self>;
 
     fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
-        let value = strict_body(req, payload);
-        Box::pin(async move { T::from_body(value.await?).map(Body) })
+        read(req, payload, |value| T::from_body(value).map(Body))
     }
 }
 
@@ -100,11 +103,10 @@ impl<T> Checked<T> {
 
 impl<T: FromBody + 'static> FromRequest for Checked<T> {
     type Error = AppError;
-    type Future = Pin<Box<dyn Future<Output = Result<Self, AppError>>>>;
+    type Future = Read<Self>;
 
     fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
-        let value = strict_body(req, payload);
-        Box::pin(async move { Ok(Checked(T::from_body(value.await?))) })
+        read(req, payload, |value| Ok(Checked(T::from_body(value))))
     }
 }
 
