@@ -348,12 +348,14 @@ mod tests {
                 rows.push(Row::of(workload, strategy, "closed", None, &m));
             }
         }
-        let names: Vec<String> = derived_lines(&rows, &[])
-            .into_iter()
-            .map(|d| d.name)
-            .collect();
+        let names = |rows: &[Row]| -> Vec<String> {
+            derived_lines(rows, &[])
+                .into_iter()
+                .map(|d| d.name)
+                .collect()
+        };
         assert_eq!(
-            names,
+            names(&rows),
             [
                 "hot SKU: batched ÷ redis-lock",
                 "sold-out ÷ hot SKU (redis-lock)",
@@ -370,12 +372,8 @@ mod tests {
             None,
             &refused,
         ));
-        let names: Vec<String> = derived_lines(&rows, &[])
-            .into_iter()
-            .map(|d| d.name)
-            .collect();
         assert_eq!(
-            names,
+            names(&rows),
             [
                 "hot SKU: batched ÷ redis-lock",
                 "sold-out ÷ hot SKU (redis-lock)",

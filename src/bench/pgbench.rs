@@ -68,26 +68,42 @@ pub fn find() -> anyhow::Result<PathBuf> {
     )
 }
 
+/// A script's idempotency key: one random key per transaction and client.
+const KEY: &str = "'pgbench-' || :client_id::text || '-' || :k::text";
+
+/// The key claimed (`{claim}`) and completed with a 201 (`{complete}`), under `{scope}`,
+/// as every placement does around its change.
+const CLAIM: &str = "insert into idempotency_keys (scope, key, fingerprint, state, owner)
+     values ('{scope}', {key}, 'pgbench', 'in_flight', gen_random_uuid())
+     on conflict (scope, key) do nothing;";
+const COMPLETE: &str = "update idempotency_keys
+   set state = 'completed', response_status = 201, response_body = '{}', completed_at = now()
+ where scope = '{scope}' and key = {key} and state = 'in_flight';";
+
+/// `text` with its key's claim, completion and scope written out.
+fn keyed(text: &str, scope: &str) -> String {
+    text.replace("{claim}", CLAIM)
+        .replace("{complete}", COMPLETE)
+        .replace("{scope}", scope)
+        .replace("{key}", KEY)
+}
+
 /// The one-SKU order transaction; `{pick}` chooses the SKU, `{sku}` is its SQL expression.
 const ORDER: &str = r#"-- One order of one unit, written as the app writes it, in one transaction.
 \set k random(1, 9000000000000000000)
 {pick}
 begin;
-insert into idempotency_keys (scope, key, fingerprint, state, owner)
-     values ('api', 'pgbench-' || :client_id::text || '-' || :k::text, 'pgbench', 'in_flight', gen_random_uuid())
-     on conflict (scope, key) do nothing;
+{claim}
 update stock set on_hand = on_hand - 1, updated_at = now()
  where sku = {sku} and on_hand - reserved >= 1;
 insert into stock_movements (sku, delta, reason, reference, actor)
-     values ({sku}, -1, 'order', md5('pgbench-' || :client_id::text || '-' || :k::text), 'pgbench');
+     values ({sku}, -1, 'order', md5({key}), 'pgbench');
 insert into orders (id, total_cents, idempotency_scope, idempotency_key)
-     values (md5('pgbench-' || :client_id::text || '-' || :k::text)::uuid, {price}, 'api',
-             'pgbench-' || :client_id::text || '-' || :k::text);
+     values (md5({key})::uuid, {price}, '{scope}',
+             {key});
 insert into order_lines (order_id, sku, quantity, unit_price_cents)
-     values (md5('pgbench-' || :client_id::text || '-' || :k::text)::uuid, {sku}, 1, {price});
-update idempotency_keys
-   set state = 'completed', response_status = 201, response_body = '{}', completed_at = now()
- where scope = 'api' and key = 'pgbench-' || :client_id::text || '-' || :k::text and state = 'in_flight';
+     values (md5({key})::uuid, {sku}, 1, {price});
+{complete}
 commit;
 "#;
 
@@ -97,25 +113,21 @@ const CART: &str = r#"-- One cart (a uniform SKU and the hot SKU, a unit each), 
 \set k random(1, 9000000000000000000)
 \set n random(1, {skus})
 begin;
-insert into idempotency_keys (scope, key, fingerprint, state, owner)
-     values ('api', 'pgbench-' || :client_id::text || '-' || :k::text, 'pgbench', 'in_flight', gen_random_uuid())
-     on conflict (scope, key) do nothing;
+{claim}
 update stock set on_hand = on_hand - 1, updated_at = now()
  where sku = {side} and on_hand - reserved >= 1;
 update stock set on_hand = on_hand - 1, updated_at = now()
  where sku = {hot} and on_hand - reserved >= 1;
 insert into stock_movements (sku, delta, reason, reference, actor)
-     values ({side}, -1, 'order', md5('pgbench-' || :client_id::text || '-' || :k::text), 'pgbench'),
-            ({hot}, -1, 'order', md5('pgbench-' || :client_id::text || '-' || :k::text), 'pgbench');
+     values ({side}, -1, 'order', md5({key}), 'pgbench'),
+            ({hot}, -1, 'order', md5({key}), 'pgbench');
 insert into orders (id, total_cents, idempotency_scope, idempotency_key)
-     values (md5('pgbench-' || :client_id::text || '-' || :k::text)::uuid, 2 * {price}, 'api',
-             'pgbench-' || :client_id::text || '-' || :k::text);
+     values (md5({key})::uuid, 2 * {price}, '{scope}',
+             {key});
 insert into order_lines (order_id, sku, quantity, unit_price_cents)
-     values (md5('pgbench-' || :client_id::text || '-' || :k::text)::uuid, {side}, 1, {price}),
-            (md5('pgbench-' || :client_id::text || '-' || :k::text)::uuid, {hot}, 1, {price});
-update idempotency_keys
-   set state = 'completed', response_status = 201, response_body = '{}', completed_at = now()
- where scope = 'api' and key = 'pgbench-' || :client_id::text || '-' || :k::text and state = 'in_flight';
+     values (md5({key})::uuid, {side}, 1, {price}),
+            (md5({key})::uuid, {hot}, 1, {price});
+{complete}
 commit;
 "#;
 
@@ -123,22 +135,18 @@ commit;
 const HOLD: &str = r#"-- One hold of one unit, written as the app writes it, in one transaction.
 \set k random(1, 9000000000000000000)
 begin;
-insert into idempotency_keys (scope, key, fingerprint, state, owner)
-     values ('api-hold', 'pgbench-' || :client_id::text || '-' || :k::text, 'pgbench', 'in_flight', gen_random_uuid())
-     on conflict (scope, key) do nothing;
+{claim}
 update stock set reserved = reserved + 1, updated_at = now()
  where sku = {sku} and on_hand - reserved >= 1;
 insert into stock_movements (sku, delta, reserved_delta, reason, reference, actor)
-     values ({sku}, 0, 1, 'hold', md5('pgbench-' || :client_id::text || '-' || :k::text), 'pgbench');
+     values ({sku}, 0, 1, 'hold', md5({key}), 'pgbench');
 insert into holds (id, state, expires_at, idempotency_scope, idempotency_key)
-     values (md5('pgbench-' || :client_id::text || '-' || :k::text)::uuid, 'active',
-             now() + interval '10 minutes', 'api-hold',
-             'pgbench-' || :client_id::text || '-' || :k::text);
+     values (md5({key})::uuid, 'active',
+             now() + interval '10 minutes', '{scope}',
+             {key});
 insert into hold_lines (hold_id, sku, quantity, unit_price_cents)
-     values (md5('pgbench-' || :client_id::text || '-' || :k::text)::uuid, {sku}, 1, {price});
-update idempotency_keys
-   set state = 'completed', response_status = 201, response_body = '{}', completed_at = now()
- where scope = 'api-hold' and key = 'pgbench-' || :client_id::text || '-' || :k::text and state = 'in_flight';
+     values (md5({key})::uuid, {sku}, 1, {price});
+{complete}
 commit;
 "#;
 
@@ -169,7 +177,7 @@ select s.on_hand - s.reserved as available
  where p.active and p.sku = {sku};
 insert into idempotency_keys
        (scope, key, fingerprint, state, owner, response_status, response_body, completed_at)
-values ('api', 'pgbench-' || :client_id::text || '-' || :k::text, 'pgbench', 'completed',
+values ('api', {key}, 'pgbench', 'completed',
         gen_random_uuid(), 409, '{"shortages": []}', now())
     on conflict (scope, key) do nothing;
 "#;
@@ -210,30 +218,31 @@ pub fn script(workload: Workload, skus: usize) -> Option<(String, String)> {
     let (name, text) = match workload {
         Workload::HotSku => (
             "order-hot-sku",
-            ORDER
+            keyed(ORDER, "api")
                 .replace("{pick}", "")
                 .replace("{sku}", &quoted(super::HOT_SKU)),
         ),
         Workload::HoldHot => (
             "hold-hot-sku",
-            HOLD.replace("{sku}", &quoted(super::HOT_SKU)),
+            keyed(HOLD, "api-hold").replace("{sku}", &quoted(super::HOT_SKU)),
         ),
         Workload::Confirm => ("confirm", CONFIRM.replace("{sku}", &quoted(super::HOT_SKU))),
         Workload::Uniform => (
             "order-uniform",
-            ORDER
+            keyed(ORDER, "api")
                 .replace("{pick}", &format!(r"\set n random(1, {skus})"))
                 .replace("{sku}", super::UNIFORM_SKU_SQL),
         ),
         Workload::Cart => (
             "cart",
-            CART.replace("{skus}", &skus.to_string())
+            keyed(CART, "api")
+                .replace("{skus}", &skus.to_string())
                 .replace("{side}", super::UNIFORM_SKU_SQL)
                 .replace("{hot}", &quoted(super::HOT_SKU)),
         ),
         Workload::SoldOut => (
             "sold-out",
-            SOLD_OUT.replace("{sku}", &quoted(super::SOLD_OUT_SKU)),
+            keyed(SOLD_OUT, "api").replace("{sku}", &quoted(super::SOLD_OUT_SKU)),
         ),
         Workload::ProductPage => (
             "product-page",
@@ -448,6 +457,20 @@ mod tests {
             for placeholder in ["{pick}", "{sku}", "{price}"] {
                 assert!(!text.contains(placeholder), "{placeholder} left in {text}");
             }
+        }
+    }
+
+    #[test]
+    fn no_script_keeps_a_placeholder() {
+        for workload in Workload::ALL {
+            let Some((name, text)) = script(workload, 1000) else {
+                continue;
+            };
+            let left = text.split('{').skip(1).find(|rest| {
+                let word = rest.split('}').next().unwrap_or_default();
+                !word.is_empty() && word.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+            });
+            assert!(left.is_none(), "{name} keeps a placeholder: {text}");
         }
     }
 

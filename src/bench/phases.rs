@@ -56,15 +56,28 @@ impl Bench<'_> {
         label: String,
     ) -> Phases {
         let mut connections = Connections::new(load, connections);
+        self.warm_then_measure(admin, label, async |duration, seed, live| {
+            connections.run(load, schedule, duration, seed, live).await
+        })
+        .await
+    }
+
+    /// A warm-up, then the measured phase, each run by `phase` (given its length, its
+    /// seed and what it counts as it goes); the WAL written during the measured phase
+    /// alone.
+    pub(super) async fn warm_then_measure<M>(
+        &self,
+        admin: &PgPool,
+        label: String,
+        mut phase: impl AsyncFnMut(Duration, u64, Arc<Live>) -> M,
+    ) -> Phases<M> {
         let warmup = Duration::from_secs_f64(self.plan.warmup_s);
-        let warm = connections
-            .run(load, schedule, warmup, 1, Arc::default())
-            .await;
+        let warm = phase(warmup, 1, Arc::default()).await;
         let duration = Duration::from_secs(self.plan.duration_s);
         let live = Arc::new(Live::default());
         let progress = self.progress(label, duration, live.clone());
         let wal_before = wal_position(admin).await;
-        let measured = connections.run(load, schedule, duration, 2, live).await;
+        let measured = phase(duration, 2, live).await;
         let wal = wal_since(admin, wal_before).await;
         progress.finish();
         Phases {
@@ -76,10 +89,10 @@ impl Bench<'_> {
 }
 
 /// A load's warm-up and its measured phase, with the bytes of WAL written during the latter.
-pub(super) struct Phases {
-    warm: Measured,
-    measured: Measured,
-    wal: Option<i64>,
+pub(super) struct Phases<M = Measured> {
+    pub(super) warm: M,
+    pub(super) measured: M,
+    pub(super) wal: Option<i64>,
 }
 
 impl Phases {

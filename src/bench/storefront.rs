@@ -37,8 +37,9 @@ use hyper::header::{self, HeaderMap};
 use hyper::{Method, Request};
 use sqlx::PgPool;
 
-use super::db::{per_request, wal_position, wal_since};
+use super::db::per_request;
 use super::load::{Connection, Live, Measured};
+use super::phases::Phases;
 use super::rows::{Row, Step};
 use super::{Bench, HOT_SKU, OPEN_LOOP_CONNECTIONS, Workload};
 
@@ -101,35 +102,18 @@ async fn phases(
     shoppers: usize,
     rate: Option<f64>,
     label: String,
-) -> Phases {
+) -> Phases<Shopped> {
     let mut shoppers: Vec<Shopper> = (0..shoppers.max(1))
         .map(|i| Shopper::new(&targets[i % targets.len()]))
         .collect();
-    let warmup = Duration::from_secs_f64(bench.plan.warmup_s);
-    let (kept, warm) = run(shoppers, rate, warmup, Arc::default()).await;
-    shoppers = kept;
-    let duration = Duration::from_secs(bench.plan.duration_s);
-    let live = Arc::new(Live::default());
-    let progress = bench.progress(label, duration, live.clone());
-    let wal_before = wal_position(admin).await;
-    let (_, measured) = run(shoppers, rate, duration, live).await;
-    let wal = wal_since(admin, wal_before).await;
-    progress.finish();
-    Phases {
-        warm,
-        measured,
-        wal,
-    }
+    bench
+        .warm_then_measure(admin, label, async |duration, _, live| {
+            run(&mut shoppers, rate, duration, live).await
+        })
+        .await
 }
 
-/// A storefront load's warm-up and measured phase.
-struct Phases {
-    warm: Shopped,
-    measured: Shopped,
-    wal: Option<i64>,
-}
-
-impl Phases {
+impl Phases<Shopped> {
     fn checkouts(&self) -> u64 {
         self.warm.checkouts.requests() + self.measured.checkouts.requests()
     }
@@ -169,11 +153,12 @@ impl Default for Shopped {
 /// Checkouts for `duration`: back to back on every shopper (`rate` `None`), or due at
 /// `rate` a second. Every shopper's connection is opened first, so no handshake is timed.
 async fn run(
-    mut shoppers: Vec<Shopper>,
+    kept: &mut Vec<Shopper>,
     rate: Option<f64>,
     duration: Duration,
     live: Arc<Live>,
-) -> (Vec<Shopper>, Shopped) {
+) -> Shopped {
+    let mut shoppers = std::mem::take(kept);
     futures_util::future::join_all(shoppers.iter_mut().map(|s| s.connection.open())).await;
     let n = shoppers.len() as u64;
     // One record for all shoppers, made before the clock starts (seven histograms per
@@ -208,7 +193,6 @@ async fn run(
             })
         })
         .collect();
-    let mut kept = Vec::new();
     for task in loops {
         if let Ok(shopper) = task.await {
             kept.push(shopper);
@@ -223,7 +207,7 @@ async fn run(
         Some(_) => duration.as_secs_f64(),
         None => started.elapsed().as_secs_f64(),
     };
-    (kept, all)
+    all
 }
 
 /// One virtual shopper: a keep-alive connection, and the cookies of its current checkout.

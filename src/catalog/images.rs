@@ -276,32 +276,21 @@ pub async fn find(
     shown: Shown,
 ) -> sqlx::Result<Option<Stored>> {
     let hidden_too = shown == Shown::Any;
-    match size {
-        Size::Full => {
-            sqlx::query_as!(
-                Stored,
-                r#"select i.image as bytes, i.image_etag as etag, i.content_type
-                     from product_images i join products p on p.sku = i.sku
-                    where i.sku = $1 and (p.active or $2)"#,
-                sku.as_str(),
-                hidden_too,
-            )
-            .fetch_optional(pool)
-            .await
-        }
-        Size::Thumb => {
-            sqlx::query_as!(
-                Stored,
-                r#"select i.thumb as bytes, i.thumb_etag as etag, i.content_type
-                     from product_images i join products p on p.sku = i.sku
-                    where i.sku = $1 and (p.active or $2)"#,
-                sku.as_str(),
-                hidden_too,
-            )
-            .fetch_optional(pool)
-            .await
-        }
-    }
+    // Only the chosen size's bytes are read (and detoasted).
+    let full = size == Size::Full;
+    sqlx::query_as!(
+        Stored,
+        r#"select case when $3 then i.image else i.thumb end as "bytes!",
+                  case when $3 then i.image_etag else i.thumb_etag end as "etag!",
+                  i.content_type
+             from product_images i join products p on p.sku = i.sku
+            where i.sku = $1 and (p.active or $2)"#,
+        sku.as_str(),
+        hidden_too,
+        full,
+    )
+    .fetch_optional(pool)
+    .await
 }
 
 /// Whether an `If-None-Match` header value names `etag` (or is `*`).

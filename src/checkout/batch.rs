@@ -14,7 +14,7 @@
 //!    (exclusion and fencing across processes, as `redis-lock`); orders for a SKU whose
 //!    lease another process holds wait for the next batch, and give up with 503 after
 //!    `STOCKADE_LEASE_WAIT_MS`;
-//! 3. one read ([`db::read`]) gets the stock rows, today's prices and which keys have a
+//! 3. one read ([`db::Asked::read`]) gets the stock rows, today's prices and which keys have a
 //!    record (they drop out and are answered from it, as does the second of a key sent
 //!    twice); units are allocated per SKU in arrival order, each order accepted while
 //!    enough is left, the others refused with their own shortage;

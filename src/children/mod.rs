@@ -13,11 +13,15 @@
 //! - [`started`]: a daemon that exits while Stockade waits for it fails the wait at once,
 //!   naming the daemon and quoting the end of its log, instead of leaving the wait to run
 //!   into its deadline (or, with no deadline, forever).
+//! - [`running`]: each started server is stopped with its own signal when its owner is
+//!   dropped.
 
 pub mod ports;
+pub mod running;
 pub mod started;
 pub mod warden;
 
 pub use ports::free_port;
+pub use running::{Running, stop_child};
 pub use started::{alive, check_alive, exited, log_tail};
 pub use warden::{mark, mark_tokio};

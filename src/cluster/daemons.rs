@@ -1,10 +1,11 @@
 //! The cluster's other daemons: PgBouncer, the Sentinels and HAProxy, each with its
 //! configuration, and [`Daemon`], which keeps one running and can restart or kill it.
 
+use crate::children::Running;
 use std::fs;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -22,9 +23,8 @@ use super::{ClusterOptions, DOWN_AFTER, FAILOVER_TIMEOUT, MASTER_NAME, QUORUM, S
 /// A server process that is not PostgreSQL or Redis (PgBouncer, a Sentinel, HAProxy),
 /// kept with how to start it again.
 pub struct Daemon {
-    name: String,
+    process: Running,
     command: Box<dyn Fn() -> Command + Send + Sync>,
-    child: Option<Child>,
     pub port: u16,
     log: PathBuf,
 }
@@ -32,7 +32,7 @@ pub struct Daemon {
 impl std::fmt::Debug for Daemon {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Daemon")
-            .field("name", &self.name)
+            .field("name", &self.process.name())
             .field("port", &self.port)
             .finish()
     }
@@ -46,9 +46,8 @@ impl Daemon {
         command: impl Fn() -> Command + Send + Sync + 'static,
     ) -> anyhow::Result<Self> {
         let mut daemon = Self {
-            name: name.into(),
+            process: Running::none(name, Signal::SIGTERM),
             command: Box::new(command),
-            child: None,
             port,
             log,
         };
@@ -64,14 +63,15 @@ impl Daemon {
         cmd.stdin(Stdio::null()).process_group(0);
         let child = crate::children::mark(&mut cmd)
             .spawn()
-            .with_context(|| format!("could not start {}", self.name))?;
-        self.child = Some(child);
+            .with_context(|| format!("could not start {}", self.process.name()))?;
+        self.process.set(child);
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            if let Some(child) = self.child.as_mut()
-                && let Err(e) = children::exited(&self.name, child, &self.log)
+            let name = self.process.name().to_owned();
+            if let Some(child) = self.process.child()
+                && let Err(e) = children::exited(&name, child, &self.log)
             {
-                self.child = None;
+                self.process.forget();
                 return Err(e);
             }
             // Its own port, not another's: a port that answers before this daemon runs
@@ -83,7 +83,7 @@ impl Daemon {
                 bail!(
                     "{} did not accept connections on port {} within 20 s; the last lines of \
                      {}:\n{}",
-                    self.name,
+                    self.process.name(),
                     self.port,
                     self.log.display(),
                     children::log_tail(&self.log, 20)
@@ -97,8 +97,8 @@ impl Daemon {
     /// every wait on the cluster asks this of its daemons at each tick, so a daemon that
     /// dies fails the wait at once.
     pub fn check(&self) -> anyhow::Result<()> {
-        match &self.child {
-            Some(child) => children::check_alive(&self.name, child.id(), &self.log),
+        match self.process.pid() {
+            Some(pid) => children::check_alive(self.process.name(), pid, &self.log),
             // Stopped or killed on purpose (a fault test's crash): not a failed start.
             None => Ok(()),
         }
@@ -106,40 +106,23 @@ impl Daemon {
 
     /// The process's pid, while it runs.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.process.pid()
     }
 
     /// Kills the process at once (SIGKILL), as a crash would.
     pub fn kill9(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.process.kill9();
     }
 
     /// Kills the process and every process of its group at once (SIGKILL): a server and
     /// the children it runs, as a machine dying would take them.
     pub fn kill9_group(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = nix::sys::signal::killpg(
-                nix::unistd::Pid::from_raw(child.id() as i32),
-                Signal::SIGKILL,
-            );
-            let _ = child.wait();
-        }
+        self.process.kill9_group();
     }
 
     /// SIGTERM, and waits for the exit.
     pub fn stop(&mut self) {
-        if let Some(child) = self.child.take() {
-            local::stop_child(child, Signal::SIGTERM, &self.name);
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        self.stop();
+        self.process.stop();
     }
 }
 

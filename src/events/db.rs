@@ -207,6 +207,18 @@ pub struct Attempt {
     pub error: Option<String>,
 }
 
+impl Attempt {
+    /// An attempt that got no answer, for `error`, and whether it is worth another.
+    pub fn failed(error: String, retry: bool) -> (Self, bool) {
+        let attempt = Self {
+            status: None,
+            response: None,
+            error: Some(error),
+        };
+        (attempt, retry)
+    }
+}
+
 /// Marks a claimed delivery sent. False when the claim was lost (its lease ran out and
 /// another dispatcher claimed it again): that one settles it.
 #[tracing::instrument(skip_all)]

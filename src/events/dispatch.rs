@@ -178,24 +178,14 @@ impl Dispatcher {
 
     /// POSTs a webhook, signed. Success is any 2xx; the rest is retried.
     async fn post(&self, claimed: &Claimed) -> (Attempt, bool) {
-        let failed = |error: String, retry: bool| {
-            (
-                Attempt {
-                    status: None,
-                    response: None,
-                    error: Some(error),
-                },
-                retry,
-            )
-        };
         let (Some(url), Some(secret)) = (&claimed.url, &claimed.secret) else {
-            return failed("the endpoint is gone".into(), false);
+            return Attempt::failed("the endpoint is gone".into(), false);
         };
         // A host written as an address is connected to as written; a name is looked up and
         // checked by the client's resolver as it connects (no lookup in between).
         let refused = |e: Refused| {
             let retry = matches!(e, Refused::Unresolved { .. });
-            failed(e.to_string(), retry)
+            Attempt::failed(e.to_string(), retry)
         };
         let url = match target::parse(url) {
             Ok(url) => url,
@@ -215,7 +205,7 @@ impl Dispatcher {
         let timestamp = chrono::Utc::now().timestamp();
         let Some(signature) = super::sign::signature(secret, &id, timestamp, body.as_bytes())
         else {
-            return failed("the endpoint's secret is damaged".into(), false);
+            return Attempt::failed("the endpoint's secret is damaged".into(), false);
         };
         let started = Instant::now();
         let sent = self
@@ -232,7 +222,7 @@ impl Dispatcher {
             Ok(r) => r,
             Err(e) => match target::refusal(&e) {
                 Some(e) => return refused(e.clone()),
-                None => return failed(without_url(e), true),
+                None => return Attempt::failed(without_url(e), true),
             },
         };
         let status = response.status();
@@ -264,25 +254,15 @@ impl Dispatcher {
 
     /// Sends a receipt.
     async fn mail(&self, claimed: &Claimed) -> (Attempt, bool) {
-        let failed = |error: String, retry: bool| {
-            (
-                Attempt {
-                    status: None,
-                    response: None,
-                    error: Some(error),
-                },
-                retry,
-            )
-        };
         let Some(mailer) = &self.mailer else {
-            return failed(
+            return Attempt::failed(
                 "mail is not configured in the process that sent this".into(),
                 true,
             );
         };
         let order: super::mail::Receipt = match serde_json::from_value(claimed.payload.clone()) {
             Ok(order) => order,
-            Err(e) => return failed(format!("the event is not an order: {e}"), false),
+            Err(e) => return Attempt::failed(format!("the event is not an order: {e}"), false),
         };
         match mailer.send_receipt(claimed.event_id, &order).await {
             Ok(said) => (
@@ -293,8 +273,8 @@ impl Dispatcher {
                 },
                 true,
             ),
-            Err(MailError::Retry(e)) => failed(e, true),
-            Err(MailError::Permanent(e)) => failed(e, false),
+            Err(MailError::Retry(e)) => Attempt::failed(e, true),
+            Err(MailError::Permanent(e)) => Attempt::failed(e, false),
         }
     }
 }

@@ -27,7 +27,7 @@ use sqlx::PgPool;
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
-use super::{Confirmed, HoldError};
+use super::{Confirmation, Confirmed, HoldError};
 use crate::lane::{Lane, Queue};
 use crate::orders::{Order, OrderStatus, limits};
 
@@ -81,26 +81,23 @@ impl Confirmer {
         }
     }
 
-    /// Turns hold `id` into an order as [`super::confirm`] does, under `batched` sharing a
-    /// transaction with the confirmations queued meanwhile; with `owner`, only a hold
+    /// Turns the hold into an order as [`super::confirm`] does, under `batched` sharing a
+    /// transaction with the confirmations queued meanwhile; with an owner, only a hold
     /// placed under that API caller's keys (else [`HoldError::NotFound`], whether or not
     /// it exists), checked in the lot's own read.
     pub async fn confirm(
         self: &Arc<Self>,
-        id: Uuid,
-        owner: Option<&str>,
-        contact: &crate::orders::Contact,
-        answer_by: Instant,
+        asked: Confirmation<'_>,
     ) -> Result<Confirmed, HoldError> {
         if !self.in_lots {
-            return self.alone(id, owner, contact, answer_by).await;
+            return self.alone(asked).await;
         }
         let (answer, rx) = oneshot::channel();
         self.enqueue(Pending {
-            hold: id,
-            owner: owner.map(str::to_string),
-            contact: contact.clone(),
-            answer_by,
+            hold: asked.hold,
+            owner: asked.owner.map(str::to_string),
+            contact: asked.contact.clone(),
+            answer_by: asked.answer_by,
             answer,
         });
         match rx.await {
@@ -110,24 +107,18 @@ impl Confirmer {
             }),
             Ok(Lot::TooLate) => Err(HoldError::TimedOut),
             // Not for a lot, or a leader that failed: the confirmation runs on its own.
-            Ok(Lot::Alone) | Err(_) => self.alone(id, owner, contact, answer_by).await,
+            Ok(Lot::Alone) | Err(_) => self.alone(asked).await,
         }
     }
 
     /// A confirmation on its own, in its request.
-    async fn alone(
-        &self,
-        id: Uuid,
-        owner: Option<&str>,
-        contact: &crate::orders::Contact,
-        answer_by: Instant,
-    ) -> Result<Confirmed, HoldError> {
-        if let Some(owner) = owner
-            && !super::db::owned_by(&self.db, id, owner).await?
+    async fn alone(&self, asked: Confirmation<'_>) -> Result<Confirmed, HoldError> {
+        if let Some(owner) = asked.owner
+            && !super::db::owned_by(&self.db, asked.hold, owner).await?
         {
             return Err(HoldError::NotFound);
         }
-        super::confirm(&self.db, id, contact, answer_by).await
+        super::confirm(&self.db, asked.hold, asked.contact, asked.answer_by).await
     }
 
     fn enqueue(self: &Arc<Self>, pending: Pending) {

@@ -24,6 +24,19 @@ pub mod reports;
 
 pub use batch::Confirmer;
 
+/// A hold to confirm into an order, as asked.
+#[derive(Debug, Clone, Copy)]
+pub struct Confirmation<'a> {
+    pub hold: Uuid,
+    /// The API caller's key prefix the hold must have been placed under (`None`: the
+    /// storefront, where the hold's unguessable id is the permission).
+    pub owner: Option<&'a str>,
+    /// Who the order is for, and where it goes.
+    pub contact: &'a crate::orders::Contact,
+    /// When the request's client stops waiting: a lot that begins later skips it.
+    pub answer_by: Instant,
+}
+
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -212,18 +225,7 @@ pub async fn confirm(
     } else {
         // Expired: return what it still reserves, then buy from free stock like a new order.
         if hold.state == HoldState::Active {
-            for line in &hold.lines {
-                let sku = &line.sku;
-                unreserve(
-                    &mut tx,
-                    sku,
-                    line.quantity,
-                    "expire",
-                    &id.to_string(),
-                    "shopper",
-                )
-                .await?;
-            }
+            unreserve_lines(&mut tx, &hold, "expire", "shopper").await?;
         }
         let mut shortages = Vec::new();
         for line in &hold.lines {
@@ -320,18 +322,7 @@ pub async fn release(
         HoldState::Released | HoldState::Expired => return Ok(Released::Already),
         HoldState::Active => {}
     }
-    for line in &hold.lines {
-        let sku = &line.sku;
-        unreserve(
-            &mut tx,
-            sku,
-            line.quantity,
-            "release",
-            &id.to_string(),
-            actor,
-        )
-        .await?;
-    }
+    unreserve_lines(&mut tx, &hold, "release", actor).await?;
     db::set_state(&mut tx, id, HoldState::Released, None).await?;
     events::db::record(&mut tx, Event::hold_released(id, actor)).await?;
     tx.commit().await?;
@@ -341,6 +332,21 @@ pub async fn release(
         }
     }
     Ok(Released::Now)
+}
+
+/// Returns what `hold` reserves to sale, line by line in SKU order, with a ledger row each
+/// (`reason` is `release` or `expire`).
+async fn unreserve_lines(
+    conn: &mut sqlx::PgConnection,
+    hold: &Hold,
+    reason: &str,
+    actor: &str,
+) -> sqlx::Result<()> {
+    let reference = hold.id.to_string();
+    for line in &hold.lines {
+        unreserve(conn, &line.sku, line.quantity, reason, &reference, actor).await?;
+    }
+    Ok(())
 }
 
 /// Releases up to `batch` expired holds in one transaction; returns how many.

@@ -9,7 +9,10 @@ use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use actix_web::http::header;
-use actix_web::{HttpRequest, HttpResponse, web};
+use std::future::{Ready, ready};
+
+use actix_web::dev::Payload;
+use actix_web::{FromRequest, HttpRequest, HttpResponse, web};
 
 use crate::error::AppError;
 
@@ -72,21 +75,34 @@ pub fn cache_control(req: &HttpRequest, version: &str) -> &'static str {
     }
 }
 
-pub async fn get_asset(
-    req: HttpRequest,
-    file: web::Path<String>,
-) -> Result<HttpResponse, AppError> {
-    let (name, content_type, body) = ASSETS
-        .iter()
-        .find(|(name, _, _)| *name == file.as_str())
-        .ok_or_else(|| AppError::not_found("No such file."))?;
-    Ok(HttpResponse::Ok()
+/// A static file named by the address's `{file}`, found on the way in: any other name is
+/// 404 in words (nothing else is checked before it).
+pub struct Asset(&'static (&'static str, &'static str, &'static str));
+
+impl FromRequest for Asset {
+    type Error = AppError;
+    type Future = Ready<Result<Self, AppError>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let file = req.match_info().get("file").unwrap_or_default();
+        let found = ASSETS.iter().find(|(name, _, _)| *name == file);
+        ready(
+            found
+                .map(Asset)
+                .ok_or_else(|| AppError::not_found("No such file.")),
+        )
+    }
+}
+
+pub async fn get_asset(req: HttpRequest, file: Asset) -> HttpResponse {
+    let (name, content_type, body) = file.0;
+    HttpResponse::Ok()
         .content_type(*content_type)
         .insert_header((
             header::CACHE_CONTROL,
             cache_control(&req, &versions()[name]),
         ))
-        .body(*body))
+        .body(*body)
 }
 
 #[cfg(test)]

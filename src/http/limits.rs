@@ -12,13 +12,15 @@
 //!   caller's bucket: the API client's, or else the address's ([`super::client_addr`]).
 //!   Past the limit: 429 with `Retry-After`. The rule itself is in [`crate::ratelimit`].
 
+use std::time::Duration;
+
 use actix_web::HttpRequest;
 use actix_web::http::header;
 
 use super::AppState;
 use crate::clients::{Caller, KEY_PREFIX, Limit};
 use crate::error::AppError;
-use crate::ratelimit::{Decision, Failures, Quota, retry_after_secs};
+use crate::ratelimit::{Decision, Failures, Quota, Store, retry_after_secs};
 
 /// The caller of an API request that places or reads orders and holds.
 pub async fn caller(req: &HttpRequest, state: &AppState) -> Result<Caller, AppError> {
@@ -93,12 +95,7 @@ impl KeyFailures {
         let Decision::Limited { retry_after } = decision else {
             return Ok(());
         };
-        state
-            .metrics
-            .rate_limited
-            .with_label_values(&[store.as_str()])
-            .inc();
-        let secs = retry_after_secs(retry_after);
+        let secs = counted_refusal(state, store, retry_after);
         tracing::info!(
             subject = self.subject,
             retry_after_s = secs,
@@ -121,6 +118,17 @@ impl KeyFailures {
             .count_failure(&self.subject, self.allowance)
             .await;
     }
+}
+
+/// Counts a 429 in the metrics under the store that decided it; answers its `Retry-After`
+/// in whole seconds.
+fn counted_refusal(state: &AppState, store: Store, retry_after: Duration) -> u64 {
+    state
+        .metrics
+        .rate_limited
+        .with_label_values(&[store.as_str()])
+        .inc();
+    retry_after_secs(retry_after)
 }
 
 /// Counts one order or hold against the caller's rate limit (`None`: a checkout form,
@@ -160,12 +168,7 @@ pub async fn limit_placement(
     match decision {
         Decision::Allowed => Ok(()),
         Decision::Limited { retry_after } => {
-            state
-                .metrics
-                .rate_limited
-                .with_label_values(&[store.as_str()])
-                .inc();
-            let secs = retry_after_secs(retry_after);
+            let secs = counted_refusal(state, store, retry_after);
             tracing::info!(subject, retry_after_s = secs, "rate limited");
             Err(AppError::TooManyRequests {
                 message: format!(

@@ -107,21 +107,15 @@ impl AppState {
             .ok_or_else(|| paths::no_product(sku.as_str()))
     }
 
-    /// Confirms hold `id` into an order: through its payment when the shop takes payments
+    /// Confirms a hold into an order: through its payment when the shop takes payments
     /// (only a paid hold becomes an order, and its payment is captured), else as it is.
     pub async fn confirm_hold(
         &self,
-        id: uuid::Uuid,
-        owner: Option<&str>,
-        contact: &crate::orders::Contact,
-        answer_by: std::time::Instant,
+        asked: crate::holds::Confirmation<'_>,
     ) -> Result<crate::holds::Confirmed, crate::payments::flow::PayError> {
         match &self.payments {
-            Some(payments) => payments.confirm(id, owner, contact, answer_by).await,
-            None => Ok(self
-                .confirmer
-                .confirm(id, owner, contact, answer_by)
-                .await?),
+            Some(payments) => payments.confirm(asked).await,
+            None => Ok(self.confirmer.confirm(asked).await?),
         }
     }
 

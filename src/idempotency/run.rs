@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use sqlx::{PgConnection, PgPool};
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
 use super::{Begin, Fingerprint, IdempotencyKey, Scope, StoredResponse, abandon, begin, complete};
 
@@ -80,14 +80,7 @@ where
         }
     };
     match change(&mut *tx).await {
-        Ok(response) => {
-            if !complete(&mut tx, &claim, &response).await? {
-                tx.rollback().await?;
-                return Err(RunError::TakenOver);
-            }
-            tx.commit().await?;
-            Ok(Ok(Once::Applied(response)))
-        }
+        Ok(response) => Ok(Ok(finish(tx, &claim, response).await?)),
         Err(refused) => {
             tx.rollback().await?;
             abandon(pool, &claim).await?;
@@ -118,20 +111,27 @@ where
         Claimed::Done(once) => return Ok(Ok(once)),
     };
     match change().await {
-        Ok(response) => {
-            let mut tx = pool.begin().await?;
-            if !complete(&mut tx, &claim, &response).await? {
-                tx.rollback().await?;
-                return Err(RunError::TakenOver);
-            }
-            tx.commit().await?;
-            Ok(Ok(Once::Applied(response)))
-        }
+        Ok(response) => Ok(Ok(finish(pool.begin().await?, &claim, response).await?)),
         Err(refused) => {
             abandon(pool, &claim).await?;
             Ok(Err(refused))
         }
     }
+}
+
+/// Completes `claim` with `response` in `tx` and commits both, or rolls back when a retry
+/// took the key over.
+async fn finish(
+    mut tx: Transaction<'_, Postgres>,
+    claim: &super::Claim,
+    response: StoredResponse,
+) -> Result<Once, RunError> {
+    if !complete(&mut tx, claim, &response).await? {
+        tx.rollback().await?;
+        return Err(RunError::TakenOver);
+    }
+    tx.commit().await?;
+    Ok(Once::Applied(response))
 }
 
 /// What claiming a key came to: this request runs the change, or it is answered already.

@@ -27,7 +27,7 @@ use serde::Deserialize;
 
 use super::{
     MAX_CONNECTIONS, PG_USER, find_binary, free_port, postgres_bin_dir, private_dir, reachable,
-    run_as, service_user, stop_child, write_private,
+    run_as, service_user, write_private,
 };
 
 /// The one stanza (pgBackRest's name for a database cluster) a repository here holds.
@@ -432,7 +432,7 @@ impl Repo {
                 .lines()
                 .any(|l| l.ends_with("database system is ready to accept connections"))
             {
-                stop_child(child, Signal::SIGINT, "postgres");
+                crate::children::stop_child(child, Signal::SIGINT, "postgres");
                 return Ok(text
                     .lines()
                     .filter(|l| {

@@ -14,7 +14,7 @@ use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -291,26 +291,4 @@ pub(crate) fn stop_leftover(pidfile: &Path, command: &str, dir: &Path) -> anyhow
         std::thread::sleep(Duration::from_millis(50));
     }
     Ok(())
-}
-
-/// Signals `child` and waits for it, killing it after 20 s.
-pub(crate) fn stop_child(mut child: Child, signal: Signal, name: &str) {
-    let pid = Pid::from_raw(child.id() as i32);
-    if kill(pid, signal).is_err() {
-        let _ = child.wait();
-        return;
-    }
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) | Err(_) => return,
-            Ok(None) if Instant::now() > deadline => {
-                tracing::warn!(name, "did not stop in time; killing it");
-                let _ = child.kill();
-                let _ = child.wait();
-                return;
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-        }
-    }
 }

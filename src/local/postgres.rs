@@ -1,10 +1,11 @@
 //! Local mode's PostgreSQL: a cluster of its own, created on first start.
 
+use crate::children::Running;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -14,7 +15,7 @@ use nix::unistd::User;
 use super::backups::Repo;
 use super::{
     MAX_CONNECTIONS, PG_USER, postgres_bin_dir, private_dir, remembered_port, run_as, service_user,
-    stop_child, stop_leftover, write_private,
+    stop_leftover, write_private,
 };
 
 /// How [`LocalPostgres::spawn`] starts the server.
@@ -29,7 +30,8 @@ struct Spawn {
 /// A running PostgreSQL cluster owned by this process.
 #[derive(Debug)]
 pub struct LocalPostgres {
-    child: Option<Child>,
+    /// First, so that it is stopped before anything else of this is dropped.
+    process: Running,
     pub port: u16,
     pub data_dir: PathBuf,
     /// True when this start created the cluster (first start).
@@ -237,7 +239,7 @@ impl LocalPostgres {
             .spawn()
             .context("could not start postgres")?;
         let mut pg = Self {
-            child: Some(child),
+            process: Running::new(child, "postgres", Signal::SIGINT),
             port,
             data_dir: dir,
             created,
@@ -262,8 +264,8 @@ impl LocalPostgres {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Some(status) = self
-                .child
-                .as_mut()
+                .process
+                .child()
                 .and_then(|c| c.try_wait().ok().flatten())
             {
                 let log =
@@ -291,22 +293,12 @@ impl LocalPostgres {
 
     /// Whether the server process is still running.
     pub fn is_running(&mut self) -> bool {
-        self.child
-            .as_mut()
-            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+        self.process.is_running()
     }
 
     /// Fast shutdown (SIGINT): open transactions roll back, data is kept.
     pub fn stop(&mut self) {
-        if let Some(child) = self.child.take() {
-            stop_child(child, Signal::SIGINT, "postgres");
-        }
-    }
-}
-
-impl Drop for LocalPostgres {
-    fn drop(&mut self) {
-        self.stop();
+        self.process.stop();
     }
 }
 

@@ -1,23 +1,23 @@
 //! Local mode's Redis: a password-protected server that persists nothing.
 
+use crate::children::Running;
 use std::fs;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use nix::sys::signal::Signal;
 
 use super::{
-    find_binary, private_dir, remembered_port, run_as, service_user, stop_child, stop_leftover,
-    write_private,
+    find_binary, private_dir, remembered_port, run_as, service_user, stop_leftover, write_private,
 };
 
 /// A running Redis server owned by this process.
 #[derive(Debug)]
 pub struct LocalRedis {
-    child: Option<Child>,
+    process: Running,
     pub port: u16,
     /// Where the files are (may differ from `wanted` when run as root).
     pub dir: PathBuf,
@@ -29,7 +29,7 @@ pub struct LocalRedis {
 impl LocalRedis {
     /// The server's pid, while it runs.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.process.pid()
     }
 
     /// Starts Redis with its files in `wanted`. Leases are short-lived, so nothing is
@@ -106,7 +106,7 @@ impl LocalRedis {
             .spawn()
             .context("could not start redis-server")?;
         let mut redis = Self {
-            child: Some(child),
+            process: Running::new(child, "redis-server", Signal::SIGTERM),
             port,
             dir,
             wanted: wanted.to_path_buf(),
@@ -126,18 +126,15 @@ impl LocalRedis {
 
     /// Kills the server at once (SIGKILL), as a crash would, and waits for it.
     pub fn kill9(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.process.kill9();
     }
 
     fn wait_until_accepting(&mut self) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Some(status) = self
-                .child
-                .as_mut()
+                .process
+                .child()
                 .and_then(|c| c.try_wait().ok().flatten())
             {
                 let log = fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default();
@@ -156,10 +153,10 @@ impl LocalRedis {
     /// An error naming this server and quoting its log if it has exited (one stopped on
     /// purpose is not counted): waits on it end at once rather than at their deadline.
     pub fn check(&self) -> anyhow::Result<()> {
-        match &self.child {
-            Some(child) => crate::children::check_alive(
+        match self.process.pid() {
+            Some(pid) => crate::children::check_alive(
                 &format!("redis-server on port {}", self.port),
-                child.id(),
+                pid,
                 &self.dir.join("redis.log"),
             ),
             None => Ok(()),
@@ -168,20 +165,10 @@ impl LocalRedis {
 
     /// Whether the server process is still running.
     pub fn is_running(&mut self) -> bool {
-        self.child
-            .as_mut()
-            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+        self.process.is_running()
     }
 
     pub fn stop(&mut self) {
-        if let Some(child) = self.child.take() {
-            stop_child(child, Signal::SIGTERM, "redis-server");
-        }
-    }
-}
-
-impl Drop for LocalRedis {
-    fn drop(&mut self) {
-        self.stop();
+        self.process.stop();
     }
 }

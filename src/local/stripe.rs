@@ -2,14 +2,14 @@
 //! and signed webhooks, run from the project's virtualenv (`make deps-localstripe`) as a
 //! process of its own (never linked). Tests start one per test, fresh.
 
+use crate::children::Running;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use nix::sys::signal::Signal;
 
-use super::stop_child;
 use crate::config::{PaymentsMode, Settings};
 
 /// The test cards local mode prints beside the admin login.
@@ -22,7 +22,7 @@ const TEST_CARDS: &[(&str, &str)] = &[
 /// A running localstripe owned by this process.
 #[derive(Debug)]
 pub struct LocalStripe {
-    child: Option<Child>,
+    process: Running,
     pub port: u16,
     log: PathBuf,
 }
@@ -69,7 +69,7 @@ impl LocalStripe {
             .spawn()
             .with_context(|| format!("could not start {}", bin.display()))?;
         let mut stripe = Self {
-            child: Some(child),
+            process: Running::new(child, "localstripe", Signal::SIGTERM),
             port,
             log,
         };
@@ -117,7 +117,7 @@ impl LocalStripe {
     fn wait_until_accepting(&mut self) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if let Some(child) = self.child.as_mut() {
+            if let Some(child) = self.process.child() {
                 crate::children::exited("localstripe", child, &self.log)?;
             }
             if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
@@ -155,21 +155,10 @@ impl LocalStripe {
 
     /// Kills it at once (SIGKILL), as a crash would.
     pub fn kill9(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.process.kill9();
     }
 
     pub fn stop(&mut self) {
-        if let Some(child) = self.child.take() {
-            stop_child(child, Signal::SIGTERM, "localstripe");
-        }
-    }
-}
-
-impl Drop for LocalStripe {
-    fn drop(&mut self) {
-        self.stop();
+        self.process.stop();
     }
 }

@@ -2,13 +2,11 @@
 //! set on the intent and confirmed, on the server) and confirming the hold into an order
 //! once the payment is authorized, then capturing it.
 
-use std::time::Instant;
-
 use uuid::Uuid;
 
 use super::stripe::CallError;
 use super::{CREATION_STALE, Payment, Payments, Status, db};
-use crate::holds::{self, Confirmed, Hold, HoldError, HoldState};
+use crate::holds::{self, Confirmation, Confirmed, Hold, HoldError, HoldState};
 
 /// `method` if it is a payment method as Stripe.js gives one (a PaymentMethod, `pm_…`,
 /// or a tokenized card's id, `card_…`); else why not, as a sentence.
@@ -252,14 +250,9 @@ impl Payments {
     /// then captures the payment. As [`holds::Confirmer::confirm`] otherwise: confirming
     /// again answers the same order. When the order cannot be placed (the hold expired
     /// and its stock is gone, or it was cancelled), the authorization is released.
-    #[tracing::instrument(skip_all, fields(hold = %hold))]
-    pub async fn confirm(
-        &self,
-        hold: Uuid,
-        owner: Option<&str>,
-        contact: &crate::orders::Contact,
-        answer_by: Instant,
-    ) -> Result<Confirmed, PayError> {
+    #[tracing::instrument(skip_all, fields(hold = %asked.hold))]
+    pub async fn confirm(&self, asked: Confirmation<'_>) -> Result<Confirmed, PayError> {
+        let hold = asked.hold;
         let found = holds::db::find_hold(&self.db, hold)
             .await?
             .ok_or(PayError::NotFound)?;
@@ -268,7 +261,7 @@ impl Payments {
             // Nothing to pay (a free hold), or an order placed before payments were on:
             // the confirmation as it always was.
             if found.total_cents == 0 || found.order_id.is_some() {
-                return self.confirm_hold(hold, owner, contact, answer_by).await;
+                return self.confirm_hold(asked).await;
             }
             return Err(PayError::NotPaid(None));
         };
@@ -288,7 +281,7 @@ impl Payments {
             if !payment.status.is_paid() {
                 return Err(PayError::NotPaid(Some(payment)));
             }
-            match self.confirm_hold(hold, owner, contact, answer_by).await {
+            match self.confirm_hold(asked).await {
                 Ok(mut confirmed) => {
                     let paid = self.after_order(&payment, confirmed.order.id).await?;
                     confirmed.order.payment = Some(Box::new(paid.summary()));
@@ -305,17 +298,8 @@ impl Payments {
         .await?
     }
 
-    async fn confirm_hold(
-        &self,
-        hold: Uuid,
-        owner: Option<&str>,
-        contact: &crate::orders::Contact,
-        answer_by: Instant,
-    ) -> Result<Confirmed, PayError> {
-        Ok(self
-            .confirmer
-            .confirm(hold, owner, contact, answer_by)
-            .await?)
+    async fn confirm_hold(&self, asked: Confirmation<'_>) -> Result<Confirmed, PayError> {
+        Ok(self.confirmer.confirm(asked).await?)
     }
 
     /// The order `order` was placed for `payment`: capture it, then link them and record

@@ -131,6 +131,21 @@ async fn answers_shared_caches_may_keep_set_no_cookie() {
 }
 
 #[tokio::test]
+async fn a_static_file_that_is_not_there_is_404_in_words() {
+    let app = spawn_app().await;
+    for path in [
+        "/static/nope.css",
+        "/static/style.css.bak",
+        "/static/%2e%2e%2fCargo.toml",
+    ] {
+        let res = client().get(app.url(path)).send().await.unwrap();
+        assert_eq!(res.status().as_u16(), 404, "{path}");
+        let body = res.text().await.unwrap();
+        assert!(body.contains("No such file."), "{path}: {body}");
+    }
+}
+
+#[tokio::test]
 async fn a_body_naming_a_member_twice_is_refused_and_changes_nothing() {
     let app = app_with_product().await;
     let twice = format!(

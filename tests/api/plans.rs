@@ -35,11 +35,13 @@ async fn present(conn: &mut PgConnection, keys: &[(&str, &str)], batch_read: boo
             .await
             .unwrap();
     }
-    let scopes: Vec<&str> = keys.iter().map(|(s, _)| *s).collect();
-    let names: Vec<&str> = keys.iter().map(|(_, k)| *k).collect();
-    let rows = stockade::checkout::batch::db::read(&mut *conn, &["PLAN-1"], &scopes, &names, 0)
-        .await
-        .unwrap();
+    let asked = stockade::checkout::batch::db::Asked {
+        skus: vec!["PLAN-1"],
+        scopes: keys.iter().map(|(s, _)| *s).collect(),
+        keys: keys.iter().map(|(_, k)| *k).collect(),
+        orders: 0,
+    };
+    let rows = asked.read(&mut *conn).await.unwrap();
     let recorded = &rows[0].recorded;
     (1..=keys.len() as i64)
         .map(|i| recorded.contains(&i))

@@ -54,51 +54,43 @@ macro_rules! read_sql {
     };
 }
 
-/// The stock and product rows of `skus`, which of the keys (`scopes[i]`, `keys[i]`)
-/// have a record already, and `orders` order numbers, by one statement. Reads without locking; see [`write`].
-pub async fn read(
-    conn: &mut PgConnection,
-    skus: &[&str],
-    scopes: &[&str],
-    keys: &[&str],
-    orders: usize,
-) -> sqlx::Result<Vec<Row>> {
-    read_with(conn, read_sql!(), skus, scopes, keys, orders).await
+/// What a batch reads: its SKUs (sorted, each once), its keys (`scopes[i]`, `keys[i]`),
+/// and how many order numbers it may need.
+pub struct Asked<'a> {
+    pub skus: Vec<&'a str>,
+    pub scopes: Vec<&'a str>,
+    pub keys: Vec<&'a str>,
+    pub orders: usize,
 }
 
-/// [`read`], locking the stock rows for the rest of the transaction, in SKU order (as
-/// every locker of several stock rows does, so no two deadlock): one round trip where a
-/// lock and a read took two, while the rows are held.
-pub async fn read_locking(
-    conn: &mut PgConnection,
-    skus: &[&str],
-    scopes: &[&str],
-    keys: &[&str],
-    orders: usize,
-) -> sqlx::Result<Vec<Row>> {
-    let sql = concat!(read_sql!(), " for update of s");
-    read_with(conn, sql, skus, scopes, keys, orders).await
-}
+impl Asked<'_> {
+    /// The stock and product rows of the SKUs, which of the keys have a record already,
+    /// and the order numbers, by one statement. Reads without locking; see [`write`].
+    pub async fn read(&self, conn: &mut PgConnection) -> sqlx::Result<Vec<Row>> {
+        self.run(conn, read_sql!()).await
+    }
 
-async fn read_with(
-    conn: &mut PgConnection,
-    sql: &'static str,
-    skus: &[&str],
-    scopes: &[&str],
-    keys: &[&str],
-    orders: usize,
-) -> sqlx::Result<Vec<Row>> {
-    // A runtime query, planned afresh each time (`persistent(false)`, which the macros do
-    // not offer): a plan kept from when `idempotency_keys` was small joins the keys by
-    // reading the whole table, and that table grows by every order.
-    sqlx::query_as(sql)
-        .bind(skus)
-        .bind(scopes)
-        .bind(keys)
-        .bind(orders as i32)
-        .persistent(false)
-        .fetch_all(conn)
-        .await
+    /// [`Asked::read`], locking the stock rows for the rest of the transaction, in SKU
+    /// order (as every locker of several stock rows does, so no two deadlock): one round
+    /// trip where a lock and a read took two, while the rows are held.
+    pub async fn read_locking(&self, conn: &mut PgConnection) -> sqlx::Result<Vec<Row>> {
+        self.run(conn, concat!(read_sql!(), " for update of s"))
+            .await
+    }
+
+    async fn run(&self, conn: &mut PgConnection, sql: &'static str) -> sqlx::Result<Vec<Row>> {
+        // A runtime query, planned afresh each time (`persistent(false)`, which the macros
+        // do not offer): a plan kept from when `idempotency_keys` was small joins the keys
+        // by reading the whole table, and that table grows by every order.
+        sqlx::query_as(sql)
+            .bind(&self.skus)
+            .bind(&self.scopes)
+            .bind(&self.keys)
+            .bind(self.orders as i32)
+            .persistent(false)
+            .fetch_all(conn)
+            .await
+    }
 }
 
 /// Everything one batch decided, as the columns of its rows.

@@ -63,9 +63,12 @@ pub(super) async fn transact(
         .collect();
     skus.sort_unstable();
     skus.dedup();
-    let scopes: Vec<&str> = jobs.iter().map(|j| j.scope.as_str()).collect();
-    let keys: Vec<&str> = jobs.iter().map(|j| j.key.as_str()).collect();
-    let orders = jobs.iter().filter(|j| j.want == Want::Order).count();
+    let asked = db::Asked {
+        skus,
+        scopes: jobs.iter().map(|j| j.scope.as_str()).collect(),
+        keys: jobs.iter().map(|j| j.key.as_str()).collect(),
+        orders: jobs.iter().filter(|j| j.want == Want::Order).count(),
+    };
     let mut conn = db.acquire().await?;
     // A hold is counted with its shopper's other holds ([`crate::holds::cap`]), which
     // may be placed without a lease (the breaker open, another process's strategy): a
@@ -75,13 +78,13 @@ pub(super) async fn transact(
         // The lease keeps every other batch of these SKUs out, and the write re-checks
         // stock and fence. A purchase limit also counts holds and orders of several SKUs,
         // which take no lease: batches with a limited SKU lock their rows instead.
-        let rows = db::read(&mut conn, &skus, &scopes, &keys, orders).await?;
+        let rows = asked.read(&mut conn).await?;
         if !rows.iter().any(|r| r.purchase_limit.is_some()) {
             return decide(&mut conn, jobs, rows, fence, hold_ttl, caps).await;
         }
     }
     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-    let rows = db::read_locking(&mut tx, &skus, &scopes, &keys, orders).await?;
+    let rows = asked.read_locking(&mut tx).await?;
     let applied = decide(&mut tx, jobs, rows, fence, hold_ttl, caps).await?;
     if matches!(applied, Applied::Done(_)) {
         tx.commit().await?;

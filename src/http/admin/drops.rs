@@ -9,7 +9,7 @@ use chrono::Utc;
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::once::{DoneQuery, FormOutcome, apply_form_apart, done_notice, form_key, new_form_key};
+use super::once::{Apart, DoneQuery, FormOutcome, apply_form, done_notice, form_key, new_form_key};
 use super::page_chrome;
 use crate::admin::Admin;
 use crate::drops::db::{Change, DropError};
@@ -279,12 +279,12 @@ pub async fn post_drops(
         return html(StatusCode::UNPROCESSABLE_ENTITY, &page);
     }
     let shared = state.clone().into_inner();
-    apply_form_apart(
+    apply_form(
         &state,
         &admin,
         &key,
         &form.drop,
-        async move || -> Result<StoredResponse, AppError> {
+        Apart(async move || -> Result<StoredResponse, AppError> {
             let drop = drops::db::create(&shared.db, &new)
                 .await
                 .map_err(drop_error)?;
@@ -295,7 +295,7 @@ pub async fn post_drops(
                 notice: format!("Drop of {} scheduled.", drop.sku),
             };
             Ok(outcome.stored())
-        },
+        }),
     )
     .await?
 }
@@ -394,12 +394,12 @@ pub async fn post_drop_change(
         .ok_or_else(|| AppError::not_found("A drop can be paused, resumed or ended."))?;
     let shared = state.clone().into_inner();
     let actor = admin.username.clone();
-    apply_form_apart(
+    apply_form(
         &state,
         &admin,
         &key,
         &(action.as_str(), id),
-        async move || -> Result<StoredResponse, AppError> {
+        Apart(async move || -> Result<StoredResponse, AppError> {
             let changed = apply_change(&shared, id, change, &actor).await?;
             let notice = match (change, changed) {
                 (Change::Pause, true) => "Paused: nobody is let in until you resume.",
@@ -412,7 +412,7 @@ pub async fn post_drop_change(
                 notice: notice.into(),
             };
             Ok(outcome.stored())
-        },
+        }),
     )
     .await?
 }

@@ -4,7 +4,7 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
 
-use super::once::{DoneQuery, FormOutcome, apply_form_apart, done_notice, form_key, new_form_key};
+use super::once::{Apart, DoneQuery, FormOutcome, apply_form, done_notice, form_key, new_form_key};
 use super::orders::ActionForm;
 use super::page_chrome;
 use crate::admin::Admin;
@@ -50,12 +50,12 @@ pub async fn post_release_hold(
     let id = address.id()?;
     let shared = state.clone().into_inner();
     let actor = admin.username.clone();
-    apply_form_apart(
+    apply_form(
         &state,
         &admin,
         &key,
         &("release", id),
-        async move || -> Result<StoredResponse, AppError> {
+        Apart(async move || -> Result<StoredResponse, AppError> {
             // Like a cancel: the release commits on its own and happens once per hold;
             // the key is completed just after.
             use crate::holds::{HoldError, Released};
@@ -71,7 +71,7 @@ pub async fn post_release_hold(
                 notice: notice.into(),
             };
             Ok(outcome.stored())
-        },
+        }),
     )
     .await?
 }

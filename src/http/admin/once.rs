@@ -3,20 +3,20 @@
 //! key space), run their change, and store its answer in the change's transaction. A form
 //! answers 303 to the page that shows the result, and that page finds the result again by
 //! `?done=<key>`; the API answers the stored JSON ([`super::api`]).
-//! A change that commits on its own (a cancel, a release, a drop's change) goes through
-//! [`apply_form_apart`], which holds no connection while it runs.
+//! A change that commits on its own (a cancel, a release, a drop's change) is given as
+//! [`Apart`], and no connection is held while it runs.
 
 use std::time::Duration;
 
 use actix_web::HttpResponse;
 use actix_web::http::StatusCode;
 use serde::{Deserialize, Serialize};
-use sqlx::PgConnection;
+use sqlx::{PgConnection, PgPool};
 
 use crate::admin::Admin;
 use crate::error::AppError;
 use crate::http::{AppState, detached, see_other};
-use crate::idempotency::{self, IdempotencyKey, Once, RunError, Scope, StoredResponse};
+use crate::idempotency::{self, IdempotencyKey, Once, Request, RunError, Scope, StoredResponse};
 
 /// How long a second press of a stock form (a double click, a refresh while the first is
 /// still running) waits for the first to finish before it is answered 409.
@@ -30,49 +30,54 @@ pub(super) fn admin_key(admin: &Admin, key: &IdempotencyKey) -> Result<Idempoten
     Ok(IdempotencyKey::scoped(&admin.id.to_string(), key))
 }
 
-/// Runs `change` at most once per `key` ([`idempotency::run`]), waiting up to `wait` for
-/// a twin request still running. It runs as its own task, so a client that goes away
-/// leaves the key completed or released, never stuck in flight.
-///
-/// The outer error is the machinery's (the database), the inner one the change's.
-pub(super) async fn apply_once<E, F>(
-    state: &AppState,
-    scope: Scope,
-    key: IdempotencyKey,
-    fingerprint: &impl Serialize,
-    wait: Duration,
-    change: F,
-) -> Result<Result<Once, E>, AppError>
-where
-    E: 'static,
-    F: AsyncFnOnce(&mut PgConnection) -> Result<StoredResponse, E> + 'static,
-{
-    let request = request(state, scope, key, fingerprint, wait);
-    let db = state.db.clone();
-    let ran = detached(crate::checkout::work_limit(&state.settings), async move {
-        idempotency::run(&db, request, change).await
-    })
-    .await?;
-    answered(ran)
+/// A change applied under a key: one that runs in the key's own transaction
+/// ([`InTransaction`], [`idempotency::run`]), or one that commits on its own ([`Apart`],
+/// [`idempotency::run_apart`]: an order's cancel, a hold's release, a drop's schedule).
+pub(super) trait Change<E> {
+    async fn run(self, db: &PgPool, request: Request) -> Result<Result<Once, E>, RunError>;
 }
 
-/// [`apply_once`] for a change that commits on its own ([`idempotency::run_apart`]).
-async fn apply_once_apart<E, F>(
+/// A change given the key's transaction.
+pub(super) struct InTransaction<F>(pub F);
+
+/// A change that commits on its own; no connection is held for it while it runs.
+pub(super) struct Apart<F>(pub F);
+
+impl<E, F> Change<E> for InTransaction<F>
+where
+    F: AsyncFnOnce(&mut PgConnection) -> Result<StoredResponse, E>,
+{
+    async fn run(self, db: &PgPool, request: Request) -> Result<Result<Once, E>, RunError> {
+        idempotency::run(db, request, self.0).await
+    }
+}
+
+impl<E, F> Change<E> for Apart<F>
+where
+    F: AsyncFnOnce() -> Result<StoredResponse, E>,
+{
+    async fn run(self, db: &PgPool, request: Request) -> Result<Result<Once, E>, RunError> {
+        idempotency::run_apart(db, request, self.0).await
+    }
+}
+
+/// Runs `change` at most once per `key`, waiting up to `wait` for a twin request still
+/// running. It runs as its own task, so a client that goes away leaves the key completed
+/// or released, never stuck in flight.
+///
+/// The outer error is the machinery's (the database), the inner one the change's.
+pub(super) async fn apply_once<E: 'static>(
     state: &AppState,
     scope: Scope,
     key: IdempotencyKey,
     fingerprint: &impl Serialize,
     wait: Duration,
-    change: F,
-) -> Result<Result<Once, E>, AppError>
-where
-    E: 'static,
-    F: AsyncFnOnce() -> Result<StoredResponse, E> + 'static,
-{
+    change: impl Change<E> + 'static,
+) -> Result<Result<Once, E>, AppError> {
     let request = request(state, scope, key, fingerprint, wait);
     let db = state.db.clone();
     let ran = detached(crate::checkout::work_limit(&state.settings), async move {
-        idempotency::run_apart(&db, request, change).await
+        change.run(&db, request).await
     })
     .await?;
     answered(ran)
@@ -84,8 +89,8 @@ fn request(
     key: IdempotencyKey,
     fingerprint: &impl Serialize,
     wait: Duration,
-) -> idempotency::Request {
-    idempotency::Request {
+) -> Request {
+    Request {
         scope,
         key,
         fingerprint: idempotency::Fingerprint::of(fingerprint),
@@ -140,39 +145,16 @@ pub(super) fn form_key(raw: &str) -> Result<IdempotencyKey, AppError> {
 /// 303 to the page that shows the result, the first time and for every replay of the same
 /// form (a refresh, a double click, going back and submitting again); 422 when the key
 /// comes back with other values; 409 while its first request is still running.
-pub(super) async fn apply_form<E, F>(
+pub(super) async fn apply_form<E: 'static>(
     state: &AppState,
     admin: &Admin,
     key: &IdempotencyKey,
     fingerprint: &impl Serialize,
-    change: F,
-) -> Result<Result<HttpResponse, E>, AppError>
-where
-    E: 'static,
-    F: AsyncFnOnce(&mut PgConnection) -> Result<StoredResponse, E> + 'static,
-{
+    change: impl Change<E> + 'static,
+) -> Result<Result<HttpResponse, E>, AppError> {
     let scoped = admin_key(admin, key)?;
     let wait = SECOND_PRESS_WAIT;
     let once = apply_once(state, Scope::AdminForm, scoped, fingerprint, wait, change).await?;
-    form_answer(key, once)
-}
-
-/// [`apply_form`] for a change that commits on its own (an order's cancel, a hold's
-/// release, a drop's schedule): see [`idempotency::run_apart`].
-pub(super) async fn apply_form_apart<E, F>(
-    state: &AppState,
-    admin: &Admin,
-    key: &IdempotencyKey,
-    fingerprint: &impl Serialize,
-    change: F,
-) -> Result<Result<HttpResponse, E>, AppError>
-where
-    E: 'static,
-    F: AsyncFnOnce() -> Result<StoredResponse, E> + 'static,
-{
-    let scoped = admin_key(admin, key)?;
-    let wait = SECOND_PRESS_WAIT;
-    let once = apply_once_apart(state, Scope::AdminForm, scoped, fingerprint, wait, change).await?;
     form_answer(key, once)
 }
 

@@ -7,7 +7,7 @@ use askama::Template;
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::once::{DoneQuery, FormOutcome, apply_form_apart, done_notice, form_key, new_form_key};
+use super::once::{Apart, DoneQuery, FormOutcome, apply_form, done_notice, form_key, new_form_key};
 use super::{PAGE, Page, page_chrome};
 use crate::admin::Admin;
 use crate::catalog::Sku;
@@ -176,12 +176,12 @@ pub async fn post_cancel(
     let order = load_order(&state, id).await?;
     let shared = state.clone().into_inner();
     let actor = admin.username.clone();
-    apply_form_apart(
+    apply_form(
         &state,
         &admin,
         &key,
         &("cancel", order.id),
-        async move || -> Result<StoredResponse, AppError> {
+        Apart(async move || -> Result<StoredResponse, AppError> {
             // The cancel commits on its own, and only once per order however often it is
             // asked (it locks the order and checks its status); the key is completed just
             // after, so a retry that finds the key stale and takes it over is told
@@ -214,7 +214,7 @@ pub async fn post_cancel(
                 notice,
             };
             Ok(outcome.stored())
-        },
+        }),
     )
     .await?
 }

@@ -8,7 +8,7 @@ use askama::Template;
 use serde::Deserialize;
 use sqlx::PgConnection;
 
-use super::once::{FormOutcome, apply_form, form_key};
+use super::once::{FormOutcome, InTransaction, apply_form, form_key};
 use super::products::{ProductPage, load_product};
 use super::{PAGE, Page, page_chrome};
 use crate::admin::Admin;
@@ -133,16 +133,20 @@ async fn apply(
         &admin,
         &key,
         &fingerprint,
-        async move |tx: &mut PgConnection| -> Result<StoredResponse, NotSet> {
-            let applied = change.apply(tx, &changed, &reason, &actor).await;
-            let on_hand = applied.map_err(AppError::from)?.map_err(NotSet::Refused)?;
-            let notice = match change {
-                Change::Restock { units } => format!("Added {units} units; {on_hand} on hand now."),
-                Change::Adjust { new, .. } => format!("On hand set to {new}."),
-            };
-            let page = format!("/admin/products/{changed}");
-            Ok(FormOutcome { page, notice }.stored())
-        },
+        InTransaction(
+            async move |tx: &mut PgConnection| -> Result<StoredResponse, NotSet> {
+                let applied = change.apply(tx, &changed, &reason, &actor).await;
+                let on_hand = applied.map_err(AppError::from)?.map_err(NotSet::Refused)?;
+                let notice = match change {
+                    Change::Restock { units } => {
+                        format!("Added {units} units; {on_hand} on hand now.")
+                    }
+                    Change::Adjust { new, .. } => format!("On hand set to {new}."),
+                };
+                let page = format!("/admin/products/{changed}");
+                Ok(FormOutcome { page, notice }.stored())
+            },
+        ),
     )
     .await?;
     let refusal = match answer {

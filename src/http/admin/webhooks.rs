@@ -14,7 +14,7 @@ use serde::Deserialize;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::once::{FormOutcome, apply_form, done_notice, form_key, new_form_key};
+use super::once::{FormOutcome, InTransaction, apply_form, done_notice, form_key, new_form_key};
 use super::page_chrome;
 use crate::admin::Admin;
 use crate::error::AppError;
@@ -262,44 +262,51 @@ pub async fn post_webhooks(
         &admin,
         &key,
         &fingerprint,
-        async move |conn: &mut PgConnection| -> Result<StoredResponse, AppError> {
-            let secret = sign::new_secret();
-            let endpoint =
-                db::insert_endpoint(&mut *conn, &new.url, &new.types, &new.description, &secret)
-                    .await?;
-            // Kept before the endpoint commits: if this fails, nothing is made. If the
-            // commit fails instead, the secret expires unshown (no page finds the key).
-            // Through the breaker, so a Redis that hangs holds this transaction no longer
-            // than its timeout.
-            let mut redis = shared.redis.conn();
-            let kept = shared
-                .redis
-                .call(
-                    "keeping a new webhook secret",
-                    redis::cmd("SET")
-                        .arg(&slot)
-                        .arg(&secret)
-                        .arg("EX")
-                        .arg(SECRET_SHOWN_WITHIN.as_secs())
-                        .query_async::<()>(&mut redis),
+        InTransaction(
+            async move |conn: &mut PgConnection| -> Result<StoredResponse, AppError> {
+                let secret = sign::new_secret();
+                let endpoint = db::insert_endpoint(
+                    &mut *conn,
+                    &new.url,
+                    &new.types,
+                    &new.description,
+                    &secret,
                 )
-                .await;
-            if kept.is_none() {
-                tracing::warn!("keeping a new webhook secret in Redis failed");
-                return Err(AppError::Unavailable {
-                    message: "The endpoint was not made: its signing secret could not be kept \
+                .await?;
+                // Kept before the endpoint commits: if this fails, nothing is made. If the
+                // commit fails instead, the secret expires unshown (no page finds the key).
+                // Through the breaker, so a Redis that hangs holds this transaction no longer
+                // than its timeout.
+                let mut redis = shared.redis.conn();
+                let kept = shared
+                    .redis
+                    .call(
+                        "keeping a new webhook secret",
+                        redis::cmd("SET")
+                            .arg(&slot)
+                            .arg(&secret)
+                            .arg("EX")
+                            .arg(SECRET_SHOWN_WITHIN.as_secs())
+                            .query_async::<()>(&mut redis),
+                    )
+                    .await;
+                if kept.is_none() {
+                    tracing::warn!("keeping a new webhook secret in Redis failed");
+                    return Err(AppError::Unavailable {
+                        message: "The endpoint was not made: its signing secret could not be kept \
                               to show it to you. Please try again in a moment."
-                        .into(),
-                    retry_after: 1,
-                });
-            }
-            tracing::info!(admin = %actor, endpoint = %endpoint.id, "webhook endpoint created");
-            let outcome = FormOutcome {
-                page: "/admin/webhooks".into(),
-                notice: format!("Endpoint {} is ready.", endpoint.url),
-            };
-            Ok(outcome.stored())
-        },
+                            .into(),
+                        retry_after: 1,
+                    });
+                }
+                tracing::info!(admin = %actor, endpoint = %endpoint.id, "webhook endpoint created");
+                let outcome = FormOutcome {
+                    page: "/admin/webhooks".into(),
+                    notice: format!("Endpoint {} is ready.", endpoint.url),
+                };
+                Ok(outcome.stored())
+            },
+        ),
     )
     .await?
 }

@@ -203,7 +203,13 @@ pub async fn post_hold_confirm(
     let answer_by = answer_by(&req, state.settings.request_budget);
     let shared = state.clone().into_inner();
     let confirmed = detached(state.confirm_limit(), async move {
-        (shared.confirm_hold(id, Some(&owner), details.contact(), answer_by)).await
+        let asked = holds::Confirmation {
+            hold: id,
+            owner: Some(&owner),
+            contact: details.contact(),
+            answer_by,
+        };
+        shared.confirm_hold(asked).await
     })
     .await?;
     match confirmed {

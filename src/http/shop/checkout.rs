@@ -352,7 +352,13 @@ pub async fn post_checkout_confirm(
     let answer_by = answer_by(&req, state.settings.request_budget);
     let shared = state.clone().into_inner();
     let confirmed = detached(state.confirm_limit(), async move {
-        (shared.confirm_hold(id, None, contact.contact(), answer_by)).await
+        let asked = crate::holds::Confirmation {
+            hold: id,
+            owner: None,
+            contact: contact.contact(),
+            answer_by,
+        };
+        shared.confirm_hold(asked).await
     })
     .await?;
     match confirmed {

@@ -14,7 +14,7 @@ use sqlx::PgConnection;
 
 use super::AdminWrite;
 use super::dashboard::{Dashboard, dashboard};
-use super::once::{admin_key, apply_once};
+use super::once::{InTransaction, admin_key, apply_once};
 use super::webhooks::{
     DELIVERIES_SHOWN, DeliveriesQuery, DeliveryAddress, EndpointAddress, check_new, status_filter,
 };
@@ -346,27 +346,29 @@ async fn apply_change(
         key,
         &fingerprint,
         Duration::ZERO,
-        async move |tx: &mut PgConnection| -> Result<StoredResponse, AppError> {
-            let sku = changed;
-            let refusal = match change.apply(tx, &sku, &reason, &actor).await? {
-                Ok(on_hand) => return Ok(StockLevel { sku, on_hand }.stored()),
-                Err(refusal) => refusal,
-            };
-            let message = refusal.sentence(change);
-            Err(match refusal {
-                Refused::TooMuch { .. } => AppError::Unprocessable(message),
-                Refused::Moved { on_hand } => AppError::Conflict {
-                    message,
-                    retry_after: None,
-                    details: Some(serde_json::json!({"on_hand": on_hand})),
-                },
-                Refused::BelowReserved { reserved } => AppError::Conflict {
-                    message,
-                    retry_after: None,
-                    details: Some(serde_json::json!({"reserved": reserved})),
-                },
-            })
-        },
+        InTransaction(
+            async move |tx: &mut PgConnection| -> Result<StoredResponse, AppError> {
+                let sku = changed;
+                let refusal = match change.apply(tx, &sku, &reason, &actor).await? {
+                    Ok(on_hand) => return Ok(StockLevel { sku, on_hand }.stored()),
+                    Err(refusal) => refusal,
+                };
+                let message = refusal.sentence(change);
+                Err(match refusal {
+                    Refused::TooMuch { .. } => AppError::Unprocessable(message),
+                    Refused::Moved { on_hand } => AppError::Conflict {
+                        message,
+                        retry_after: None,
+                        details: Some(serde_json::json!({"on_hand": on_hand})),
+                    },
+                    Refused::BelowReserved { reserved } => AppError::Conflict {
+                        message,
+                        retry_after: None,
+                        details: Some(serde_json::json!({"reserved": reserved})),
+                    },
+                })
+            },
+        ),
     )
     .await??;
     state.stock_changed(&sku).await;
