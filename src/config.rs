@@ -243,6 +243,10 @@ environment {
             .collect::<Result<_, _>>()
             .map_err(|e| malformed(var, v, &e))
     };
+    /// A connection whose first request head has not fully arrived this long after it was
+    /// opened is answered 408 (a problem document) and closed.
+    head_timeout: Duration, "STOCKADE_HEAD_TIMEOUT_MS" = "5000",
+        |var, v| bounded(var, v, 100, 600_000).map(Duration::from_millis);
     /// A request body not fully received this long after the request's head is answered
     /// 408 and its connection closed.
     body_timeout: Duration, "STOCKADE_BODY_TIMEOUT_MS" = "4000",

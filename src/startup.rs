@@ -2,13 +2,17 @@
 //! server bound to its listener. Production and tests run exactly this code; tests bind
 //! port 0 and read [`Application::port`].
 
-use std::net::TcpListener;
+use std::future::ready;
+use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix_web::dev::{Server, ServerHandle};
+use actix_http::{HttpService, KeepAlive};
+use actix_service::{IntoServiceFactory, ServiceFactoryExt, fn_service, map_config};
+use actix_web::dev::{AppConfig, Server, ServerHandle};
 use actix_web::middleware::from_fn;
-use actix_web::{App, HttpServer, web};
+use actix_web::rt::net::TcpStream;
+use actix_web::{App, web};
 use anyhow::Context;
 use sqlx::PgPool;
 use sqlx::migrate::Migrator;
@@ -27,6 +31,9 @@ pub static MIGRATOR: Migrator = sqlx::migrate!();
 /// Request bodies above these sizes are refused with 413 (JSON: [`http::json::JSON_LIMIT`]).
 use crate::http::json::JSON_LIMIT;
 const FORM_LIMIT: usize = 16 * 1024;
+
+/// How long a kept-alive connection may sit idle between requests (actix's default).
+const KEEP_ALIVE: Duration = Duration::from_secs(5);
 
 /// A built, not yet running, Stockade server.
 pub struct Application {
@@ -157,11 +164,12 @@ impl Application {
             payments,
         });
         let app_state = state.clone();
-        let mut server = HttpServer::new(move || {
+        let app = move |listener: SocketAddr| {
             App::new()
                 .wrap(from_fn(around_request))
                 .wrap(from_fn(http::shown::redirect_form_answers))
                 .app_data(app_state.clone())
+                .app_data(http::Listener(listener))
                 .app_data(
                     web::JsonConfig::default()
                         .limit(JSON_LIMIT)
@@ -179,12 +187,37 @@ impl Application {
                 .app_data(web::PayloadConfig::default().limit(JSON_LIMIT))
                 .configure(http::routes)
                 .default_service(web::to(not_found))
-        })
-        .listen(listener)?;
-        if let Some(metrics_listener) = metrics_listener {
-            server = server.listen(metrics_listener)?;
+        };
+        let mut builder = actix_server::Server::build();
+        let shutdown = builder.graceful_shutdown_signal();
+        let head_timeout = state.settings.head_timeout;
+        for listener in std::iter::once(listener).chain(metrics_listener) {
+            let addr = listener.local_addr()?;
+            let (app, shutdown) = (app.clone(), shutdown.clone());
+            builder = builder.listen(format!("stockade-{addr}"), listener, move || {
+                let shutdown = shutdown.clone();
+                let app = app(addr)
+                    .into_factory()
+                    .map_err(|e: actix_web::Error| e.error_response());
+                let http1 = HttpService::build()
+                    .keep_alive(KeepAlive::Timeout(KEEP_ALIVE))
+                    // The first head's deadline is `HeadDeadline`'s, which reads first.
+                    .client_request_timeout(Duration::ZERO)
+                    .client_disconnect_timeout(Duration::from_secs(1))
+                    .local_addr(addr)
+                    .graceful_shutdown_signal(move || {
+                        let signal = shutdown.clone();
+                        async move { signal.notified().await }
+                    })
+                    .h1(map_config(app, |_| AppConfig::default()));
+                fn_service(move |io: TcpStream| {
+                    let peer = io.peer_addr().ok();
+                    ready(Ok((http::HeadDeadline::new(io, head_timeout), peer)))
+                })
+                .and_then(http1)
+            })?;
         }
-        let server = server
+        let server = builder
             .workers(workers)
             .disable_signals()
             .shutdown_timeout(10)

@@ -67,7 +67,7 @@ pub struct Processed {
 }
 
 impl Processed {
-    /// Pictures already re-encoded (the demo's, committed); the ETags are computed here.
+    /// Pictures already re-encoded (here, or the demo's, committed), with their ETags.
     pub fn stored(image: Vec<u8>, thumb: Vec<u8>, width: u32, height: u32) -> Self {
         Self {
             image_etag: etag(&image),
@@ -103,14 +103,7 @@ pub fn process(bytes: &[u8]) -> Result<Processed, ImageError> {
     let (width, height) = (fitted.width(), fitted.height());
     let thumb = jpeg(&shrink(fitted.clone(), THUMB_SIDE))?;
     let image = jpeg(&fitted)?;
-    Ok(Processed {
-        image_etag: etag(&image),
-        thumb_etag: etag(&thumb),
-        image,
-        thumb,
-        width,
-        height,
-    })
+    Ok(Processed::stored(image, thumb, width, height))
 }
 
 /// A PNG or WebP decoded by `image` under [`Limits`]; its decoders fail on data that ends

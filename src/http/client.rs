@@ -56,8 +56,8 @@ impl Asked {
 
 /// The scheme and host `req` was sent to. From a trusted proxy, `X-Forwarded-Proto` and
 /// `X-Forwarded-Host` say them (the right-most value: the one the nearest proxy wrote);
-/// from any other peer those headers are ignored, and the connection says the scheme
-/// (https only on a TLS listener) and `Host` the host. `settings` is `None` only in unit
+/// from any other peer those headers are ignored: the scheme is http (Stockade's
+/// listeners are plain), and `Host` says the host (else the listener's address). `settings` is `None` only in unit
 /// tests without the app state; then no proxy is trusted.
 pub fn asked_for(req: &HttpRequest, settings: Option<&Settings>) -> Asked {
     let peer = req
@@ -79,17 +79,16 @@ pub fn asked_for(req: &HttpRequest, settings: Option<&Settings>) -> Asked {
     };
     let scheme = forwarded("x-forwarded-proto")
         .filter(|p| p == "http" || p == "https")
-        .unwrap_or_else(|| match req.app_config().secure() {
-            true => "https".into(),
-            false => "http".into(),
-        });
+        // Stockade's own listeners are plain HTTP; TLS ends at a proxy in front.
+        .unwrap_or_else(|| "http".into());
     let host = forwarded("x-forwarded-host").unwrap_or_else(|| {
         req.headers()
             .get(actix_web::http::header::HOST)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string)
             .or_else(|| req.uri().authority().map(|a| a.to_string()))
-            .unwrap_or_else(|| req.app_config().host().to_string())
+            .or_else(|| req.app_data::<super::Listener>().map(|on| on.0.to_string()))
+            .unwrap_or_default()
     });
     Asked { scheme, host }
 }

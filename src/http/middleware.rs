@@ -23,13 +23,18 @@ pub struct RequestId(pub String);
 /// Response header carrying the request id.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
+/// A fresh request id: 16 hex digits.
+pub(super) fn new_request_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..16].to_string()
+}
+
 /// Wraps every request; install with `actix_web::middleware::from_fn(around_request)`.
 pub async fn around_request(
     req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
     let started = Instant::now();
-    let request_id = uuid::Uuid::new_v4().simple().to_string()[..16].to_string();
+    let request_id = new_request_id();
     req.extensions_mut().insert(RequestId(request_id.clone()));
     // Pages carry the storefront's CSRF cookie for their forms; the JSON API has none.
     let token = match super::is_api(req.path()) || super::is_webhook(req.path()) {
@@ -369,22 +374,44 @@ struct ProblemDocument<'a> {
 
 /// An RFC 9457 problem document about the request for `path`.
 fn problem_document(path: &str, problem: &Problem, request_id: &str) -> HttpResponse {
-    let status = problem.status;
+    let details = problem
+        .details
+        .as_ref()
+        .and_then(serde_json::Value::as_object);
+    let text = problem_json(problem.status, &problem.message, path, request_id, details);
+    HttpResponse::build(problem.status)
+        .content_type("application/problem+json")
+        .body(text)
+}
+
+/// The text of a problem document with the standard members only, for an answer written
+/// outside actix ([`super::head`]).
+pub(super) fn problem_text(
+    status: StatusCode,
+    detail: &str,
+    path: &str,
+    request_id: &str,
+) -> String {
+    problem_json(status, detail, path, request_id, None)
+}
+
+fn problem_json(
+    status: StatusCode,
+    detail: &str,
+    path: &str,
+    request_id: &str,
+    details: Option<&serde_json::Map<String, serde_json::Value>>,
+) -> String {
     let doc = ProblemDocument {
         kind: "about:blank",
         title: AppError::title(status),
         status: status.as_u16(),
-        detail: &problem.message,
+        detail,
         instance: path,
         request_id,
-        details: problem
-            .details
-            .as_ref()
-            .and_then(serde_json::Value::as_object),
+        details,
     };
-    HttpResponse::build(status)
-        .content_type("application/problem+json")
-        .body(serde_json::to_string(&doc).expect("problem documents serialise"))
+    serde_json::to_string(&doc).expect("problem documents serialise")
 }
 
 fn error_page(problem: &Problem, chrome: Chrome, request_id: &str) -> HttpResponse {
@@ -443,7 +470,9 @@ fn shared_cacheable(headers: &actix_web::http::header::HeaderMap) -> bool {
 const PERMISSIONS_POLICY: &str = "accelerometer=(), camera=(), geolocation=(), gyroscope=(), \
      magnetometer=(), microphone=(), payment=(), usb=()";
 
-fn set_headers(
+/// The headers every answer carries (the security headers, `X-Request-Id`), with
+/// `Cache-Control: no-store` when `no_store` and a new CSRF cookie when there is one.
+pub(super) fn set_headers(
     headers: &mut actix_web::http::header::HeaderMap,
     request_id: &str,
     new_csrf_cookie: Option<&str>,

@@ -10,6 +10,7 @@ mod client;
 pub mod contract;
 pub mod csrf;
 pub mod gate;
+mod head;
 mod health;
 pub mod json;
 pub mod limits;
@@ -25,6 +26,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use client::{asked_for, client_addr};
+pub use head::HeadDeadline;
+
+/// The address of the listener a request came in on: each listener's app carries its own.
+#[derive(Debug, Clone, Copy)]
+pub struct Listener(pub std::net::SocketAddr);
 
 use actix_web::http::Method;
 use actix_web::{HttpRequest, web};
@@ -129,7 +135,8 @@ impl AppState {
 
     /// Whether `req` came in on the metrics listener.
     pub fn on_metrics_listener(&self, req: &HttpRequest) -> bool {
-        self.metrics_addr == Some(req.app_config().local_addr())
+        req.app_data::<Listener>()
+            .is_some_and(|on| self.metrics_addr == Some(on.0))
     }
 
     /// After this process changed `sku`'s stock outside an order: its pages and its
