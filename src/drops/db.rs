@@ -154,13 +154,25 @@ pub enum Change {
     End,
 }
 
+impl std::str::FromStr for Change {
+    type Err = ();
+
+    /// `pause`, `resume` or `end`, as the addresses spell them.
+    fn from_str(raw: &str) -> Result<Self, ()> {
+        [Self::Pause, Self::Resume, Self::End]
+            .into_iter()
+            .find(|c| c.as_str() == raw)
+            .ok_or(())
+    }
+}
+
 impl Change {
-    pub fn parse(raw: &str) -> Option<Self> {
-        match raw {
-            "pause" => Some(Self::Pause),
-            "resume" => Some(Self::Resume),
-            "end" => Some(Self::End),
-            _ => None,
+    /// As the addresses spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pause => "pause",
+            Self::Resume => "resume",
+            Self::End => "end",
         }
     }
 

@@ -64,10 +64,19 @@ impl Names for DropAddress {
     }
 }
 
-/// The drop whose id is `raw`, or 404 (for a handler that reads the caller first).
-pub async fn find(state: &AppState, raw: &str) -> Result<Drop, AppError> {
-    let id = Uuid::try_parse(raw).map_err(|_| DropAddress::missing(raw))?;
-    find_id(state, id).await
+/// A ticket in a drop's queue: `/api/v1/drops/{id}/queue/{ticket}` (the shop keeps it in a
+/// cookie). One that is not a ticket's id, or not the caller's, reads the same.
+pub struct TicketAddress;
+
+impl Names for TicketAddress {
+    type Id = Uuid;
+    const SEGMENT: &'static str = "ticket";
+
+    fn missing(_: &str) -> AppError {
+        AppError::not_found(
+            "There is no such ticket in this drop's queue for you; join the queue to get one.",
+        )
+    }
 }
 
 /// The drop `id`, or 404: a live one as this process knows it (no database read per
@@ -226,18 +235,12 @@ pub async fn join(state: &AppState, drop: &Drop, joiner: &Joiner<'_>) -> Result<
 pub async fn look(
     state: &AppState,
     drop: &Drop,
-    ticket: &str,
+    ticket: Uuid,
     identity: &str,
 ) -> Result<TicketView, AppError> {
-    let missing = || {
-        AppError::not_found(
-            "There is no such ticket in this drop's queue for you; join the queue to get one.",
-        )
-    };
-    let ticket = Uuid::try_parse(ticket).map_err(|_| missing())?;
     match ticket::look(&state.db, &state.redis, drop, ticket, identity).await {
         Ok(Some(view)) => Ok(view),
-        Ok(None) => Err(missing()),
+        Ok(None) => Err(TicketAddress::missing("")),
         Err(LookError::Unreachable) => Err(unreachable()),
         Err(LookError::Database(e)) => Err(e.into()),
     }

@@ -28,11 +28,6 @@ use tokio::time::{Instant, Sleep, sleep_until};
 
 use super::middleware;
 
-/// How many turns of the runtime a head past its deadline may wait for bytes the kernel
-/// holds and the runtime has not delivered yet (one is the rule; the bound keeps a
-/// connection from spinning should they never come).
-const LOOKS: u8 = 16;
-
 /// How much of the request line is kept to name the problem's `instance`.
 const LINE_KEPT: usize = 512;
 
@@ -48,8 +43,8 @@ pub struct HeadDeadline<IO> {
     end: HeadEnd,
     /// The start of the request line, as far as it arrived.
     line: Vec<u8>,
-    /// How often bytes the runtime had not yet seen were found past the deadline.
-    looked: u8,
+    /// Whether the last read returned bytes (the deadline waits for actix to judge them).
+    fresh: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,15 +68,24 @@ impl<IO> HeadDeadline<IO> {
             state: State::Awaiting,
             end: HeadEnd::default(),
             line: Vec::new(),
-            looked: 0,
+            fresh: false,
         }
     }
 
     /// Takes in bytes read while the head is awaited.
     fn arrived(&mut self, bytes: &[u8]) {
+        let mut kept = bytes;
+        if self.line.is_empty() {
+            // Blank lines before the request line are skipped, as the parser skips them.
+            let blank = kept
+                .iter()
+                .take_while(|b| matches!(b, b'\r' | b'\n'))
+                .count();
+            kept = &kept[blank..];
+        }
         if self.line.len() < LINE_KEPT && !self.line.contains(&b'\n') {
             let room = LINE_KEPT - self.line.len();
-            self.line.extend_from_slice(&bytes[..bytes.len().min(room)]);
+            self.line.extend_from_slice(&kept[..kept.len().min(room)]);
         }
         if self.end.scan(bytes) {
             self.state = State::Arrived;
@@ -106,7 +110,9 @@ impl<IO: AsyncRead + AsyncWrite + AsRawFd + Unpin> AsyncRead for HeadDeadline<IO
         let before = buf.filled().len();
         match Pin::new(&mut this.io).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
-                this.arrived(&buf.filled()[before..]);
+                let read = &buf.filled()[before..];
+                this.fresh = !read.is_empty();
+                this.arrived(read);
                 return Poll::Ready(Ok(()));
             }
             Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
@@ -117,27 +123,46 @@ impl<IO: AsyncRead + AsyncWrite + AsRawFd + Unpin> AsyncRead for HeadDeadline<IO
             .timer
             .get_or_insert_with(|| Box::pin(sleep_until(deadline)));
         if timer.as_mut().poll(cx).is_pending() {
+            this.fresh = false;
             return Poll::Pending;
         }
         // The runtime may not know yet of bytes that arrived: a process resumed after a
         // stop wakes from `epoll_wait` interrupted (EINTR), with its timers run and the
-        // sockets' news still queued. The socket itself is asked; what is there is read at
-        // the runtime's next turn, and judged then.
-        if this.looked < LOOKS && waiting(this.io.as_raw_fd()) {
-            this.looked += 1;
+        // sockets' news still queued. So the socket itself is read.
+        match read_now(this.io.as_raw_fd(), buf.initialize_unfilled()) {
+            Ok(Some(n)) => {
+                buf.advance(n);
+                let read = &buf.filled()[before..];
+                this.fresh = n > 0;
+                this.arrived(read);
+                return Poll::Ready(Ok(()));
+            }
+            Ok(None) => {}
+            Err(e) => return Poll::Ready(Err(e)),
+        }
+        // Bytes read just now are actix's to judge first (a head it refuses is answered,
+        // and never read past): the deadline is judged at the next read that finds none.
+        if std::mem::take(&mut this.fresh) {
             cx.waker().wake_by_ref();
             return Poll::Pending;
         }
-        // Too late: answered here, in words. A fresh connection's send buffer takes the
-        // answer whole; should it not, the connection closes all the same.
+        // Too late: answered here, in words, and the stream ends, so actix closes the
+        // connection and writes nothing more.
         this.state = State::Answered;
         let answer = timed_out(&this.line, this.limit);
-        let _ = Pin::new(&mut this.io).poll_write(cx, &answer);
+        let mut written = 0;
+        while written < answer.len() {
+            match Pin::new(&mut this.io).poll_write(cx, &answer[written..]) {
+                Poll::Ready(Ok(n)) if n > 0 => written += n,
+                // A fresh connection's send buffer takes the answer whole; should it not,
+                // the connection closes all the same.
+                _ => break,
+            }
+        }
         tracing::info!(
             limit_ms = this.limit.as_millis() as u64,
             "a request head did not arrive in time; answered 408"
         );
-        // The end of the stream: actix closes the connection, writing nothing more.
         Poll::Ready(Ok(()))
     }
 }
@@ -172,13 +197,14 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for HeadDeadline<IO> {
     }
 }
 
-/// Whether the socket `fd` has bytes (or its end) waiting to be read, by the kernel's
-/// word rather than the runtime's.
-fn waiting(fd: RawFd) -> bool {
-    let mut byte = [0u8; 1];
-    let flags = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
-    // EAGAIN: nothing; any other error is the read's to report.
-    !matches!(recv(fd, &mut byte, flags), Err(Errno::EAGAIN))
+/// Reads what the socket `fd` holds now, by the kernel's word rather than the runtime's:
+/// `Some(0)` at its end, `None` when nothing is there.
+fn read_now(fd: RawFd, into: &mut [u8]) -> io::Result<Option<usize>> {
+    match recv(fd, into, MsgFlags::MSG_DONTWAIT) {
+        Ok(n) => Ok(Some(n)),
+        Err(Errno::EAGAIN) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Finds the blank line that ends a head (`\n\n` or `\n\r\n`, as actix's parser takes
@@ -230,6 +256,8 @@ fn timed_out(line: &[u8], limit: Duration) -> Vec<u8> {
     answer.push_str("content-type: application/problem+json\r\n");
     answer.push_str(&format!("content-length: {}\r\n", body.len()));
     answer.push_str("connection: close\r\n");
+    let now = chrono::Utc::now().format("%a, %d %b %Y %H:%M:%S GMT");
+    answer.push_str(&format!("date: {now}\r\n"));
     for (name, value) in &headers {
         if let Ok(value) = value.to_str() {
             answer.push_str(&format!("{name}: {value}\r\n"));
@@ -289,6 +317,13 @@ mod tests {
         assert_eq!(instance(b"POST /api/v1/ord"), "");
         assert_eq!(instance(b"GET http://evil/ HTTP/1.1"), "");
         assert_eq!(instance(b""), "");
+        let mut head = HeadDeadline::new((), Duration::from_secs(1));
+        head.arrived(b"\r\n");
+        head.arrived(b"\r\nGET /after-blank-lines HTTP/1.1\r\nHo");
+        assert_eq!(instance(&head.line), "/after-blank-lines");
+        assert_eq!(head.state, State::Awaiting);
+        head.arrived(b"st: a\r\n\r\n");
+        assert_eq!(head.state, State::Arrived);
         let answer =
             String::from_utf8(timed_out(b"GET /x HTTP/1.1", Duration::from_secs(5))).unwrap();
         let (head, body) = answer.split_once("\r\n\r\n").unwrap();

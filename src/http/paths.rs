@@ -41,6 +41,8 @@ impl FromRequest for SkuPath {
 /// such an id (`raw`, as sent), which each kind of page words its own way.
 pub trait Names {
     type Id: std::str::FromStr;
+    /// The address's segment that names it (most are `{id}`).
+    const SEGMENT: &'static str = "id";
     fn missing(raw: &str) -> AppError;
 }
 
@@ -60,7 +62,7 @@ impl<N: Names> FromRequest for IdPath<N> {
     type Future = Ready<Result<Self, AppError>>;
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
-        let raw = req.match_info().get("id").unwrap_or_default();
+        let raw = req.match_info().get(N::SEGMENT).unwrap_or_default();
         let id = raw.parse().map_err(|_| N::missing(raw));
         ready(Ok(IdPath(id, std::marker::PhantomData)))
     }

@@ -334,10 +334,6 @@ impl DropPage {
     }
 }
 
-fn drop_id(raw: &str) -> Result<Uuid, AppError> {
-    Uuid::try_parse(raw).map_err(|_| AdminDrop::missing(raw))
-}
-
 /// A drop's address in the admin: `/admin/drops/{id}`, `/api/v1/admin/drops/{id}`.
 pub struct AdminDrop;
 
@@ -346,6 +342,18 @@ impl Names for AdminDrop {
 
     fn missing(_: &str) -> AppError {
         AppError::not_found("There is no such drop.")
+    }
+}
+
+/// What is asked of a drop in its address: `/admin/drops/{id}/{action}`, and the API's.
+pub struct DropAction;
+
+impl Names for DropAction {
+    type Id = Change;
+    const SEGMENT: &'static str = "action";
+
+    fn missing(_: &str) -> AppError {
+        AppError::not_found("A drop can be paused, resumed or ended.")
     }
 }
 
@@ -383,22 +391,21 @@ pub struct ChangeForm {
 pub async fn post_drop_change(
     admin: Admin,
     state: web::Data<AppState>,
-    path: web::Path<(String, String)>,
+    address: IdPath<AdminDrop>,
+    action: IdPath<DropAction>,
     form: web::Form<ChangeForm>,
 ) -> Result<HttpResponse, AppError> {
     csrf::check_admin(&admin, &form.csrf)?;
     let key = form_key(&form.key)?;
-    let (id, action) = path.into_inner();
-    let id = drop_id(&id)?;
-    let change = Change::parse(&action)
-        .ok_or_else(|| AppError::not_found("A drop can be paused, resumed or ended."))?;
+    let id = address.id()?;
+    let change = action.id()?;
     let shared = state.clone().into_inner();
     let actor = admin.username.clone();
     apply_form(
         &state,
         &admin,
         &key,
-        &(action.as_str(), id),
+        &(change.as_str(), id),
         Apart(async move || -> Result<StoredResponse, AppError> {
             let changed = apply_change(&shared, id, change, &actor).await?;
             let notice = match (change, changed) {

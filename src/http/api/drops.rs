@@ -10,7 +10,7 @@ use crate::drops::queue::Joiner;
 use crate::drops::ticket::TicketView;
 use crate::error::AppError;
 use crate::http::contract::{LookupErrors, QueueErrors, ShopperHeader};
-use crate::http::gate::{DropAddress, find, find_id, identity, join, look};
+use crate::http::gate::{DropAddress, TicketAddress, find_id, identity, join, look};
 use crate::http::paths::IdPath;
 use crate::http::{AppState, limits};
 
@@ -67,7 +67,7 @@ pub async fn post_queue(
         address: &address,
     };
     let ticket = join(&state, &drop, &joiner).await?;
-    let view = look(&state, &drop, &ticket.to_string(), &identity).await?;
+    let view = look(&state, &drop, ticket, &identity).await?;
     Ok(ticket_response(HttpResponse::Created(), &view))
 }
 
@@ -91,13 +91,13 @@ pub async fn post_queue(
 pub async fn get_queue_ticket(
     req: HttpRequest,
     state: web::Data<AppState>,
-    path: web::Path<(String, String)>,
+    address: IdPath<DropAddress>,
+    ticket: IdPath<TicketAddress>,
 ) -> Result<HttpResponse, AppError> {
     let caller = limits::caller(&req, &state).await?;
-    let (drop, ticket) = path.into_inner();
-    let drop = find(&state, &drop).await?;
+    let drop = find_id(&state, address.id()?).await?;
     let (identity, _) = identity(&req, &caller)?;
-    let view = look(&state, &drop, &ticket, &identity).await?;
+    let view = look(&state, &drop, ticket.id()?, &identity).await?;
     Ok(ticket_response(HttpResponse::Ok(), &view))
 }
 

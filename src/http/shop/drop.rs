@@ -172,8 +172,9 @@ pub async fn get_queue(
         drop,
     };
     let ticket = req.cookie(&ticket_cookie(page.drop.id));
-    if let Some(ticket) = ticket {
-        match api::look(&state, &page.drop, ticket.value(), &identity).await {
+    // A cookie that is no ticket's id is as unknown as a ticket Redis lost.
+    if let Some(ticket) = ticket.and_then(|t| Uuid::try_parse(t.value()).ok()) {
+        match api::look(&state, &page.drop, ticket, &identity).await {
             Ok(view) => page.ticket = Some(view),
             // Unknown here (Redis lost it, or another browser's cookie): join again.
             Err(AppError::NotFound(_)) => {}

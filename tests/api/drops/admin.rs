@@ -225,6 +225,88 @@ async fn the_drop_api_and_form_refuse_what_their_contract_refuses() {
 }
 
 #[tokio::test]
+async fn an_address_naming_no_drop_action_or_ticket_is_404_in_words_and_changes_nothing() {
+    let app = spawn_app().await;
+    let drop = sold_in_a_drop_soon(&app, "DROP-A").await.id;
+    let csrf = app.login_admin().await;
+    let api_change = |path: String| {
+        app.client
+            .post(app.url(&path))
+            .header("X-CSRF-Token", &csrf)
+            .send()
+    };
+    let no_drop = "There is no such drop.";
+    let no_action = "A drop can be paused, resumed or ended.";
+    for (path, says) in [
+        (format!("/api/v1/admin/drops/{drop}/explode"), no_action),
+        (format!("/api/v1/admin/drops/{drop}/Pause"), no_action),
+        ("/api/v1/admin/drops/not-a-drop/pause".to_string(), no_drop),
+        (
+            format!("/api/v1/admin/drops/{}/end", Uuid::new_v4()),
+            no_drop,
+        ),
+    ] {
+        let res = api_change(path.clone()).await.unwrap();
+        assert_eq!(res.status().as_u16(), 404, "{path}");
+        assert!(res.text().await.unwrap().contains(says), "{path}");
+    }
+    for (path, says) in [
+        (format!("/admin/drops/{drop}/explode"), no_action),
+        ("/admin/drops/not-a-drop/pause".to_string(), no_drop),
+    ] {
+        let form_csrf = app.admin_csrf().await;
+        let key = Uuid::new_v4().to_string();
+        let res = app
+            .admin_post(&path, &[("csrf", &form_csrf), ("key", &key)])
+            .await;
+        assert_eq!(res.status().as_u16(), 404, "{path}");
+        assert!(res.text().await.unwrap().contains(says), "{path}");
+    }
+    let status: String = sqlx::query_scalar("select status from drops where id = $1")
+        .bind(drop)
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(status, "scheduled");
+
+    let buyer = Buyer {
+        key: key(&app, false).await,
+        shopper: None,
+    };
+    let base = &app.address;
+    let (status, joined) = buyer.join(base, drop).await;
+    assert_eq!(status, 201, "{joined}");
+    let ticket = joined["ticket"].as_str().unwrap().to_string();
+    let no_ticket = "There is no such ticket in this drop's queue for you";
+    for (drop, ticket, says) in [
+        (drop.to_string(), "not-a-ticket".to_string(), no_ticket),
+        (drop.to_string(), Uuid::new_v4().to_string(), no_ticket),
+        (
+            "not-a-drop".to_string(),
+            ticket.clone(),
+            "There is no drop at this address.",
+        ),
+    ] {
+        let res = buyer
+            .request(helpers_client().get(format!("{base}/api/v1/drops/{drop}/queue/{ticket}")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status().as_u16(), 404, "{drop}/{ticket}");
+        assert!(res.text().await.unwrap().contains(says), "{drop}/{ticket}");
+    }
+    // Another caller's ticket reads as none; the caller's own is found.
+    let other = Buyer {
+        key: key(&app, false).await,
+        shopper: None,
+    };
+    let (status, _) = other.poll(base, drop, &ticket).await;
+    assert_eq!(status, 404);
+    let (status, body) = buyer.poll(base, drop, &ticket).await;
+    assert_eq!(status, 200, "{body}");
+}
+
+#[tokio::test]
 async fn the_drop_form_takes_a_date_and_time_and_comes_back_filled_in_when_refused() {
     let app = spawn_app().await;
     app.add_product("DROP-F", "Drop F", 1000, 10).await;

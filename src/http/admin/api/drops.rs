@@ -5,9 +5,8 @@ use actix_web::{HttpResponse, web};
 use uuid::Uuid;
 
 use super::super::AdminWrite;
-use super::super::drops::{AdminDrop, DropForm, apply_change, drop_error};
+use super::super::drops::{AdminDrop, DropAction, DropForm, apply_change, drop_error};
 use crate::admin::Admin;
-use crate::drops::db::Change;
 use crate::drops::live::{Live, live};
 use crate::error::AppError;
 use crate::http::AppState;
@@ -44,11 +43,6 @@ pub struct NewDropBody {
     /// How long an admission lasts (30 to 86400; default 600).
     #[schema(minimum = 30, maximum = 86400)]
     session_seconds: Option<i64>,
-}
-
-async fn find(state: &AppState, raw: &str) -> Result<crate::drops::Drop, AppError> {
-    let id = Uuid::try_parse(raw).map_err(|_| AdminDrop::missing(raw))?;
-    find_id(state, id).await
 }
 
 async fn find_id(state: &AppState, id: Uuid) -> Result<crate::drops::Drop, AppError> {
@@ -176,14 +170,13 @@ pub async fn get_api_drop(
 pub async fn post_api_drop_change(
     AdminWrite(admin): AdminWrite,
     state: web::Data<AppState>,
-    path: web::Path<(String, String)>,
+    address: IdPath<AdminDrop>,
+    action: IdPath<DropAction>,
 ) -> Result<HttpResponse, AppError> {
-    let (id, action) = path.into_inner();
-    let change = Change::parse(&action)
-        .ok_or_else(|| AppError::not_found("A drop can be paused, resumed or ended."))?;
-    let drop = find(&state, &id).await?;
+    let change = action.id()?;
+    let drop = find_id(&state, address.id()?).await?;
     apply_change(&state, drop.id, change, &admin.username).await?;
-    let drop = find(&state, &id).await?;
+    let drop = find_id(&state, drop.id).await?;
     Ok(no_store(
         HttpResponse::Ok(),
         &live(&state.db, &state.redis, &drop).await?,
