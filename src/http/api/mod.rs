@@ -24,7 +24,10 @@ pub const REPLAYED_HEADER: &str = "Idempotency-Replayed";
 /// The `Idempotency-Key` request header, as the contract describes it.
 #[derive(utoipa::IntoParams)]
 #[into_params(parameter_in = Header)]
-#[allow(dead_code)]
+#[expect(
+    dead_code,
+    reason = "the contract's words for the header; `IdempotencyKey::parse` reads it"
+)]
 pub(crate) struct IdempotencyKeyHeader {
     /// A unique value per order (printable ASCII, up to 255 characters); send the same value
     /// when retrying it. Scoped to the API client. (HTTP drops spaces around a header's

@@ -23,7 +23,10 @@ use crate::orders::Shortage;
     "lines": [{"sku": "KB-ALPINE-75", "quantity": 1}],
     "email": "ada@example.com"
 }))]
-#[allow(dead_code)] // read by `PlacementBody::parse`, in its own words; this is its shape
+#[expect(
+    dead_code,
+    reason = "the contract's shape; `PlacementBody::parse` reads it in its own words"
+)]
 pub(super) struct OrderBody {
     /// One line per SKU, at most 50 SKUs (`MAX_LINES`). A SKU named twice is one line of
     /// the sum, which must be within the cap too.
@@ -37,7 +40,10 @@ pub(super) struct OrderBody {
 
 /// One line of an order.
 #[derive(utoipa::ToSchema)]
-#[allow(dead_code)]
+#[expect(
+    dead_code,
+    reason = "the contract's shape; `PlacementBody::parse` reads it"
+)]
 pub(super) struct LineBody {
     sku: SkuInput,
     /// Units, from 1 to the shop's cap per line (`STOCKADE_MAX_LINE_QUANTITY`); the served
@@ -49,7 +55,10 @@ pub(super) struct LineBody {
 /// The body of a hold: an order's, with a lower cap per SKU.
 #[derive(utoipa::ToSchema)]
 #[schema(example = json!({"lines": [{"sku": "KB-ALPINE-75", "quantity": 1}]}))]
-#[allow(dead_code)]
+#[expect(
+    dead_code,
+    reason = "the contract's shape; `PlacementBody::parse` reads it"
+)]
 pub(super) struct HoldBody {
     /// One line per SKU, at most 50 SKUs. A SKU named twice is one line of the sum, which
     /// must be within the cap too.
@@ -61,7 +70,10 @@ pub(super) struct HoldBody {
 
 /// One line of a hold.
 #[derive(utoipa::ToSchema)]
-#[allow(dead_code)]
+#[expect(
+    dead_code,
+    reason = "the contract's shape; `PlacementBody::parse` reads it"
+)]
 pub(super) struct HoldLineBody {
     sku: SkuInput,
     /// Units, from 1 to the smaller of the cap per line and the cap per SKU held

@@ -221,7 +221,10 @@ error_group!(
 /// The `Drop-Shopper` request header, as the contract describes it.
 #[derive(utoipa::IntoParams)]
 #[into_params(parameter_in = Header)]
-#[allow(dead_code)]
+#[expect(
+    dead_code,
+    reason = "the contract's words for the header; `gate::identity` reads it"
+)]
 pub(crate) struct ShopperHeader {
     /// For a client without a rate limit acting for many buyers: the buyer this is for.
     #[param(
@@ -236,7 +239,10 @@ pub(crate) struct ShopperHeader {
 /// The `Drop-Pass` request header, as the contract describes it.
 #[derive(utoipa::IntoParams)]
 #[into_params(parameter_in = Header)]
-#[allow(dead_code)]
+#[expect(
+    dead_code,
+    reason = "the contract's words for the header; the gate reads it"
+)]
 pub(crate) struct PassHeader {
     /// The pass a drop's queue gave this caller (or this `Drop-Shopper`) when it let them
     /// in: needed for a product in a drop, from a few seconds after the drop is scheduled

@@ -20,7 +20,10 @@ use crate::http::paths::{IdPath, Names};
     "sku": "KB-ALPINE-75", "opens_at": "+300", "prequeue_seconds": 300,
     "queueing": "lottery", "admit_per_minute": 120, "session_seconds": 600
 }))]
-#[allow(dead_code)] // read as JSON into `DropForm`; this is its shape
+#[expect(
+    dead_code,
+    reason = "the contract's shape; read as JSON into `DropForm`"
+)]
 pub struct NewDropBody {
     #[schema(value_type = crate::http::contract::inputs::SkuInput)]
     sku: String,

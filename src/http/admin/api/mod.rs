@@ -181,7 +181,10 @@ pub struct Resent {
 /// The `X-CSRF-Token` header every admin API write carries (the session's token).
 #[derive(utoipa::IntoParams)]
 #[into_params(parameter_in = Header)]
-#[allow(dead_code)]
+#[expect(
+    dead_code,
+    reason = "the contract's words for the header; `AdminWrite` reads it"
+)]
 pub(super) struct CsrfHeader {
     /// The admin session's CSRF token (shown on the admin pages).
     #[param(rename = "X-CSRF-Token")]
