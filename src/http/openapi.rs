@@ -151,7 +151,7 @@ impl Modify for ApiKeyScheme {
 /// `(METHOD, path)` of every route of the API in the application's route table (what the
 /// document must describe).
 pub fn api_routes() -> Vec<(String, String)> {
-    let mut routes: Vec<(String, String)> = super::public_routes()
+    let mut routes: Vec<(String, String)> = super::routing::public_routes()
         .into_iter()
         .chain(super::admin::routes())
         .filter(|(_, path, _)| super::is_api(path))
