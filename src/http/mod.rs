@@ -12,7 +12,6 @@ pub mod csrf;
 pub mod gate;
 mod head;
 mod health;
-mod routing;
 pub mod json;
 pub mod limits;
 pub mod middleware;
@@ -20,6 +19,7 @@ mod multipart;
 pub mod openapi;
 pub mod params;
 pub mod paths;
+mod routing;
 pub mod shop;
 pub mod shown;
 
@@ -29,7 +29,9 @@ use std::time::Duration;
 pub use client::{asked_for, client_addr};
 pub use head::HeadDeadline;
 pub(crate) use routing::get;
-pub use routing::{Grouped, add_under, method_not_allowed, resource, resources, routes, take_under};
+pub use routing::{
+    Grouped, add_under, method_not_allowed, resource, resources, routes, take_under,
+};
 
 /// The address of the listener a request came in on: each listener's app carries its own.
 #[derive(Debug, Clone, Copy)]
